@@ -1,0 +1,3 @@
+from storelab.cli import main
+
+main()

@@ -1,0 +1,60 @@
+"""Softmax attention as a pure function (Vaswani et al., arXiv 1706.03762), with
+grouped-query heads (Ainslie et al., arXiv 2305.13245) and learned sinks.
+
+``attend(q_BTHK, k_BLGK, v_BLGV, *, scale, mask_TL=None, sinks_H=None)``
+
+* q has H heads, k and v have G heads; H must be a multiple of G and query head
+  h reads key head h // (H / G).
+* ``mask_TL`` (bool, True = may read) is shared by batch and heads, or given per
+  batch/head as [B, H, T, L]; positions with no readable entry return zeros.
+* ``sinks_H`` adds one learned logit per head to the softmax's denominator (an
+  entry with no value: the head may attend to "nothing"), as in gpt-oss and MiMo.
+
+``causal_mask(T, L)`` is the usual mask for T new queries after L - T older entries.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["attend", "causal_mask", "window_mask"]
+
+
+def causal_mask(T: int, L: int, device=None) -> Tensor:
+    """[T, L] bool: query t (at absolute position L - T + t) may read entries 0..L-T+t."""
+    q_pos = torch.arange(L - T, L, device=device)[:, None]
+    k_pos = torch.arange(L, device=device)[None, :]
+    return k_pos <= q_pos
+
+
+def window_mask(T: int, L: int, window: int, device=None) -> Tensor:
+    """[T, L] bool: causal and at most ``window`` entries back, the query's own included."""
+    q_pos = torch.arange(L - T, L, device=device)[:, None]
+    k_pos = torch.arange(L, device=device)[None, :]
+    return (k_pos <= q_pos) & (k_pos > q_pos - window)
+
+
+def attend(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask_TL: Tensor | None = None,
+           sinks_H: Tensor | None = None) -> Tensor:
+    B, T, H, K = q_BTHK.shape
+    G = k_BLGK.shape[2]
+    if H % G:
+        raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
+    rep = H // G
+    q = q_BTHK.transpose(1, 2)                                  # B H T K
+    k = k_BLGK.transpose(1, 2).repeat_interleave(rep, dim=1)    # B H L K
+    v = v_BLGV.transpose(1, 2).repeat_interleave(rep, dim=1)    # B H L V
+    logits = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # B H T L
+    if mask_TL is not None:
+        logits = logits.masked_fill(~mask_TL, float("-inf"))
+    if sinks_H is not None:
+        sink = sinks_H.float().view(1, H, 1, 1).expand(B, H, T, 1)
+        logits = torch.cat([logits, sink], dim=-1)
+    m = logits.amax(-1, keepdim=True).clamp_min(-1e30)  # rows with nothing readable stay finite
+    p = torch.exp(logits - m)
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+    if sinks_H is not None:
+        p = p[..., :-1]
+    out = torch.matmul(p.to(v.dtype), v)                        # B H T V
+    return out.transpose(1, 2)                                  # B T H V

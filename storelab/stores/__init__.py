@@ -1,0 +1,16 @@
+"""Stores: modules with state and a card. Importing this package registers every store.
+
+Each store lives in its own module here; they are discovered and imported
+automatically, so adding a store does not touch this file.
+"""
+
+import importlib
+import pkgutil
+
+from storelab.stores.base import REGISTRY, Card, Footprint, ParamCount, StoreConfig, build_store, register
+
+for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if _m.name != "base" and not _m.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_m.name}")
+
+__all__ = ["REGISTRY", "Card", "Footprint", "ParamCount", "StoreConfig", "build_store", "register"]

@@ -1,0 +1,155 @@
+"""The store protocol: configs, cards and analytic footprints.
+
+A store is a ``torch.nn.Module`` with ``forward(x, state=None, *, token_ids=None)
+-> (y, state)``. Prefilling a chunk and stepping one token are the same call.
+
+Each store has a config: a keyword-only dataclass, validated on construction
+(a ValueError that names the field), with
+
+* ``build()``              -> the module;
+* ``footprint(L, ...)``    -> what one layer keeps and reads at context L,
+                              computed without allocating anything;
+* ``CARD``                 -> the essay's five questions plus the arXiv source.
+
+Configs register themselves under a ``kind`` name, so model files can say
+``kind = "kda"`` and ``storelab stores`` can print every card.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
+TORCH_DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.float64: 8}
+
+
+@dataclass(frozen=True)
+class Card:
+    """The essay's questions of a store (section 2, table of section 5)."""
+
+    name: str
+    written_by: str
+    holds: str
+    reading_costs: str
+    forgets: str
+    source: str  # arXiv number(s) or reference of the idea
+
+    def as_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters a store holds (``stored``) and uses for one token (``active``)."""
+
+    stored: int
+    active: int
+
+    def __add__(self, other: "ParamCount") -> "ParamCount":
+        return ParamCount(self.stored + other.stored, self.active + other.active)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one layer keeps and reads for a context of ``context`` tokens.
+
+    kept:            entries kept (cache rows, pooled entries, or matrices for a recurrent state)
+    read:            entries read by the next token (per group of heads where that applies)
+    scored:          entries an indexer scores to choose what to read (0 when there is none)
+    state_bytes:     bytes of state the layer holds at this context, for batch 1
+    read_flops:      multiply-adds x2 the next token spends reading the store
+    """
+
+    context: int
+    kept: int
+    read: int
+    state_bytes: int
+    scored: int = 0
+    read_flops: int = 0
+    note: str = ""
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.state_bytes / max(self.context, 1)
+
+
+REGISTRY: dict[str, type["StoreConfig"]] = {}
+
+
+def register(kind: str):
+    """Class decorator: make a store config findable by its ``kind`` name."""
+
+    def deco(cls):
+        if kind in REGISTRY and REGISTRY[kind] is not cls:
+            raise ValueError(f"store kind {kind!r} registered twice")
+        cls.KIND = kind
+        REGISTRY[kind] = cls
+        return cls
+
+    return deco
+
+
+class StoreConfig:
+    """Mixin for store config dataclasses (declare them ``@dataclass(kw_only=True)``)."""
+
+    KIND: ClassVar[str] = ""
+    CARD: ClassVar[Card]
+
+    # -- validation helpers -------------------------------------------------
+    @staticmethod
+    def check(ok: bool, field: str, msg: str) -> None:
+        if not ok:
+            raise ValueError(f"{field}: {msg}")
+
+    def check_positive(self, *names: str) -> None:
+        for n in names:
+            v = getattr(self, n)
+            if v is None or v <= 0:
+                raise ValueError(f"{n}: must be > 0, got {v!r}")
+
+    # -- (de)serialisation --------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]):
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names - {"kind"})
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown option for store {cls.KIND!r} (known: {', '.join(sorted(names))})")
+        return cls(**{k: v for k, v in d.items() if k != "kind"})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"kind": self.KIND}
+        for f in dataclasses.fields(self):
+            out[f.name] = getattr(self, f.name)
+        return out
+
+    # -- the protocol ---------------------------------------------------------
+    def build(self) -> torch.nn.Module:  # pragma: no cover
+        raise NotImplementedError
+
+    def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:  # pragma: no cover
+        """What one layer keeps and reads at this context, entries stored in ``dtype``."""
+        raise NotImplementedError
+
+    def num_params(self) -> ParamCount:  # pragma: no cover
+        """Parameters stored and active per token, from the config alone (no allocation)."""
+        raise NotImplementedError
+
+
+def build_store(d: dict[str, Any]):
+    """Config from a dict with a ``kind`` key."""
+    if "kind" not in d:
+        raise ValueError("kind: missing store kind")
+    kind = d["kind"]
+    if kind not in REGISTRY:
+        raise ValueError(f"kind: unknown store kind {kind!r} (known: {', '.join(sorted(REGISTRY))})")
+    return REGISTRY[kind].from_dict(d)
+
+
+def check_input(x: torch.Tensor, width: int, name: str = "x") -> None:
+    """Raise a clear error unless x is [B, T, width]."""
+    if x.dim() != 3 or x.shape[-1] != width:
+        raise ValueError(f"{name}: expected shape [B, T, {width}], got {list(x.shape)}")

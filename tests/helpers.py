@@ -1,0 +1,40 @@
+"""Test helpers: closeness with a readable report, and oracle capture from transformers."""
+
+from __future__ import annotations
+
+import torch
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5, what: str = "") -> None:
+    """Fail with max-abs and relative error when |actual - expected| > atol anywhere."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    diff = (actual.double() - expected.double()).abs()
+    mx = diff.max().item() if diff.numel() else 0.0
+    rel = mx / max(expected.double().abs().max().item(), 1e-30) if diff.numel() else 0.0
+    assert mx <= atol, f"{what}: max abs diff {mx:.3e} > {atol:.1e} (relative {rel:.3e})"
+
+
+def capture(model: torch.nn.Module, submodule: torch.nn.Module, *inputs, **kwargs):
+    """Run ``model(*inputs, **kwargs)`` and return (args, kwargs, output) seen by ``submodule``."""
+    seen = {}
+
+    def hook(mod, args, kw, out):
+        if "args" not in seen:
+            seen["args"], seen["kwargs"], seen["out"] = args, kw, out
+
+    h = submodule.register_forward_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(*inputs, **kwargs)
+    finally:
+        h.remove()
+    return seen["args"], seen["kwargs"], seen["out"]
+
+
+def tiny_hf_model(model_type: str, **settings):
+    """Build a tiny random transformers model (the oracle) for ``model_type``, in eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(model_type, **settings)
+    return AutoModelForCausalLM.from_config(cfg).eval()
