@@ -1,0 +1,114 @@
+"""The report's machinery: sections that may fail alone, claims, and the ledger.
+
+A section is a function ``run(ctx) -> SectionResult``. Each runs inside its own
+try/except: an exception marks that section failed (with its traceback) and the
+others still render. Sections add ``Claim`` rows; the claim ledger is the union of
+them. A claim carries the essay's wording and value (the only things typed in by
+hand) and the value the code computed or measured; its status is derived here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+REPRODUCED, DIFFERS, NOT_CHECKABLE, FAILED = "reproduced", "differs", "not checkable", "failed"
+
+
+@dataclass
+class Claim:
+    """One quantitative claim of the essay beside what the code computed."""
+
+    section: str
+    claim: str                    # the essay's wording (short)
+    essay: float | str | None     # the essay's value
+    measured: float | str | None  # computed or measured by the code (None when not checkable)
+    tolerance: float = 0.03       # relative tolerance for "reproduced"
+    reason: str = ""              # why it differs / why it is not checkable / how measured
+    status: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status:
+            return
+        if self.measured is None:
+            self.status = NOT_CHECKABLE
+        elif isinstance(self.essay, (int, float)) and isinstance(self.measured, (int, float)):
+            ok = math.isclose(float(self.measured), float(self.essay), rel_tol=self.tolerance, abs_tol=1e-9)
+            self.status = REPRODUCED if ok else DIFFERS
+        else:
+            self.status = REPRODUCED if str(self.measured) == str(self.essay) else DIFFERS
+
+    @property
+    def ratio(self) -> float | None:
+        if isinstance(self.essay, (int, float)) and isinstance(self.measured, (int, float)) and self.essay:
+            return float(self.measured) / float(self.essay)
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"section": self.section, "claim": self.claim, "essay": self.essay, "measured": self.measured,
+                "ratio": self.ratio, "status": self.status, "reason": self.reason}
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+@dataclass
+class SectionResult:
+    text: str = ""                                        # a paragraph of prose (plain text)
+    tables: list[Table] = field(default_factory=list)
+    figures: list[Path] = field(default_factory=list)     # PNG files written into the output folder
+    claims: list[Claim] = field(default_factory=list)
+    data: Any = None                                      # JSON-able data for report.json
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    run: Callable[["Context"], SectionResult]
+
+
+@dataclass
+class Context:
+    out: Path
+    quick: bool
+    seed: int = 0
+
+
+@dataclass
+class SectionOutcome:
+    section: Section
+    ok: bool
+    seconds: float
+    result: SectionResult | None = None
+    error: str = ""
+
+
+def run_sections(sections: list[Section], ctx: Context, on_start: Callable[[Section], None] | None = None,
+                 on_end: Callable[[SectionOutcome], None] | None = None) -> list[SectionOutcome]:
+    outcomes = []
+    for s in sections:
+        if on_start:
+            on_start(s)
+        t0 = time.perf_counter()
+        try:
+            res = s.run(ctx)
+            oc = SectionOutcome(s, True, time.perf_counter() - t0, res)
+        except Exception:  # a failing experiment must not take the report down
+            oc = SectionOutcome(s, False, time.perf_counter() - t0, error=traceback.format_exc())
+        outcomes.append(oc)
+        if on_end:
+            on_end(oc)
+    return outcomes
+
+
+def ledger(outcomes: list[SectionOutcome]) -> list[Claim]:
+    return [c for oc in outcomes if oc.ok and oc.result for c in oc.result.claims]
