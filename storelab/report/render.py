@@ -26,6 +26,13 @@ nav a{margin-right:1em}
 """
 
 
+# Marks the page once loaded with the number of images that failed to decode, so a
+# headless browser test can read it from the DOM (tests/test_report.py).
+CHECK_SCRIPT = ("<script>window.addEventListener('load',function(){var bad=0;"
+                "for(var i of document.images){if(!(i.complete&&i.naturalWidth>0))bad++;}"
+                "document.body.setAttribute('data-broken-images',String(bad));});</script>")
+
+
 def fmt(v: Any) -> str:
     if v is None:
         return ""
@@ -118,7 +125,7 @@ def write(out: Path, outcomes: list[SectionOutcome], claims: list[Claim], meta: 
     parts_html.append(f'<h2 id="ledger">Claim ledger</h2><p>{html.escape(summary)}</p>' + _table_html(lt))
     parts_md.append(f"## Claim ledger\n\n{summary}\n\n" + _table_md(lt))
     page = (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>storelab report</title>"
-            f"<style>{CSS}</style></head><body>{''.join(parts_html)}</body></html>")
+            f"<style>{CSS}</style></head><body>{''.join(parts_html)}{CHECK_SCRIPT}</body></html>")
     paths = {"html": out / "report.html", "md": out / "report.md", "json": out / "report.json"}
     paths["html"].write_text(page)
     paths["md"].write_text("\n".join(parts_md))
