@@ -1,0 +1,110 @@
+"""``storelab memory``: what each layer keeps and reads at a context length (essay worked example 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from storelab.commands._output import console, emit_json, err_console, table
+
+
+def _layers_text(idx: list[int]) -> str:
+    from storelab.models.config import compact_indices
+
+    c = compact_indices(idx, 10**9)
+    items = c if isinstance(c, list) else [c]
+    out = []
+    for it in items:
+        if isinstance(it, str):
+            parts = it.split(":")
+            a, b = int(parts[0]), int(parts[1]) - 1
+            out.append(f"{a}-{b}" if len(parts) == 2 else f"{a},{a + int(parts[2])},..,{b - (b - a) % int(parts[2])}")
+        else:
+            out.append(str(it))
+    return ",".join(out)
+
+
+def plot_memory(cfgs, path: Path, *, dtype: str = "bf16", points: int = 13) -> dict:
+    """Cache bytes and read FLOPs per generated token against context (log-log, 1K..1M), one line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from storelab.models.accounting import layer_rows, model_totals
+
+    contexts = [int(round(10 ** (3 + 3 * i / (points - 1)))) for i in range(points)]
+    data = {}
+    for cfg in cfgs:
+        series = []
+        for L in contexts:
+            t = model_totals(cfg, layer_rows(cfg, L, dtype=dtype), L, dtype=dtype)
+            series.append({"context": L, "state_bytes": t["state_bytes"], "read_flops": t["read_flops"]})
+        data[cfg.name] = series
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 5))
+    for name, s in data.items():
+        xs = [p["context"] for p in s]
+        a.loglog(xs, [p["state_bytes"] for p in s], marker=".", label=name)
+        b.loglog(xs, [max(p["read_flops"], 1) for p in s], marker=".", label=name)
+    a.set(title=f"Context state per sequence ({dtype} entries)", xlabel="context length (tokens)", ylabel="bytes")
+    b.set(title="Reading the context, per generated token", xlabel="context length (tokens)", ylabel="FLOPs")
+    for ax in (a, b):
+        ax.grid(True, which="both", alpha=0.3)
+    a.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return data
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def memory(
+        name: list[str] = typer.Argument(None, help="Zoo models (default: all)."),
+        context: int = typer.Option(1_000_000, "--context", help="Context length L in tokens."),
+        dtype: str = typer.Option("bf16", "--dtype", help="Entry format: fp32, bf16, fp8 or fp4."),
+        config: list[Path] = typer.Option(None, "--config", help="A model file instead of the zoo."),
+        tiny: bool = typer.Option(False, "--tiny", help="The tiny versions."),
+        plot: bool = typer.Option(False, "--plot", help="Draw cache bytes and read cost against context into a PNG."),
+        out: Path = typer.Option(Path("memory.png"), "--out", help="Where --plot writes its PNG (and a JSON beside it)."),
+        json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    ) -> None:
+        """Per layer and model at context L: entries kept and read, bytes per token, read FLOPs."""
+        from storelab.commands.models import load_configs
+        from storelab.models.accounting import kind_summary, memory_report
+
+        if dtype not in ("fp32", "bf16", "fp8", "fp4"):
+            err_console.print(f"[red]error:[/red] dtype: must be fp32, bf16, fp8 or fp4, got {dtype!r}")
+            raise typer.Exit(2)
+        try:
+            cfgs = load_configs(config, tiny, name)
+            records = [rec for cfg in cfgs for rec in memory_report(cfg, context, dtype=dtype)]
+        except ValueError as e:
+            err_console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2)
+        if plot:
+            data = plot_memory(cfgs, out, dtype=dtype)
+            side = out.with_suffix(".json")
+            side.write_text(json.dumps({"command": "memory", "dtype": dtype, "models": [c.name for c in cfgs],
+                                        "configs": {c.name: c.to_dict() for c in cfgs}, "series": data}, indent=2))
+            if not json_:
+                console.print(f"wrote {out} and {side}")
+        if json_:
+            emit_json(records)
+            return
+        for cfg in cfgs:
+            recs = [r for r in records if r["model"] == cfg.name]
+            tot = recs[-1]
+            rows = []
+            for g in kind_summary(recs[:-1]):
+                kind = g["kind"] + (" (shared)" if g["shared"] else "") + (f" [{g['part']}]" if g["part"] else "")
+                rows.append([kind, len(g["layers"]), _layers_text(g["layers"]), g["kept"], g["read"], g["scored"],
+                             g["bytes_per_token"], g["growth_bytes_per_token"], g["read_flops"]])
+            rows.append(["total", cfg.n_layers, "", tot["kept"], tot["read"], tot["scored"], tot["bytes_per_token"],
+                         tot["growth_bytes_per_token"], tot["read_flops"]])
+            console.print(table(f"{cfg.title or cfg.name} at L = {context:,} ({dtype} entries; kept/read per layer)",
+                                ["Store", "n", "Layers", "Kept", "Read", "Scored", "Bytes/token",
+                                 "Growth B/token", "Read FLOPs"], rows))

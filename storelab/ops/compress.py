@@ -1,0 +1,128 @@
+"""Learned pooling of positions into compressed entries, and the lightning indexer's choice.
+
+DeepSeek-V4 (arXiv 2606.19348) compresses the context before attention reads it.
+Entry ``w`` pools the ``pool`` tokens that end with stride block ``w``,
+absolute positions ``[w*stride + stride - pool, (w+1)*stride)``. Slot ``j`` of the
+pool (``j = 0`` oldest) reads token ``a_j`` through projection series
+``s_j = j // stride`` (a token belongs to ``pool / stride`` consecutive entries and
+contributes a different projection to each), and per channel ``c``
+
+    e_w[c] = sum_j softmax_j(z[a_j, s_j, c] + bias[j, c]) * kv[a_j, s_j, c].
+
+Compressed Sparse Attention (CSA) uses pool 8 at stride 4, so adjacent entries
+overlap by 4 tokens; Heavily Compressed Attention (HCA) uses pool = stride = 128.
+Slots before position 0 are left out of the softmax, so entry 0 pools only the
+first stride block (as transformers' ``DeepseekV4CSACompressor`` does): a context
+of L tokens holds ``L // stride`` entries, and entry ``w`` is readable from the
+query at position ``(w+1)*stride - 1`` on, when its last token has arrived.
+
+Shape legend: B batch, T tokens given, S projection series (pool / stride),
+C channels, P slots in a pool (``pool``), N entries, H heads, K head width.
+
+* ``pool_entries(kv_BTSC, z_BTSC, bias_PC, *, stride, start, first)`` - fast form.
+* ``pool_entries_reference(...)`` - the same, one entry and one slot at a time.
+* ``readable_entries(q_pos_T, n_entries, stride)`` - causal mask [T, N].
+* ``index_scores(q_BTHK, k_BNK, w_BTH, *, scale)`` - lightning-indexer scores
+  ``sum_h w_h ReLU(q_h . k) * scale`` (DeepSeek Sparse Attention's indexer).
+* ``select_topk(scores_BTN, readable_TN, k)`` - bool mask of the k best readable entries.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["pool_entries", "pool_entries_reference", "readable_entries", "index_scores", "select_topk"]
+
+
+def _span(kv_BTSC: Tensor, z_BTSC: Tensor, *, pool: int, stride: int, start: int, first: int):
+    """The tokens entries ``first ..`` need, from position ``first*stride + stride - pool``;
+    positions before 0 are padded with kv 0 and score -inf (softmax weight 0)."""
+    T = kv_BTSC.shape[1]
+    last = (start + T) // stride
+    lo = first * stride + stride - pool
+    if max(lo, 0) < start:
+        raise ValueError(f"start: entry {first} needs tokens from position {max(lo, 0)}, the input starts at {start}")
+    hi = last * stride
+    kv = kv_BTSC[:, max(lo, start) - start: hi - start]
+    z = z_BTSC[:, max(lo, start) - start: hi - start].float()
+    if lo < 0:
+        kv = torch.nn.functional.pad(kv, (0, 0, 0, 0, -lo, 0))
+        z = torch.nn.functional.pad(z, (0, 0, 0, 0, -lo, 0), value=float("-inf"))
+    return kv, z, max(last - first, 0)
+
+
+def pool_entries(kv_BTSC: Tensor, z_BTSC: Tensor, bias_PC: Tensor, *, stride: int, start: int = 0,
+                 first: int = 0) -> Tensor:
+    """Entries ``first .. (start+T)//stride - 1`` from tokens at positions ``start ..``.
+
+    ``kv_BTSC`` / ``z_BTSC`` are each token's S projections and scores; ``bias_PC``
+    the learned bias per pool slot. Returns [B, N, C], pooled but not normalised.
+    """
+    pool = bias_PC.shape[0]
+    B, _, S, C = kv_BTSC.shape
+    kv, z, N = _span(kv_BTSC, z_BTSC, pool=pool, stride=stride, start=start, first=first)
+    if N == 0:
+        return kv_BTSC.new_zeros(B, 0, C)
+    series_P = torch.arange(pool, device=kv.device) // stride
+    slot_P = torch.arange(pool, device=kv.device)
+    # unfold: [B, N, S, C, P] -> [B, N, P, S, C] -> slot j keeps its series s_j: [B, N, P, C]
+    kv_w = kv.unfold(1, pool, stride).permute(0, 1, 4, 2, 3)[:, :, slot_P, series_P]
+    z_w = z.unfold(1, pool, stride).permute(0, 1, 4, 2, 3)[:, :, slot_P, series_P]
+    p_BNPC = torch.softmax(z_w + bias_PC.float(), dim=2)
+    return (p_BNPC.to(kv_w.dtype) * kv_w).sum(dim=2)
+
+
+def pool_entries_reference(kv_BTSC: Tensor, z_BTSC: Tensor, bias_PC: Tensor, *, stride: int, start: int = 0,
+                           first: int = 0) -> Tensor:
+    """Plain loops over entries and slots; the fast form must agree with it."""
+    pool = bias_PC.shape[0]
+    B, T, S, C = kv_BTSC.shape
+    out = []
+    for w in range(first, (start + T) // stride):
+        num = torch.zeros(B, C, dtype=torch.float64)
+        den = torch.zeros(B, C, dtype=torch.float64)
+        logits, values = [], []
+        for j in range(pool):
+            a = w * stride + stride - pool + j
+            if a < 0:
+                continue
+            if a < start:
+                raise ValueError(f"start: entry {w} needs position {a}, the input starts at {start}")
+            logits.append(z_BTSC[:, a - start, j // stride].double() + bias_PC[j].double())
+            values.append(kv_BTSC[:, a - start, j // stride].double())
+        m = torch.stack(logits).amax(0)
+        for lg, v in zip(logits, values):
+            e = torch.exp(lg - m)
+            num, den = num + e * v, den + e
+        out.append(num / den)
+    if not out:
+        return kv_BTSC.new_zeros(B, 0, C)
+    return torch.stack(out, dim=1).to(kv_BTSC.dtype)
+
+
+def readable_entries(q_pos_T: Tensor, n_entries: int, stride: int) -> Tensor:
+    """[T, N] bool: entry w is complete (its last token w*stride + stride - 1 <= t)."""
+    w = torch.arange(n_entries, device=q_pos_T.device)
+    return (w[None, :] + 1) * stride <= q_pos_T[:, None] + 1
+
+
+def index_scores(q_BTHK: Tensor, k_BNK: Tensor, w_BTH: Tensor, *, scale: float) -> Tensor:
+    """[B, T, N] lightning-indexer scores: sum over index heads of w_h * ReLU(q_h . k) * scale."""
+    s_BTHN = torch.einsum("bthk,bnk->bthn", q_BTHK.float(), k_BNK.float())
+    return (torch.relu(s_BTHN) * scale * w_BTH.float()[..., None]).sum(dim=2)
+
+
+def select_topk(scores_BTN: Tensor, readable_TN: Tensor, k: int) -> Tensor:
+    """[B, T, N] bool: for each query the ``k`` highest-scoring readable entries (fewer if
+    fewer are readable). Ties go to the lower index."""
+    B, T, N = scores_BTN.shape
+    chosen = torch.zeros(B, T, N, dtype=torch.bool, device=scores_BTN.device)
+    if N == 0:
+        return chosen
+    masked = scores_BTN.masked_fill(~readable_TN, float("-inf"))
+    # a stable sort, not topk: ReLU scores tie at 0 often, and the choice must not depend
+    # on how many entries exist yet (chunked and full passes must pick the same)
+    idx = masked.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+    chosen.scatter_(-1, idx, True)
+    return chosen & readable_TN

@@ -1,0 +1,330 @@
+"""The recurrent stores' math: a matrix per head that every token updates (essay section 3).
+
+Four update rules, one state ``S_BHKV`` per head (a linear map from keys to values; the
+prediction for a key is ``S^T k``), one output rule ``o_t = S_t^T (scale * q_t)`` read
+after the token's own write:
+
+* ``linear_attention`` (Katharopoulos et al., arXiv 2006.16236; a fixed or given decay as in
+  RetNet arXiv 2307.08621 and Lightning Attention arXiv 2401.04658):
+      S_t = a_t S_{t-1} + k_t v_t^T                                   a_t = exp(g_t), 1 if g is None
+* ``delta_rule`` (Schlag, Irie and Schmidhuber, arXiv 2102.11174; Widrow-Hoff):
+      S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T
+* ``gated_delta_rule`` (Yang, Kautz and Hatamizadeh, arXiv 2412.06464), g [B,T,H] per head:
+      S' = exp(g_t) S_{t-1};   S_t = S' + beta_t k_t (v_t - S'^T k_t)^T
+* ``kda`` (Kimi Linear, arXiv 2510.26692), g [B,T,H,K] per key channel:
+      S' = diag(exp(g_t)) S_{t-1};   S_t = S' + beta_t k_t (v_t - S'^T k_t)^T
+
+Every op takes ``q, k, v`` then keyword-only ``g, beta, scale, initial_state,
+output_final_state, chunk_size, mode`` and returns ``(o [B,T,HV,V], final_state or None)``.
+Layout ``[B, T, H, D]``; q and k may have fewer heads than v (``HV`` a multiple of ``H``;
+value head h reads query/key head ``h // (HV / H)``, Qwen3-Next's grouping); g and beta
+are given per value head. No normalisation happens inside: L2-normalise q and k before.
+
+Scale convention: ``scale`` multiplies q inside the op, default ``K ** -0.5``. That is what
+transformers' ``torch_chunk_gated_delta_rule`` and ``chunk_kimi_delta_attention`` always do,
+so the default reproduces them; pass ``scale=1.0`` for the bare rule.
+
+Three evaluations that agree (tests hold them equal):
+
+* ``mode="recurrent"``: the per-token loop over ``recurrent_step`` (the reference);
+* ``mode="chunk"`` (default): chunkwise-parallel. Within a chunk of C tokens the delta writes
+  form a unit lower-triangular system (the WY/UT representation, arXiv 2406.06484):
+      (I + strict_tril(diag(beta) (K K^T * Gamma))) [U | W] = [diag(beta) V | diag(beta) K * exp(G)]
+  with Gamma_ij = exp(G_i - G_j) the decay between tokens j <= i and G the within-chunk
+  cumulative log decay. Then, chunk by chunk (the one sequential loop),
+      V_new = U - W S,   O = (Q * exp(G)) S + (Q K^T * Gamma)_tril V_new,
+      S <- exp(G_C) S + (K * exp(G_C - G))^T V_new.
+  Everything but the two products in the loop is a batched matrix product over all chunks.
+  For KDA, Gamma is per channel; ``_scores_per_channel`` factors it through sub-chunk
+  reference points so it stays a matrix product without overflow (as in GLA, arXiv 2312.06635);
+* ``mode="scan"``: the state sequence by a parallel affine scan (``storelab.ops.scan``).
+
+Shape legend: B batch, T tokens, H heads, K key width, V value width, N chunks, C chunk size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["linear_attention", "delta_rule", "gated_delta_rule", "kda", "recurrent_step"]
+
+MODES = ("chunk", "recurrent", "scan")
+
+
+# ---------------------------------------------------------------------------- one token
+def recurrent_step(q_BHK: Tensor, k_BHK: Tensor, v_BHV: Tensor, S_BHKV: Tensor, *, g: Tensor | None = None,
+                   beta: Tensor | None = None, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """One token of any of the four rules; returns (o_BHV, new S_BHKV).
+
+    ``g`` is the log decay, [B,H] (per head) or [B,H,K] (per channel) or None; ``beta`` [B,H]
+    selects the delta rule, None the additive write of linear attention. Heads already matched.
+    """
+    if g is not None:
+        a = g.exp()
+        S_BHKV = S_BHKV * (a[..., None, None] if a.dim() == 2 else a[..., None])
+    if beta is None:
+        write_BHV = v_BHV
+    else:
+        pred_BHV = torch.einsum("bhkv,bhk->bhv", S_BHKV, k_BHK)
+        write_BHV = beta[..., None] * (v_BHV - pred_BHV)
+    S_BHKV = S_BHKV + k_BHK[..., :, None] * write_BHV[..., None, :]
+    o_BHV = torch.einsum("bhkv,bhk->bhv", S_BHKV, q_BHK * scale)
+    return o_BHV, S_BHKV
+
+
+def _recurrent(q, k, v, g, beta, scale, S_BHKV):
+    T = q.shape[1]
+    o = []
+    for t in range(T):
+        o_t, S_BHKV = recurrent_step(q[:, t], k[:, t], v[:, t], S_BHKV, g=None if g is None else g[:, t],
+                                     beta=None if beta is None else beta[:, t], scale=scale)
+        o.append(o_t)
+    return torch.stack(o, dim=1), S_BHKV
+
+
+# ---------------------------------------------------------------------------- chunked
+def _to_chunks(x: Tensor, C: int, scale: float | None = None) -> Tensor:
+    """[B, T, H, *D] -> [N, B*H, C, D] (zero padded to a multiple of C; D = 1 if absent), times scale."""
+    if x.dim() == 3:
+        x = x[..., None]
+    B, T, H, D = x.shape
+    N = -(-T // C)
+    if N * C != T:
+        x = F.pad(x, (0, 0, 0, 0, 0, N * C - T))
+    src = x.view(B, N, C, H, D).permute(1, 0, 3, 2, 4)
+    out = x.new_empty(N, B, H, C, D)
+    if scale is None or scale == 1.0:
+        out.copy_(src)
+    else:
+        torch.mul(src, scale, out=out)  # one pass: scale while reordering
+    return out.view(N, B * H, C, D)
+
+
+def _from_chunks(x_NBCD: Tensor, B: int, T: int) -> Tensor:
+    N, BH, C, D = x_NBCD.shape
+    H = BH // B
+    return x_NBCD.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, D)[:, :T]
+
+
+def _exp_limit(dtype: torch.dtype) -> float:
+    """Largest exponent whose exp (and 1/exp) stays a normal number, with a margin."""
+    return 0.95 * math.log(torch.finfo(dtype).max) if dtype != torch.float64 else 700.0
+
+
+def _unit_lower_inverse(A_BCC: Tensor, block: int = 16) -> Tensor:
+    """(I + strict_tril(A))^-1 by matrix products (batched LAPACK solves of small systems are slow).
+
+    Diagonal blocks of size b: the Neumann series of a nilpotent matrix, summed by doubling,
+    (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; then block forward substitution,
+    T[r, :r] = -T[r, r] A[r, :r] T[:r, :r] for each block row r.
+    """
+    C = A_BCC.shape[-1]
+    b = block if C % block == 0 else C
+    n = C // b
+    X = torch.diagonal(A_BCC.unflatten(-2, (n, b)).unflatten(-1, (n, b)), dim1=-4, dim2=-2)  # ... b b n
+    X = X.movedim(-1, -3).tril(-1)                                                          # ... n b b
+    inv = -X
+    inv.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    p = 2
+    while p < b:
+        X = X @ X
+        inv = inv + inv @ X
+        p *= 2
+    if n == 1:
+        return inv.squeeze(-3)
+    T = A_BCC.new_zeros(A_BCC.shape)
+    for r in range(n):
+        rows = slice(r * b, (r + 1) * b)
+        T[..., rows, rows] = inv[..., r, :, :]
+        if r:
+            T[..., rows, : r * b] = -inv[..., r, :, :] @ (A_BCC[..., rows, : r * b] @ T[..., : r * b, : r * b])
+    return T
+
+
+def _sub_chunk(G_NBCK: Tensor) -> int:
+    """Largest power-of-two split of the chunk whose blocks each decay by at most the exp limit.
+
+    Inside a block of size s the factorisation exp(G_i - G_j) = exp(G_i - r) exp(r - G_j), with r
+    the cumulative decay just before the block, has factors within exp(+-span); spans above the
+    limit would overflow. The caller clamps single-token decays at the limit, so s = 1 always works.
+    """
+    C = G_NBCK.shape[2]
+    limit = _exp_limit(G_NBCK.dtype)
+    s = C
+    while s > 1 and C % s == 0:
+        Gb = G_NBCK.unflatten(2, (C // s, s))
+        ref = torch.cat([torch.zeros_like(Gb[:, :, :1, 0]), Gb[:, :, :-1, -1]], dim=2)  # N BH n K
+        if (ref - Gb[:, :, :, -1]).max().item() <= limit:
+            return s
+        s //= 2
+    return 1
+
+
+def _scores_per_channel(rows: list[Tensor], k_NBCK: Tensor, G_NBCK: Tensor) -> Tensor:
+    """P[r, ..., i, j] = sum_c rows[r][i,c] k[j,c] exp(G[i,c] - G[j,c]) for j <= i, zeros above.
+
+    The chunk is cut into blocks of size s (``_sub_chunk``). Row block a reads every column
+    j < (a+1) s through the reference r_a, the cumulative decay just before block a:
+        exp(G_i - G_j) = exp(G_i - r_a) * exp(r_a - G_j),
+    the first factor <= 1, the second <= 1 for earlier blocks and <= exp(span) inside block a.
+    Every factor stays a normal number, so the product keeps full relative precision.
+    """
+    N, BH, C, K = k_NBCK.shape
+    R = len(rows)
+    s = _sub_chunk(G_NBCK)
+    n = C // s
+    Gb = G_NBCK.unflatten(2, (n, s))                                                     # N BH n s K
+    ref = torch.cat([torch.zeros_like(Gb[:, :, :1, 0]), Gb[:, :, :-1, -1]], dim=2)      # N BH n K
+    f = (Gb - ref[:, :, :, None]).exp_()                                                # N BH n s K, <= 1
+    left = k_NBCK.new_empty(N, BH, n, R, s, K)
+    for r, x in enumerate(rows):
+        torch.mul(x.unflatten(2, (n, s)), f, out=left[:, :, :, r])
+    P = k_NBCK.new_zeros(R, N, BH, C, C)
+    for a in range(n):
+        w = (a + 1) * s
+        right = k_NBCK[:, :, :w] * (ref[:, :, a, None] - G_NBCK[:, :, :w]).exp_()     # N BH w K
+        blk = torch.matmul(left[:, :, a].reshape(N, BH, R * s, K), right.transpose(-1, -2))
+        P[:, :, :, a * s:w, :w] = blk.view(N, BH, R, s, w).movedim(2, 0)
+    return P.tril_()
+
+
+def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
+    """Chunkwise-parallel form of all four rules (see the module docstring)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    q_N, k_N, v_N = _to_chunks(q, C, scale), _to_chunks(k, C), _to_chunks(v, C)        # N BH C K|V
+    N, BH = q_N.shape[:2]
+    dt = q_N.dtype
+    delta, per_channel = beta is not None, g is not None and g.dim() == 4
+    tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril_()
+    if g is not None:
+        if per_channel:
+            g = g.clamp(min=-_exp_limit(dt))  # a retention below e^-limit is already zero in this dtype
+        G = _to_chunks(g, C).cumsum_(2)                                               # N BH C 1|K
+        G_last = G[:, :, -1:]                                                         # N BH 1 1|K
+
+    # intra-chunk scores: A_qk (causal, diagonal included) and K K^T (its strictly lower part is used)
+    if per_channel:
+        A_qk, A_kk = _scores_per_channel([q_N, k_N] if delta else [q_N], k_N, G).unbind(0) + ((None,) if not delta else ())
+    else:
+        kT = k_N.transpose(-1, -2)
+        A_qk = torch.matmul(q_N, kT)                                                  # N BH C C
+        A_kk = torch.matmul(k_N, kT) if delta else None
+        if g is not None:
+            Gs = G[..., 0]
+            Gamma = torch.where(tril, Gs[..., :, None] - Gs[..., None, :], float("-inf")).exp_()  # N BH C C
+            A_qk.mul_(Gamma)
+            if delta:
+                A_kk.mul_(Gamma)
+        else:
+            A_qk.masked_fill_(~tril, 0.0)
+
+    if delta:
+        # UT transform: (I + strict_tril(diag(beta) A_kk))^-1 diag(beta) [V | K exp(G)] = [U | W]
+        b_N = _to_chunks(beta, C)                                                     # N BH C 1
+        Tinv = _unit_lower_inverse(A_kk.mul_(b_N))
+        Tinv.mul_(b_N.transpose(-1, -2))
+        U = torch.matmul(Tinv, v_N)
+        W = torch.matmul(Tinv, k_N * G.exp() if g is not None else k_N)
+        V_new = q_N.new_empty(N, BH, C, V)
+    else:
+        V_new = v_N
+    if g is not None:
+        q_N = q_N * G.exp()
+        k_N = k_N * (G_last - G).exp_()
+        S_decay = G_last.exp().transpose(-1, -2)                                      # N BH 1|K 1
+    k_T = k_N.transpose(-1, -2)                                                       # N BH K C
+
+    S_all = q_N.new_empty(N + 1, BH, K, V)                                            # state before chunk i
+    if S_BHKV is None:
+        S_all[0].zero_()
+    else:
+        S_all[0].copy_(S_BHKV.reshape(BH, K, V))
+    for i in range(N):  # the one sequential loop: two products per chunk
+        if delta:
+            torch.baddbmm(U[i], W[i], S_all[i], alpha=-1, out=V_new[i])
+        torch.baddbmm(S_all[i] * S_decay[i] if g is not None else S_all[i], k_T[i], V_new[i], out=S_all[i + 1])
+    o = torch.matmul(q_N, S_all[:-1]).view(N * BH, C, V)
+    o.baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
+    return _from_chunks(o.view(N, BH, C, V), B, T), S_all[-1].view(B, H, K, V)
+
+
+# ---------------------------------------------------------------------------- public ops
+def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode, g_per_channel):
+    if mode not in MODES:
+        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"{name}: expected q, k [B, T, H, K] and v [B, T, HV, V], got "
+                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if HV % H:
+        raise ValueError(f"{name}: {HV} value heads are not a multiple of {H} query/key heads")
+    if beta is not None and tuple(beta.shape) != (B, T, HV):
+        raise ValueError(f"beta: expected shape [B, T, HV] = {[B, T, HV]}, got {list(beta.shape)}")
+    if g is not None:
+        want = (B, T, HV, K) if g_per_channel else (B, T, HV)
+        if tuple(g.shape) != want:
+            raise ValueError(f"g: expected shape {list(want)}, got {list(g.shape)}")
+    if initial_state is not None and tuple(initial_state.shape) != (B, HV, K, V):
+        raise ValueError(f"initial_state: expected shape {[B, HV, K, V]}, got {list(initial_state.shape)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
+    out_dtype = v.dtype
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    g = None if g is None else g.to(dt)
+    beta = None if beta is None else beta.to(dt)
+    if HV != H:  # grouped heads: value head h reads query/key head h // (HV / H)
+        q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
+    scale = K ** -0.5 if scale is None else scale
+    S0 = None if initial_state is None else initial_state.to(dt)
+    if mode == "chunk":
+        o, S = _chunked(q, k, v, g, beta, scale, S0, chunk_size)
+    elif mode == "recurrent":
+        o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
+    else:
+        from storelab.ops.scan import delta_states_by_scan
+
+        S_all, _ = delta_states_by_scan(k, v, g=g, beta=beta, initial_state=S0)      # B T H K V
+        o = torch.einsum("bthkv,bthk->bthv", S_all, q * scale)
+        S = S_all[:, -1] if T else (q.new_zeros(B, HV, K, V) if S0 is None else S0)
+    return o.to(out_dtype), (S if output_final_state else None)
+
+
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, scale: float | None = None,
+                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
+                     mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
+    """Additive outer-product writes, S_t = exp(g_t) S_{t-1} + k_t v_t^T; g [B,T,HV] or None.
+
+    A fixed per-head decay (RetNet, Lightning) is ``g = log_gamma_H.expand(B, T, H)``.
+    """
+    if g is not None and g.dim() == 1:
+        g = g.to(q.dtype).expand(q.shape[0], q.shape[1], g.shape[0])
+    return _run("linear_attention", q, k, v, g, None, scale, initial_state, output_final_state, chunk_size, mode, False)
+
+
+def delta_rule(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor, scale: float | None = None,
+               initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
+               mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
+    """DeltaNet: S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T; beta [B,T,HV]."""
+    return _run("delta_rule", q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size, mode, False)
+
+
+def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor, beta: Tensor, scale: float | None = None,
+                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
+                     mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
+    """Gated DeltaNet: decay by exp(g_t) per head (g [B,T,HV], <= 0), then the delta write."""
+    return _run("gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode,
+                False)
+
+
+def kda(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor, beta: Tensor, scale: float | None = None,
+        initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
+        mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
+    """Kimi Delta Attention: decay by exp(g_t) per key channel (g [B,T,HV,K], <= 0), then the delta write."""
+    return _run("kda", q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode, True)

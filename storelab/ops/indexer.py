@@ -1,0 +1,116 @@
+"""The lightning indexer of DeepSeek Sparse Attention as pure functions
+(DeepSeek-V3.2; GLM-5, arXiv 2602.15763), and the block pools of DeepSeek-V4.1-Flash's
+hierarchical selection (arXiv 2609.19969).
+
+The indexer is a second, cheap store in front of the main cache: each query t has
+``Hi`` small index heads ``q[t, h]`` and a weight per head ``w[t, h]``; each
+position s has one index key ``k[s]``. The score of position s for query t is
+
+    I[t, s] = sum_h  w[t, h] * relu(scale * q[t, h] . k[s])
+
+and the main attention reads only the top-k positions by I. ``w`` is token
+dependent (a projection of the token), so a query decides how much each index
+head counts.
+
+* ``index_scores(q_BTHK, k_BLK, w_BTH, *, scale, mask_TL=None)``  -> I, [B, T, L]
+  (-inf where the mask forbids reading);
+* ``index_scores_at(q_BTHK, k_BLK, w_BTH, pos_BTP, valid_BTP, *, scale)`` -> I at
+  the given positions only, [B, T, P] (the indexer scores P entries, not L);
+* ``top_positions(scores_BTL, k)`` -> (idx_BTk, valid_BTk): the best min(k, L)
+  entries per query, ties to the earlier position; ``valid`` is False where
+  fewer than k were readable;
+* ``selection_mask(idx_BTk, valid_BTk, L)`` -> bool [B, T, L], True where selected;
+* ``block_pool(scores_BTL, *, block, n_blocks)`` -> (pos_BTP, valid_BTP): the
+  positions of the ``n_blocks`` blocks of ``block`` consecutive positions with the
+  highest block-max score (P = n_blocks * block, fewer when fewer blocks exist).
+
+Legend: B batch, T queries, L positions kept, H index heads, K index head width,
+k entries selected, P pool positions.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["index_scores", "index_scores_at", "top_positions", "selection_mask", "block_pool"]
+
+
+def index_scores(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, *, scale: float,
+                 mask_TL: Tensor | None = None) -> Tensor:
+    """I[b, t, s] = sum_h w[b,t,h] relu(scale q[b,t,h] . k[b,s]); masked entries are -inf."""
+    dt = torch.promote_types(q_BTHK.dtype, torch.float32)
+    logits_BTHL = torch.einsum("bthk,blk->bthl", q_BTHK.to(dt), k_BLK.to(dt)) * scale
+    scores_BTL = torch.einsum("bth,bthl->btl", w_BTH.to(dt), F.relu(logits_BTHL))
+    if mask_TL is not None:
+        scores_BTL = scores_BTL.masked_fill(~mask_TL, float("-inf"))
+    return scores_BTL
+
+
+def index_scores_at(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, pos_BTP: Tensor, valid_BTP: Tensor, *,
+                    scale: float) -> Tensor:
+    """The same score, computed only at positions ``pos_BTP`` (invalid ones are -inf).
+
+    Each query gathers its own P index keys, so the work is T * P, not T * L.
+    """
+    B = k_BLK.shape[0]
+    dt = torch.promote_types(q_BTHK.dtype, torch.float32)
+    b_idx = torch.arange(B, device=k_BLK.device)[:, None, None]
+    k_BTPK = k_BLK[b_idx, pos_BTP].to(dt)                               # gather: B T P K
+    logits_BTHP = torch.einsum("bthk,btpk->bthp", q_BTHK.to(dt), k_BTPK) * scale
+    scores_BTP = torch.einsum("bth,bthp->btp", w_BTH.to(dt), F.relu(logits_BTHP))
+    return scores_BTP.masked_fill(~valid_BTP, float("-inf"))
+
+
+def top_positions(scores_BTL: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Indices of the min(k, L) best entries per query and whether each is readable."""
+    if k <= 0:
+        raise ValueError(f"k: must be > 0, got {k}")
+    vals_BTk, idx_BTk = _best(scores_BTL, k)
+    return idx_BTk, torch.isfinite(vals_BTk)
+
+
+def _best(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The min(k, n) largest along the last axis; ties go to the lower index.
+
+    The ReLU makes exact ties common (every head's overlap negative gives a score of
+    exactly 0), and ``topk`` breaks them differently for different shapes, so a
+    chunked prefill would read other entries than a full pass. A stable sort
+    fixes the order.
+    """
+    vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
+    kk = min(k, x.shape[-1])
+    return vals[..., :kk], idx[..., :kk]
+
+
+def selection_mask(idx_BTk: Tensor, valid_BTk: Tensor, L: int) -> Tensor:
+    """Bool [B, T, L]: True at the selected, readable positions."""
+    B, T, _ = idx_BTk.shape
+    mask = torch.zeros(B, T, L + 1, dtype=torch.bool, device=idx_BTk.device)
+    # unreadable picks are sent to a spare column L and dropped
+    mask.scatter_(-1, torch.where(valid_BTk, idx_BTk, L), True)
+    return mask[..., :L]
+
+
+def block_pool(scores_BTL: Tensor, *, block: int, n_blocks: int) -> tuple[Tensor, Tensor]:
+    """Positions of the ``n_blocks`` blocks with the highest block-max score.
+
+    Blocks are aligned (block j holds positions j*block .. j*block + block - 1).
+    A block's score is the max of its positions' scores, so any block that holds
+    one of the top-m positions scores at least the m-th score: with
+    ``n_blocks >= m`` the pool contains the top-m positions (ties aside).
+    Returns pos_BTP (long) and valid_BTP (False for positions beyond L, not
+    readable by the query, or in a block with nothing readable).
+    """
+    if block <= 0 or n_blocks <= 0:
+        raise ValueError(f"block: block and n_blocks must be > 0, got {block}, {n_blocks}")
+    B, T, L = scores_BTL.shape
+    nb = -(-L // block)
+    padded_BTN = F.pad(scores_BTL, (0, nb * block - L), value=float("-inf"))
+    block_BTnb = padded_BTN.view(B, T, nb, block).amax(-1)
+    _, bidx_BTb = _best(block_BTnb, n_blocks)
+    offs = torch.arange(block, device=scores_BTL.device)
+    pos_BTP = (bidx_BTb[..., None] * block + offs).flatten(-2)
+    valid_BTP = torch.isfinite(padded_BTN.gather(-1, pos_BTP))
+    return pos_BTP.clamp_max(L - 1), valid_BTP

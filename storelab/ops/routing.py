@@ -1,0 +1,188 @@
+"""Routers and fixed addresses: which rows of a trained store a token reads.
+
+Legend: N tokens (batch and time flattened), D input width, E experts,
+K experts chosen per token (top_k), I expert inner width, S lookups per token.
+
+Learned routing (a mixture of experts; Shazeer et al., arXiv 1701.06538):
+
+* ``route_topk(logits_NE, top_k=, score=, bias_E=, normalize=, scaling=)``: scores
+  ``s = score(logits)`` (softmax over experts, or elementwise sigmoid, or DeepSeek-V4's
+  sqrt(softplus)); the chosen experts are the top-k of ``s + bias`` (the
+  auxiliary-loss-free balancing bias of DeepSeek-V3, arXiv 2412.19437, steers the
+  choice only); the weights are the unbiased scores of the chosen experts, divided by
+  their sum when ``normalize`` and times ``scaling``.
+* ``route_fixed(logits_NE, experts_NK, ...)``: the same weights for experts chosen in
+  advance, as DeepSeek-V4's hash routing does (``experts = table[token id]``).
+* ``grouped_swiglu`` runs the chosen experts on their tokens only: sort the N*K
+  (token, expert) slots by expert, run each expert once on its contiguous slice,
+  put the weighted results back in slot order and sum each token's K slots. ``dense_moe_reference`` computes every expert on
+  every token and masks: the slow form the tests compare against.
+
+Fixed addresses (Engram, arXiv 2601.07372):
+
+* ``next_prime(n)``: the smallest prime >= n (table sizes).
+* ``ngram_rows(history_BS, multipliers_SJ, primes_S, offsets_S, T)``: per lookup s, the
+  multiplicative-XOR hash ``(x_t m_0) ^ (x_{t-1} m_1) ^ ... ^ (x_{t-n+1} m_{n-1})``
+  modulo the lookup's prime table size, plus the table's offset in the shared embedding.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "ROUTER_SCORES", "route_topk", "route_fixed", "expert_load", "swiglu", "grouped_swiglu",
+    "dense_moe_reference", "next_prime", "is_prime", "ngram_rows",
+]
+
+
+def _sqrt_softplus(x: Tensor) -> Tensor:
+    return F.softplus(x).sqrt()
+
+
+ROUTER_SCORES = {
+    "softmax": lambda x: torch.softmax(x, dim=-1),
+    "sigmoid": torch.sigmoid,
+    "sqrtsoftplus": _sqrt_softplus,  # DeepSeek-V4
+}
+
+
+def _at_least_fp32(x: Tensor) -> Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _weights(scores_NE: Tensor, experts_NK: Tensor, normalize: bool, scaling: float) -> Tensor:
+    w_NK = scores_NE.gather(1, experts_NK)
+    if normalize:
+        w_NK = w_NK / (w_NK.sum(-1, keepdim=True) + 1e-20)
+    return w_NK * scaling
+
+
+def route_topk(logits_NE: Tensor, *, top_k: int, score: str = "softmax", bias_E: Tensor | None = None,
+               normalize: bool = True, scaling: float = 1.0) -> tuple[Tensor, Tensor]:
+    """(weights_NK, at least fp32; experts_NK long) for a learned router."""
+    scores_NE = ROUTER_SCORES[score](_at_least_fp32(logits_NE))
+    choose_NE = scores_NE if bias_E is None else scores_NE + bias_E.to(scores_NE.dtype)
+    experts_NK = torch.topk(choose_NE, top_k, dim=-1).indices
+    return _weights(scores_NE, experts_NK, normalize, scaling), experts_NK
+
+
+def route_fixed(logits_NE: Tensor, experts_NK: Tensor, *, score: str = "softmax", normalize: bool = True,
+                scaling: float = 1.0) -> Tensor:
+    """weights_NK (at least fp32) for experts chosen in advance (hash routing)."""
+    scores_NE = ROUTER_SCORES[score](_at_least_fp32(logits_NE))
+    return _weights(scores_NE, experts_NK, normalize, scaling)
+
+
+def expert_load(experts_NK: Tensor, n_experts: int) -> Tensor:
+    """[E] number of (token, slot) pairs sent to each expert; sums to N * K."""
+    return torch.bincount(experts_NK.reshape(-1), minlength=n_experts)
+
+
+def swiglu(gate: Tensor, up: Tensor, *, limit: float | None = None) -> Tensor:
+    """silu(gate) * up (Shazeer, arXiv 2002.05202); DeepSeek-V4 clips both first
+    (gate from above, up on both sides) when ``limit`` is given."""
+    if limit is not None:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+    return F.silu(gate) * up
+
+
+def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up_EFD: Tensor, down_EDI: Tensor,
+                   *, limit: float | None = None) -> Tensor:
+    """sum_k w_nk * expert_{e_nk}(x_n), each expert run once on its own tokens.
+
+    gate_up_EFD is [E, 2I, D] (gate rows first, then up rows), down_EDI is [E, D_out, I]:
+    the layout of transformers' 3-D expert tensors.
+    """
+    N, K = experts_NK.shape
+    E, D_out = gate_up_EFD.shape[0], down_EDI.shape[1]
+    flat_e = experts_NK.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)       # slots grouped by expert
+    tok = order // K                                 # token of each sorted slot
+    counts = torch.bincount(flat_e, minlength=E).tolist()
+    x_sorted = x_ND[tok]                             # [N*K, D]
+    w_sorted = weights_NK.reshape(-1)[order].to(x_ND.dtype)
+    out_sorted = x_ND.new_empty(N * K, D_out)
+    start = 0
+    for e, c in enumerate(counts):
+        if c == 0:
+            continue
+        seg = slice(start, start + c)
+        gate, up = F.linear(x_sorted[seg], gate_up_EFD[e]).chunk(2, dim=-1)   # [c, I] each
+        out_sorted[seg] = F.linear(swiglu(gate, up, limit=limit), down_EDI[e]) * w_sorted[seg, None]
+        start += c
+    # back to slot order (a permutation, no accumulation), then sum each token's K slots
+    out_slots = torch.empty_like(out_sorted)
+    out_slots[order] = out_sorted
+    return out_slots.view(N, K, D_out).sum(1)
+
+
+def dense_moe_reference(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up_EFD: Tensor, down_EDI: Tensor,
+                        *, limit: float | None = None) -> Tensor:
+    """The slow form: every expert on every token, then keep the chosen ones."""
+    E = gate_up_EFD.shape[0]
+    gate, up = torch.einsum("nd,efd->enf", x_ND, gate_up_EFD).chunk(2, dim=-1)    # [E, N, I]
+    out_END = torch.einsum("eni,edi->end", swiglu(gate, up, limit=limit), down_EDI)
+    mix_NE = torch.zeros(x_ND.shape[0], E, dtype=x_ND.dtype, device=x_ND.device)
+    mix_NE.scatter_add_(1, experts_NK, weights_NK.to(x_ND.dtype))
+    return torch.einsum("ne,end->nd", mix_NE, out_END)
+
+
+# -- fixed addresses ------------------------------------------------------------------
+
+_MR_BASES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)  # exact for n < 3.3e24
+
+
+def is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin primality test."""
+    if n < 2:
+        return False
+    for p in _MR_BASES:
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in _MR_BASES:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+@lru_cache(maxsize=4096)
+def next_prime(n: int) -> int:
+    """The smallest prime >= n."""
+    n = max(n, 2)
+    while not is_prime(n):
+        n += 1
+    return n
+
+
+def ngram_rows(history_BS: Tensor, multipliers_SJ: Tensor, primes_S: Tensor, offsets_S: Tensor, T: int) -> Tensor:
+    """Rows [B, T, S] read by the last T tokens of ``history_BS`` (which starts with
+    J - 1 tokens of context before them, J = multipliers_SJ.shape[1]).
+
+    Lookup s hashes the n-gram ending at token t as XOR_j (x_{t-j} * m_sj); its
+    multipliers are zero for j >= n, and XOR with zero changes nothing, so lookups of
+    every order share one loop. Products stay below 2^63 because each multiplier is
+    below 2^63 / vocab_size.
+    """
+    J = multipliers_SJ.shape[1]
+    mix_BTS = None
+    for j in range(J):
+        tok_BT = history_BS[:, J - 1 - j: J - 1 - j + T]                 # x_{t-j}
+        term = tok_BT[..., None] * multipliers_SJ[:, j]                   # [B, T, S]
+        mix_BTS = term if mix_BTS is None else torch.bitwise_xor(mix_BTS, term)
+    return torch.remainder(mix_BTS, primes_S) + offsets_S

@@ -1,0 +1,354 @@
+"""Compressed entries: DeepSeek-V4's compressed sparse (CSA) and heavily compressed (HCA)
+attention (DeepSeek-V4 report, arXiv 2606.19348), kinds ``csa`` and ``hca``.
+
+Update rule. Each token writes three things: its own entry ``kv_t = RoPE(RMSNorm(W_kv x_t))``
+(one KV head of ``head_dim`` channels, the last ``rope_dim`` rotary; the same vector is
+key and value for every query head), into a window of the last ``window`` tokens; and
+its compressor projections, kept in a tail until the pools they belong to are complete.
+When stride block ``w`` completes, entry ``w`` is pooled from the ``pool`` tokens ending
+there (``storelab.ops.compress``: per-channel softmax weights over the pool's tokens,
+from a projection of each token plus a learned bias per slot), then RMSNorm-ed and
+rotated at position ``w * stride``. CSA also pools a narrower index key per entry the
+same way; its lightning indexer (as in DeepSeek Sparse Attention) scores every complete
+entry for each query, ``sum_h w_h ReLU(q_h . k)``, and the query reads the top
+``index_topk``. HCA (stride = pool, no overlap) reads every complete entry. A query
+at position t reads, in one softmax with a learned sink logit per head (StreamingLLM,
+arXiv 2309.17453; gpt-oss), its selected entries and the own entries of positions
+(t - window, t]. The output's rope channels are rotated back by -t (K = V carries a
+rotation), then a grouped low-rank output projection maps heads to ``d_model``.
+
+Parameters (D d_model, H heads, C head_dim, Q q_lora, g o_groups, r o_lora, S = pool/stride,
+P pool, IH x IC index heads):
+``D*Q + Q + Q*H*C`` (low-rank query) ``+ D*C + C`` (own entry) ``+ H*C*r + g*r*D``
+(output) ``+ H`` (sinks) ``+ 2*D*S*C + P*C + C`` (compressor); CSA adds
+``2*D*S*IC + P*IC + IC + Q*IH*IC + D*IH`` (indexer). All are active for every token.
+
+State per token (``CompressedCache``): ``1/stride`` pooled entries (plus as many index
+keys for CSA) in the ``cache_format``, one entry per token for the last ``window``
+tokens, and the compressor projections of at most ``pool - stride + stride - 1`` tokens:
+at a 1M context about 250,000 entries for CSA (pool 8, stride 4) and 7,812 for HCA
+(pool 128). Entry bytes: ``storelab.ops.quant.entry_bytes`` (584 B in V4-Pro's fp8).
+
+Cache formats (``cache_format``): None keeps entries in the compute dtype; "fp32"/"bf16"
+cast them; "fp8"/"fp4" store integer codes with one power-of-two scale per
+``quant_block`` no-rope channels and the rope channels in bf16. Entries are encoded on
+write and decoded on read, in the very pass that writes them, so a full pass and a
+chunked one read the same numbers. Compressor projections waiting in the tail are held
+in fp32 for "fp32", bf16 for the other formats, the compute dtype for None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from storelab.ops.attention import attend, window_mask
+from storelab.ops.compress import index_scores, pool_entries, readable_entries, select_topk
+from storelab.ops.norm import RMSNorm, rms_norm
+from storelab.ops.quant import FORMATS, decode_entries, encode_entries, entry_bytes
+from storelab.ops.rope import apply_rope
+from storelab.state import State
+from storelab.stores.base import Card, Footprint, ParamCount, StoreConfig, check_input, register
+
+__all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache"]
+
+
+@dataclass
+class CompressedCache(State):
+    """What a compressed-attention layer keeps. Rows are entries in the cache format."""
+
+    pooled: Tensor | None = None          # [B, N, row]  pooled entries (key = value)
+    index_keys: Tensor | None = None      # [B, N, irow] pooled index keys (CSA)
+    window_kv: Tensor | None = None       # [B, min(seen, W), row] the last W tokens' own entries
+    tail_kv: Tensor | None = None         # [B, n_tail, S, C] projections of tokens in open pools
+    tail_z: Tensor | None = None          # [B, n_tail, S, C] their pooling scores
+    tail_index_kv: Tensor | None = None   # [B, n_tail, S, IC] (CSA)
+    tail_index_z: Tensor | None = None    # [B, n_tail, S, IC] (CSA)
+
+    @property
+    def entries(self) -> int:
+        return 0 if self.pooled is None else self.pooled.shape[1]
+
+
+# --- configs -------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class _CompressedConfig(StoreConfig):
+    """Fields shared by CSA and HCA; defaults are DeepSeek-V4-Pro's published config."""
+
+    d_model: int
+    n_heads: int = 128
+    head_dim: int = 512
+    rope_dim: int = 64
+    q_lora: int = 1536
+    o_groups: int = 16
+    o_lora: int = 1024
+    pool: int = 8
+    window: int = 128
+    rope_theta: float = 160000.0
+    eps: float = 1e-6
+    cache_format: str | None = None
+    quant_block: int = 64
+
+    def __post_init__(self) -> None:
+        self.check_positive("d_model", "n_heads", "head_dim", "q_lora", "o_groups", "o_lora", "pool", "window",
+                            "quant_block")
+        self.check(0 <= self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0, "rope_dim",
+                   f"must be even and between 0 and head_dim {self.head_dim}, got {self.rope_dim}")
+        self.check((self.n_heads * self.head_dim) % self.o_groups == 0, "o_groups",
+                   f"must divide n_heads * head_dim = {self.n_heads * self.head_dim}, got {self.o_groups}")
+        self.check(self.cache_format is None or self.cache_format in FORMATS, "cache_format",
+                   f"must be None or one of {FORMATS}, got {self.cache_format!r}")
+        if self.cache_format == "fp4":
+            self.check((self.head_dim - self.rope_dim) % 2 == 0, "head_dim",
+                       "fp4 packs two codes per byte: head_dim - rope_dim must be even")
+
+    @property
+    def series(self) -> int:
+        return self.pool // self.stride
+
+    @property
+    def indexed(self) -> bool:
+        return False
+
+    def build(self) -> "CompressedAttention":
+        return CompressedAttention(self)
+
+    def _pooler_params(self, width: int) -> int:
+        return 2 * self.d_model * self.series * width + self.pool * width + width
+
+    def num_params(self) -> ParamCount:
+        D, H, C, Q = self.d_model, self.n_heads, self.head_dim, self.q_lora
+        n = D * Q + Q + Q * H * C + D * C + C + H * C * self.o_lora + self.o_groups * self.o_lora * D + H
+        n += self._pooler_params(C)
+        if self.indexed:
+            n += self._pooler_params(self.index_head_dim) + Q * self.index_heads * self.index_head_dim
+            n += D * self.index_heads
+        return ParamCount(n, n)
+
+    def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
+        if dtype not in FORMATS:
+            raise ValueError(f"dtype: must be one of {FORMATS}, got {dtype!r}")
+        L = context
+        kept = L // self.stride
+        win = min(L, self.window)
+        n_tail = min(L, L % self.stride + self.pool - self.stride)
+        tail_elem = 4 if dtype == "fp32" else 2
+        row = entry_bytes(self.head_dim, self.rope_dim, dtype, self.quant_block)
+        state = (kept + win) * row + n_tail * 2 * self.series * self.head_dim * tail_elem
+        # per head: q.k and p.v over what is read
+        read = kept + win
+        scored = 0
+        if self.indexed:
+            read = min(kept, self.index_topk) + win
+            scored = kept
+            state += kept * entry_bytes(self.index_head_dim, 0, dtype, self.quant_block)
+            state += n_tail * 2 * self.series * self.index_head_dim * tail_elem
+        flops = 4 * self.n_heads * self.head_dim * read
+        if self.indexed:
+            flops += 2 * self.index_heads * self.index_head_dim * scored
+        return Footprint(context=L, kept=kept, read=read, scored=scored, state_bytes=state, read_flops=flops,
+                         note=f"pool {self.pool} stride {self.stride}, window {self.window}")
+
+
+@register("csa")
+@dataclass(kw_only=True)
+class CSAConfig(_CompressedConfig):
+    """Compressed sparse attention: overlapping pools (8 at stride 4) read through a lightning indexer."""
+
+    stride: int = 4
+    index_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 1024
+
+    CARD = Card(
+        name="Compressed entries, selected (DeepSeek-V4 CSA)",
+        written_by="each group of tokens, pooled: overlapping pools of 8 at a stride of 4, per-channel softmax weights",
+        holds="one entry per 4 tokens (overlapping pools of 8), plus the last 128 tokens uncompressed",
+        reading_costs="a scoring pass over all L/4 entries, then the 1,024 the indexer selects plus the 128-token window",
+        forgets="distinctions within a pool; what the indexer passes over is missed",
+        source="arXiv 2606.19348",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_positive("stride", "index_heads", "index_head_dim", "index_topk")
+        self.check(self.stride <= self.pool, "stride", f"must be <= pool {self.pool}, got {self.stride}")
+        self.check(self.pool % self.stride == 0, "pool", f"must be a multiple of stride {self.stride}, got {self.pool}")
+        self.check(self.rope_dim <= self.index_head_dim, "index_head_dim",
+                   f"must be >= rope_dim {self.rope_dim} (index keys are rotated too), got {self.index_head_dim}")
+
+    @property
+    def indexed(self) -> bool:
+        return True
+
+
+@register("hca")
+@dataclass(kw_only=True)
+class HCAConfig(_CompressedConfig):
+    """Heavily compressed attention: pools of ``pool`` tokens without overlap, all read."""
+
+    pool: int = 128
+
+    CARD = Card(
+        name="Compressed entries, all read (DeepSeek-V4 HCA)",
+        written_by="each group of 128 tokens, pooled with per-channel softmax weights",
+        holds="one entry per 128 tokens, plus the last 128 tokens uncompressed",
+        reading_costs="all L/128 entries plus the 128-token window",
+        forgets="distinctions within a pool",
+        source="arXiv 2606.19348",
+    )
+
+    @property
+    def stride(self) -> int:
+        return self.pool
+
+
+# --- the module ----------------------------------------------------------------------
+
+
+class Pooler(nn.Module):
+    """One compressor: S projections and scores per token, a bias per pool slot, RMSNorm."""
+
+    def __init__(self, d_model: int, width: int, pool: int, stride: int, eps: float):
+        super().__init__()
+        self.series, self.width = pool // stride, width
+        self.kv = nn.Linear(d_model, self.series * width, bias=False)
+        self.score = nn.Linear(d_model, self.series * width, bias=False)
+        self.bias = nn.Parameter(torch.zeros(pool, width))   # [P, C]: slot j = 0 is the oldest token
+        self.norm = RMSNorm(width, eps)
+
+    def project(self, x_BTD: Tensor) -> tuple[Tensor, Tensor]:
+        B, T, _ = x_BTD.shape
+        return (self.kv(x_BTD).view(B, T, self.series, self.width),
+                self.score(x_BTD).view(B, T, self.series, self.width))
+
+
+class CompressedAttention(nn.Module):
+    """CSA (with ``cfg.indexed``) or HCA; see the module docstring."""
+
+    def __init__(self, cfg: _CompressedConfig):
+        super().__init__()
+        self.cfg = cfg
+        D, H, C, Q = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.q_lora
+        self.q_a = nn.Linear(D, Q, bias=False)
+        self.q_a_norm = RMSNorm(Q, cfg.eps)
+        self.q_b = nn.Linear(Q, H * C, bias=False)
+        self.kv_proj = nn.Linear(D, C, bias=False)
+        self.kv_norm = RMSNorm(C, cfg.eps)
+        self.o_a = nn.Parameter(torch.randn(cfg.o_groups, cfg.o_lora, H * C // cfg.o_groups) * (H * C / cfg.o_groups) ** -0.5)
+        self.o_b = nn.Linear(cfg.o_groups * cfg.o_lora, D, bias=False)
+        self.sinks = nn.Parameter(torch.zeros(H))
+        self.pooler = Pooler(D, C, cfg.pool, cfg.stride, cfg.eps)
+        if cfg.indexed:
+            self.index_pooler = Pooler(D, cfg.index_head_dim, cfg.pool, cfg.stride, cfg.eps)
+            self.index_q = nn.Linear(Q, cfg.index_heads * cfg.index_head_dim, bias=False)
+            self.index_weights = nn.Linear(D, cfg.index_heads, bias=False)
+
+    # -- small helpers ---------------------------------------------------------------
+    def _rope(self, x_BTHK: Tensor, pos_T: Tensor) -> Tensor:
+        """Interleaved RoPE on the trailing ``rope_dim`` channels (V4 lays heads out [nope | rope])."""
+        R = self.cfg.rope_dim
+        if R == 0:
+            return x_BTHK
+        nope = x_BTHK.shape[-1] - R
+        rot = apply_rope(x_BTHK[..., nope:], pos_T, rotary_dim=R, theta=self.cfg.rope_theta, interleaved=True)
+        return torch.cat([x_BTHK[..., :nope], rot], dim=-1)
+
+    def _encode(self, x: Tensor, rope_dim: int) -> Tensor:
+        fmt = self.cfg.cache_format
+        return x if fmt is None else encode_entries(x, rope_dim=rope_dim, fmt=fmt, block=self.cfg.quant_block)
+
+    def _decode(self, rows: Tensor, width: int, rope_dim: int, dtype: torch.dtype) -> Tensor:
+        fmt = self.cfg.cache_format
+        if fmt is None:
+            return rows
+        return decode_entries(rows, head_dim=width, rope_dim=rope_dim, fmt=fmt, block=self.cfg.quant_block, dtype=dtype)
+
+    def _tail_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        fmt = self.cfg.cache_format
+        return dtype if fmt is None else (torch.float32 if fmt == "fp32" else torch.bfloat16)
+
+    def _pool(self, pooler: Pooler, x_BTD: Tensor, tail_kv: Tensor | None, tail_z: Tensor | None, seen: int):
+        """New pooled entries [B, N_new, C] (normalised, rotated) and the new tail."""
+        cfg = self.cfg
+        kv, z = pooler.project(x_BTD)
+        td = self._tail_dtype(x_BTD.dtype)
+        kv, z = kv.to(td), z.to(td)                      # what the tail would hold: same in every path
+        if tail_kv is not None:
+            kv, z = torch.cat([tail_kv, kv], dim=1), torch.cat([tail_z, z], dim=1)
+        start = seen + x_BTD.shape[1] - kv.shape[1]      # absolute position of kv[:, 0]
+        first = seen // cfg.stride                       # entries written so far
+        pooled = pool_entries(kv.to(x_BTD.dtype), z.to(x_BTD.dtype), pooler.bias, stride=cfg.stride,
+                              start=start, first=first)
+        n_new = pooled.shape[1]
+        pos_N = (torch.arange(n_new, device=x_BTD.device) + first) * cfg.stride
+        entries = self._rope(pooler.norm(pooled)[:, :, None], pos_N)[:, :, 0]
+        keep_from = max(0, ((seen + x_BTD.shape[1]) // cfg.stride) * cfg.stride - (cfg.pool - cfg.stride))
+        return entries, kv[:, keep_from - start:], z[:, keep_from - start:]
+
+    # -- the protocol ----------------------------------------------------------------
+    def forward(self, x_BTD: Tensor, state: CompressedCache | None = None, *, token_ids: Tensor | None = None):
+        y_BTD, state, _ = self.step(x_BTD, state)
+        return y_BTD, state
+
+    def step(self, x_BTD: Tensor, state: CompressedCache | None = None):
+        """Like ``forward``, and also returns the read mask [B, T, W' + N]: which of the window
+        entries (the first W', oldest first) and pooled entries each query read."""
+        cfg = self.cfg
+        check_input(x_BTD, cfg.d_model, "x_BTD")
+        st = state if state is not None else CompressedCache()
+        B, T, _ = x_BTD.shape
+        H, C, R, dt = cfg.n_heads, cfg.head_dim, cfg.rope_dim, x_BTD.dtype
+        seen = st.seen
+        pos_T = torch.arange(seen, seen + T, device=x_BTD.device)
+
+        q_res = self.q_a_norm(self.q_a(x_BTD))
+        q_BTHK = self._rope(rms_norm(self.q_b(q_res).view(B, T, H, C), None, cfg.eps), pos_T)
+
+        # this chunk's own entries join the window, through the cache format
+        kv_BTC = self._rope(self.kv_norm(self.kv_proj(x_BTD))[:, :, None], pos_T)[:, :, 0]
+        window_rows = self._encode(kv_BTC, R)
+        if st.window_kv is not None:
+            window_rows = torch.cat([st.window_kv, window_rows], dim=1)
+        win_BLC = self._decode(window_rows, C, R, dt)
+        n_win = win_BLC.shape[1]
+
+        new, tail_kv, tail_z = self._pool(self.pooler, x_BTD, st.tail_kv, st.tail_z, seen)
+        pooled_rows = self._encode(new, R)
+        if st.pooled is not None:
+            pooled_rows = torch.cat([st.pooled, pooled_rows], dim=1)
+        ent_BNC = self._decode(pooled_rows, C, R, dt)
+        N = ent_BNC.shape[1]
+        readable_TN = readable_entries(pos_T, N, cfg.stride)
+
+        index_rows = tail_ikv = tail_iz = None
+        if cfg.indexed:
+            IH, IC = cfg.index_heads, cfg.index_head_dim
+            inew, tail_ikv, tail_iz = self._pool(self.index_pooler, x_BTD, st.tail_index_kv, st.tail_index_z, seen)
+            index_rows = self._encode(inew, 0)
+            if st.index_keys is not None:
+                index_rows = torch.cat([st.index_keys, index_rows], dim=1)
+            ik_BNK = self._decode(index_rows, IC, 0, dt)
+            iq_BTHK = self._rope(self.index_q(q_res).view(B, T, IH, IC), pos_T)
+            w_BTH = self.index_weights(x_BTD) * IH ** -0.5
+            scores_BTN = index_scores(iq_BTHK, ik_BNK, w_BTH, scale=IC ** -0.5)
+            chosen_BTN = select_topk(scores_BTN, readable_TN, cfg.index_topk)
+        else:
+            chosen_BTN = readable_TN.expand(B, T, N)
+
+        mask_BTL = torch.cat([window_mask(T, n_win, cfg.window, device=x_BTD.device).expand(B, T, n_win),
+                              chosen_BTN], dim=-1)
+        kv_BL1C = torch.cat([win_BLC, ent_BNC], dim=1)[:, :, None]
+        o_BTHK = attend(q_BTHK, kv_BL1C, kv_BL1C, scale=C ** -0.5, mask_TL=mask_BTL[:, None], sinks_H=self.sinks)
+        o_BTHK = self._rope(o_BTHK, -pos_T)              # undo the rotation the values carry
+        o_BTGI = o_BTHK.reshape(B, T, cfg.o_groups, -1)
+        y_BTD = self.o_b(torch.einsum("btgi,goi->btgo", o_BTGI, self.o_a.to(dt)).flatten(2))
+
+        new_state = CompressedCache(
+            seen=seen + T, pooled=pooled_rows, index_keys=index_rows, window_kv=window_rows[:, -cfg.window:],
+            tail_kv=tail_kv, tail_z=tail_z, tail_index_kv=tail_ikv, tail_index_z=tail_iz)
+        return y_BTD, new_state, mask_BTL

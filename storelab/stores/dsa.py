@@ -1,0 +1,358 @@
+"""Selection stores: DeepSeek Sparse Attention with IndexShare, and hierarchical selection.
+
+``dsa`` (DeepSeek-V3.2's DeepSeek Sparse Attention; GLM-5, arXiv 2602.15763): an MLA
+cache (arXiv 2405.04434) read through a lightning indexer. The indexer has its own
+small heads: index queries from the query latent (from x when there is no query
+latent), one index key per token ``k = RoPE(LayerNorm(W_k x))`` (rotary on the first
+``qk_rope_head_dim`` channels), and a token-dependent weight per head
+``w = W_w x / sqrt(Hi)``. Query t scores position s as
+``sum_h w[t,h] relu(q[t,h] . k[s] / sqrt(Ki))`` and the main attention reads only
+the top ``index_topk`` positions (all when fewer are visible).
+IndexShare (GLM-5): layer i runs its own indexer iff
+``max(i - index_share_offset + 1, 0) % index_share_freq == 0``; the others read
+the selection of the most recent layer that ran one, and keep no index keys.
+GLM-5.3: offset 3, freq 4 -> layers 0, 1, 2, 6, 10, ..., 74 (21 of 78).
+
+``hierarchical`` (DeepSeek-V4.1-Flash, arXiv 2609.19969): in a group of layers the
+first (``layer_index == 0``, the root) scores every position, reads its own top
+``topk`` and picks a pool of candidate blocks (``pool_block`` consecutive positions,
+the ``pool_size / pool_block`` blocks of highest block-max score); every
+``refresh_every``-th layer after it scores only the pool's positions with its own
+indexer and reads a fresh top ``topk`` inside the pool; the other layers reuse the
+last selection. Choice: the kept entries are an MLA latent cache, read in the
+absorbed form, where the latent is exactly one shared key/value head of width
+kv_lora_rank + rope (V4 has a single shared KV head; the layer's cache is its own
+here, V4.1's cross-layer cache sharing is a model-level matter).
+
+Sharing mechanism. A ``SelectionShare`` is a small mutable object that carries, for
+the call in progress, the selection (and the pool) published by the group's most
+recent indexer layer. Every layer's state (``SelectionCache``) holds a reference
+to its group's share; the layers of one group hold the same object.
+``link_selection_states(configs)`` builds those initial states for a stack of
+layer configs (None for the other layers); pass them as the states of the first
+call. A layer that runs an indexer given ``state=None`` makes a share of its own;
+a reusing layer must be given one. Layers must run in order within each call,
+and a reuser checks that the published selection is for the same tokens
+(``seen`` and ``T``). The share is per-call scratch, not context state: it is not
+counted in ``nbytes()``.
+
+Parameters: MLA's (see mla.py), plus for a layer with an indexer
+``Qs*Hi*Ki + D*Ki + 2*Ki + D*Hi`` (Qs = q_lora_rank, or d_model without it).
+State per token: kv_lora_rank + qk_rope_head_dim numbers, plus index_head_dim for
+a layer that runs an indexer (dsa, or a root/refresh layer of hierarchical).
+
+Legend: B batch, T new tokens, L kept, H heads, Hi index heads, Ki index head
+width, k entries read per query, P pool positions, D d_model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from storelab.ops.attention import causal_mask
+from storelab.ops.indexer import block_pool, index_scores, index_scores_at, top_positions
+from storelab.ops.rope import apply_rope
+from storelab.stores.base import Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.mla import MLA, LatentCache, LatentFields, entry_bytes
+
+SELECTION_CARD = dict(
+    written_by="each token of the context",
+    holds="an entry per token",
+    reading_costs="a scoring pass over all L, then 512 to 2,048 entries",
+    forgets="nothing; what the indexer passes over is missed",
+)
+
+
+# -- the sharing mechanism and the state ------------------------------------------------
+
+@dataclass
+class SelectionShare:
+    """The latest selection of a group, for the call in progress (per-call scratch)."""
+
+    seen: int = -1                        # tokens seen before the call it belongs to
+    T: int = 0                            # tokens in that call
+    pos_BTk: Tensor | None = None         # positions each query reads
+    valid_BTk: Tensor | None = None       # False where fewer than k were readable
+    pool_BTP: Tensor | None = None        # hierarchical: each query's candidate positions
+    pool_valid_BTP: Tensor | None = None
+
+    def publish(self, *, seen: int, T: int, pos_BTk: Tensor, valid_BTk: Tensor, pool_BTP: Tensor | None = None,
+                pool_valid_BTP: Tensor | None = None) -> None:
+        if pool_BTP is None and self.seen == seen and self.T == T:  # a refresh keeps the root's pool
+            pool_BTP, pool_valid_BTP = self.pool_BTP, self.pool_valid_BTP
+        self.seen, self.T = seen, T
+        self.pos_BTk, self.valid_BTk = pos_BTk, valid_BTk
+        self.pool_BTP, self.pool_valid_BTP = pool_BTP, pool_valid_BTP
+
+    def _check(self, seen: int, T: int, what: str) -> None:
+        if self.seen != seen or self.T != T or self.pos_BTk is None:
+            raise ValueError(f"state: no {what} published for tokens {seen}..{seen + T - 1} in this group "
+                             f"(have {self.seen}..{self.seen + self.T - 1}); run the group's indexer layer first")
+
+    def take(self, seen: int, T: int) -> tuple[Tensor, Tensor]:
+        self._check(seen, T, "selection")
+        return self.pos_BTk, self.valid_BTk
+
+    def take_pool(self, seen: int, T: int) -> tuple[Tensor, Tensor]:
+        self._check(seen, T, "pool")
+        if self.pool_BTP is None:
+            raise ValueError("state: the group's selection has no pool; a refresh layer needs a hierarchical root")
+        return self.pool_BTP, self.pool_valid_BTP
+
+
+@dataclass
+class SelectionCache(LatentCache):
+    """MLA's latent cache, the layer's index keys ``index_k`` [B, L, Ki] (None in a layer
+    without an indexer), and a reference to the group's ``SelectionShare``."""
+
+    index_k: Tensor | None = None
+    share: SelectionShare | None = None
+
+    def append_index(self, k_BTK: Tensor) -> Tensor:
+        self.index_k = k_BTK if self.index_k is None else torch.cat([self.index_k, k_BTK], dim=1)
+        return self.index_k
+
+
+@dataclass
+class ReadLog:
+    """Per-query counts of the last call: entries read and entries scored, [B, T]."""
+
+    read: Tensor
+    scored: Tensor
+
+
+def link_selection_states(configs: list) -> list[SelectionCache | None]:
+    """Initial states for a stack of layer configs: each dsa / hierarchical layer gets an
+    empty ``SelectionCache`` holding its group's ``SelectionShare``; other layers get None.
+
+    A group starts at a dsa layer that runs its indexer (or a hierarchical root) and
+    runs to the next one of the same kind.
+    """
+    current: dict[str, SelectionShare | None] = {"dsa": None, "hierarchical": None}
+    states: list[SelectionCache | None] = []
+    for i, cfg in enumerate(configs):
+        kind = getattr(cfg, "KIND", "")
+        if kind not in current:
+            states.append(None)
+            continue
+        if cfg.starts_group:
+            current[kind] = SelectionShare()
+        if current[kind] is None:
+            raise ValueError(f"layers[{i}]: a {kind} layer that reuses a selection has no earlier indexer layer")
+        states.append(SelectionCache(share=current[kind]))
+    return states
+
+
+# -- the indexer module -------------------------------------------------------------------
+
+class LightningIndexer(nn.Module):
+    """Index queries from the query source, one LayerNorm'd rotary index key per token, head weights."""
+
+    def __init__(self, cfg: LatentFields, n_heads: int, head_dim: int, interleaved: bool):
+        super().__init__()
+        q_src = cfg.q_lora_rank or cfg.d_model
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self.rope_dim = cfg.qk_rope_head_dim if cfg.use_rope else 0
+        self.theta, self.interleaved = cfg.rope_theta, interleaved
+        self.q_up = nn.Linear(q_src, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(head_dim, eps=1e-6)
+        self.head_weights = nn.Linear(cfg.d_model, n_heads, bias=False)
+        self.scale = head_dim ** -0.5
+
+    @staticmethod
+    def n_params(cfg: LatentFields, n_heads: int, head_dim: int) -> int:
+        q_src = cfg.q_lora_rank or cfg.d_model
+        return q_src * n_heads * head_dim + cfg.d_model * head_dim + 2 * head_dim + cfg.d_model * n_heads
+
+    def _rope(self, x_BTHK: Tensor, positions_T: Tensor) -> Tensor:
+        return apply_rope(x_BTHK, positions_T, rotary_dim=self.rope_dim, theta=self.theta,
+                          interleaved=self.interleaved)
+
+    def keys(self, x_BTD: Tensor, positions_T: Tensor) -> Tensor:
+        k_BT1K = self.k_norm(self.k_proj(x_BTD))[:, :, None, :]
+        return self._rope(k_BT1K, positions_T)[:, :, 0]
+
+    def queries(self, x_BTD: Tensor, q_src_BTQ: Tensor, positions_T: Tensor) -> tuple[Tensor, Tensor]:
+        B, T, _ = x_BTD.shape
+        q_BTHK = self.q_up(q_src_BTQ).view(B, T, self.n_heads, self.head_dim)
+        w_BTH = self.head_weights(x_BTD) * self.n_heads ** -0.5
+        return self._rope(q_BTHK, positions_T), w_BTH
+
+
+# -- configs --------------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class _IndexFields(LatentFields):
+    index_n_heads: int
+    index_head_dim: int
+    index_rope_interleaved: bool = False  # DeepSeek-V3.2: rotate-half; GLM-5: interleaved
+    layer_index: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.check_positive("index_n_heads", "index_head_dim")
+        self.check(self.layer_index >= 0, "layer_index", f"must be >= 0, got {self.layer_index}")
+        self.check(not self.use_rope or self.index_head_dim >= self.qk_rope_head_dim, "index_head_dim",
+                   f"must hold the {self.qk_rope_head_dim} rotary channels, got {self.index_head_dim}")
+
+    def index_bytes(self, L: int, dtype: str) -> int:
+        return math.ceil(L * self.index_head_dim * entry_bytes(dtype))
+
+    def _footprint(self, L: int, dtype: str, *, read: int, scored: int, note: str) -> Footprint:
+        has_indexer = self.runs_indexer
+        state = self.cache_bytes(L, dtype) + (self.index_bytes(L, dtype) if has_indexer else 0)
+        index_flops = 2 * scored * self.index_n_heads * (self.index_head_dim + 1)
+        return Footprint(context=L, kept=L, read=read, scored=scored, state_bytes=state,
+                         read_flops=self.mla_read_flops(read, L, absorbed=True) + index_flops, note=note)
+
+    def num_params(self) -> ParamCount:
+        n = self.mla_params()
+        if self.runs_indexer:
+            n += LightningIndexer.n_params(self, self.index_n_heads, self.index_head_dim)
+        return ParamCount(n, n)
+
+
+@register("dsa")
+@dataclass(kw_only=True)
+class DSAConfig(_IndexFields):
+    index_topk: int
+    index_share_freq: int = 1
+    index_share_offset: int = 1
+
+    CARD = Card(name="DeepSeek Sparse Attention (selected entries, IndexShare)", **SELECTION_CARD,
+                source="arXiv 2602.15763; arXiv 2405.04434")
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.check_positive("index_topk", "index_share_freq")
+        self.check(self.index_share_offset >= 0, "index_share_offset", f"must be >= 0, got {self.index_share_offset}")
+
+    @property
+    def runs_indexer(self) -> bool:
+        """IndexShare: max(i - offset + 1, 0) % freq == 0."""
+        return max(self.layer_index - self.index_share_offset + 1, 0) % self.index_share_freq == 0
+
+    @property
+    def starts_group(self) -> bool:
+        return self.runs_indexer
+
+    def build(self) -> nn.Module:
+        return SelectionAttention(self)
+
+    def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
+        L = context
+        role = "indexer" if self.runs_indexer else "reuses the group's selection"
+        return self._footprint(L, dtype, read=min(L, self.index_topk), scored=L if self.runs_indexer else 0,
+                               note=f"MLA cache + top {self.index_topk}; {role}")
+
+
+@register("hierarchical")
+@dataclass(kw_only=True)
+class HierarchicalConfig(_IndexFields):
+    topk: int = 512
+    pool_size: int = 16384
+    pool_block: int = 8
+    refresh_every: int = 4
+
+    CARD = Card(name="Hierarchical selection (pool, then top-k inside it)", **SELECTION_CARD,
+                source="arXiv 2609.19969; arXiv 2602.15763")
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.check_positive("topk", "pool_size", "pool_block", "refresh_every")
+        self.check(self.pool_size % self.pool_block == 0, "pool_size",
+                   f"must be a whole number of blocks of {self.pool_block}, got {self.pool_size}")
+        self.check(self.pool_size >= self.topk, "pool_size", f"must be >= topk ({self.topk}), got {self.pool_size}")
+
+    @property
+    def role(self) -> str:
+        """'root' (first layer of the group), 'refresh' (every refresh_every-th after it) or 'reuse'."""
+        if self.layer_index == 0:
+            return "root"
+        return "refresh" if self.layer_index % self.refresh_every == 0 else "reuse"
+
+    @property
+    def runs_indexer(self) -> bool:
+        return self.role != "reuse"
+
+    @property
+    def starts_group(self) -> bool:
+        return self.role == "root"
+
+    def build(self) -> nn.Module:
+        return SelectionAttention(self)
+
+    def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
+        L = context
+        scored = {"root": L, "refresh": min(L, self.pool_size), "reuse": 0}[self.role]
+        return self._footprint(L, dtype, read=min(L, self.topk), scored=scored,
+                               note=f"MLA cache; {self.role} (top {self.topk} of a pool of {self.pool_size})")
+
+
+# -- the module -----------------------------------------------------------------------------
+
+class SelectionAttention(nn.Module):
+    """MLA whose queries each read only a selection of the cache (dsa or hierarchical)."""
+
+    def __init__(self, cfg: DSAConfig | HierarchicalConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.mla = MLA(cfg, absorbed=True)
+        self.indexer = (LightningIndexer(cfg, cfg.index_n_heads, cfg.index_head_dim, cfg.index_rope_interleaved)
+                        if cfg.runs_indexer else None)
+        self.role = cfg.role if isinstance(cfg, HierarchicalConfig) else ("index" if cfg.runs_indexer else "reuse")
+        self.k = cfg.topk if isinstance(cfg, HierarchicalConfig) else cfg.index_topk
+        self.last_selection: Tensor | None = None  # [B, T, k] positions of the last call
+        self.log: ReadLog | None = None
+
+    def forward(self, x_BTD: Tensor, state: SelectionCache | None = None, *, token_ids=None):
+        check_input(x_BTD, self.cfg.d_model)
+        if state is None:
+            state = SelectionCache()
+        if state.share is None:
+            if self.indexer is None or self.role == "refresh":
+                raise ValueError("state: a layer that reuses its group's selection needs a SelectionCache holding "
+                                 "the group's SelectionShare (see link_selection_states)")
+            state.share = SelectionShare()
+        B, T, _ = x_BTD.shape
+        seen = state.seen
+        positions_T = torch.arange(seen, seen + T, device=x_BTD.device)
+        p = self.mla.project(x_BTD, positions_T)
+        latent_BLC, k_rope_BLR = state.append(p.latent_BTC, p.k_rope_BTR)
+        L = latent_BLC.shape[1]
+        share = state.share
+        if self.indexer is None:
+            pos_BTk, valid_BTk = share.take(seen, T)
+            scored_BT = torch.zeros(B, T, dtype=torch.long, device=x_BTD.device)
+        else:
+            k_idx_BLK = state.append_index(self.indexer.keys(x_BTD, positions_T))
+            q_BTHK, w_BTH = self.indexer.queries(x_BTD, p.q_src_BTQ, positions_T)
+            if self.role == "refresh":
+                pool_BTP, pool_valid_BTP = share.take_pool(seen, T)
+                scores_BTP = index_scores_at(q_BTHK, k_idx_BLK, w_BTH, pool_BTP, pool_valid_BTP,
+                                             scale=self.indexer.scale)
+                j_BTk, valid_BTk = top_positions(scores_BTP, self.k)
+                pos_BTk = pool_BTP.gather(-1, j_BTk)
+                share.publish(seen=seen, T=T, pos_BTk=pos_BTk, valid_BTk=valid_BTk)
+                scored_BT = pool_valid_BTP.sum(-1)
+            else:
+                scores_BTL = index_scores(q_BTHK, k_idx_BLK, w_BTH, scale=self.indexer.scale,
+                                          mask_TL=causal_mask(T, L, x_BTD.device))
+                pos_BTk, valid_BTk = top_positions(scores_BTL, self.k)
+                pool = {}
+                if self.role == "root":
+                    pool_BTP, pool_valid_BTP = block_pool(scores_BTL, block=self.cfg.pool_block,
+                                                          n_blocks=self.cfg.pool_size // self.cfg.pool_block)
+                    pool = dict(pool_BTP=pool_BTP, pool_valid_BTP=pool_valid_BTP)
+                share.publish(seen=seen, T=T, pos_BTk=pos_BTk, valid_BTk=valid_BTk, **pool)
+                scored_BT = (positions_T + 1).expand(B, T)
+        state.seen += T
+        o_BTHV = self.mla.read_selected(p, latent_BLC, k_rope_BLR, pos_BTk, valid_BTk)
+        self.last_selection = pos_BTk
+        self.log = ReadLog(read=valid_BTk.sum(-1), scored=scored_BT)
+        return self.mla.finish(o_BTHV, x_BTD), state

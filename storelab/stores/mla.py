@@ -1,0 +1,294 @@
+"""Multi-head latent attention (MLA; DeepSeek-V2, arXiv 2405.04434).
+
+Features
+* the cache keeps, per token, only the compressed latent ``c = RMSNorm(W_dkv x)``
+  (``kv_lora_rank`` wide) and one decoupled rotary key ``k_r = RoPE(W_kr x)``
+  (``qk_rope_head_dim`` wide) shared by all heads;
+* keys and values are reconstructed from the latent: ``k_h = [W_uk,h c ; k_r]``,
+  ``v_h = W_uv,h c``. Two read forms, chosen once at construction:
+  naive (up-project every kept latent, then softmax attention) or absorbed
+  (fold W_uk into the query and W_uv after the softmax, so the latent acts as a
+  single shared key/value head of width kv_lora_rank + rope; DeepSeek's decode form);
+* optional low-rank query (``q_lora_rank``; None = one direct projection);
+* ``use_rope=False``: no rotary anywhere, the rope slot stays (Kimi K3's MLA /
+  transformers ``KimiLinearAttention``);
+* ``output_gate``: the heads' output times sigmoid(W_g x), channel by channel,
+  before the output projection (Kimi K3's gated MLA).
+
+Update rule: append (c_t, k_r,t) for every token; nothing is ever removed.
+Parameters (no biases): q: D*H*(N+R), or D*Q + Q + Q*H*(N+R) with a q latent of
+width Q; kv: D*(C+R) + C + C*H*(N+V); out: H*V*D; gate: D*H*V if gated.
+State per token: C + R numbers (kv_lora_rank + qk_rope_head_dim), whatever H.
+
+Legend: B batch, T new tokens, L tokens kept, H heads, N qk_nope_head_dim,
+R qk_rope_head_dim, V v_head_dim, C kv_lora_rank, Q q_lora_rank, D d_model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from storelab.ops.attention import attend, causal_mask
+from storelab.ops.norm import RMSNorm
+from storelab.ops.rope import apply_rope
+from storelab.state import State
+from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
+
+
+GATHER_BUDGET = 1 << 24  # numbers gathered at once by a selective read
+
+
+def entry_bytes(dtype: str) -> float:
+    """Bytes of one stored number in ``dtype`` ("fp32", "bf16", "fp8", "fp4", ...)."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
+    return DTYPE_BYTES[dtype]
+
+
+@dataclass
+class LatentCache(State):
+    """Every token's latent ``latent`` [B, L, C] and rotary key ``k_rope`` [B, L, R]."""
+
+    latent: Tensor | None = None
+    k_rope: Tensor | None = None
+
+    @property
+    def entries(self) -> int:
+        return 0 if self.latent is None else self.latent.shape[1]
+
+    def append(self, latent_BTC: Tensor, k_rope_BTR: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this call's entries; return everything kept (old then new)."""
+        if self.latent is None:
+            self.latent, self.k_rope = latent_BTC, k_rope_BTR
+        else:
+            self.latent = torch.cat([self.latent, latent_BTC], dim=1)
+            self.k_rope = torch.cat([self.k_rope, k_rope_BTR], dim=1)
+        return self.latent, self.k_rope
+
+
+@dataclass(kw_only=True)
+class LatentFields(StoreConfig):
+    """The fields of MLA's cache and main attention, shared by mla, dsa and hierarchical."""
+
+    d_model: int
+    n_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None       # None: direct query projection
+    rope_theta: float = 10000.0
+    rope_interleaved: bool = True        # DeepSeek pairs channels (2i, 2i+1)
+    use_rope: bool = True                # False: Kimi K3 (rope slot kept, never rotated)
+    output_gate: bool = False            # sigmoid gate per output channel (Kimi K3)
+    softmax_scale: float | None = None   # None: (N + R)^-1/2; give YaRN's mscale^2 folded in here
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        self.check_positive("d_model", "n_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim")
+        self.check(self.qk_rope_head_dim >= 0 and self.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim",
+                   f"must be even and >= 0, got {self.qk_rope_head_dim}")
+        self.check(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank",
+                   f"must be None or > 0, got {self.q_lora_rank}")
+        self.check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
+        self.check(self.softmax_scale is None or self.softmax_scale > 0, "softmax_scale",
+                   f"must be None or > 0, got {self.softmax_scale}")
+
+    # -- derived sizes ---------------------------------------------------------
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def scale(self) -> float:
+        return self.softmax_scale if self.softmax_scale is not None else self.qk_head_dim ** -0.5
+
+    def cache_bytes(self, L: int, dtype: str) -> int:
+        return math.ceil(L * (self.kv_lora_rank + self.qk_rope_head_dim) * entry_bytes(dtype))
+
+    def mla_read_flops(self, n_read: int, context: int, *, absorbed: bool) -> int:
+        """Flops the next token spends reading ``n_read`` of ``context`` kept entries."""
+        H, N, R, V, C = self.n_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim, self.kv_lora_rank
+        if absorbed:  # logits over C + R, weighted sum over C, per head and entry
+            return 2 * H * n_read * (2 * C + R)
+        # up-project every kept latent to keys and values, then attend
+        return 2 * context * C * H * (N + V) + 2 * H * n_read * (N + R + V)
+
+    def mla_params(self) -> int:
+        D, H, N, R, V, C = (self.d_model, self.n_heads, self.qk_nope_head_dim, self.qk_rope_head_dim,
+                            self.v_head_dim, self.kv_lora_rank)
+        Q = self.q_lora_rank
+        q = D * H * (N + R) if Q is None else D * Q + Q + Q * H * (N + R)
+        kv = D * (C + R) + C + C * H * (N + V)
+        gate = D * H * V if self.output_gate else 0
+        return q + kv + H * V * D + gate
+
+
+@register("mla")
+@dataclass(kw_only=True)
+class MLAConfig(LatentFields):
+    absorbed: bool = False               # read form: naive up-projection or absorbed
+
+    CARD = Card(
+        name="MLA (full cache of latents)",
+        written_by="each token of the context, once",
+        holds="an entry per token, compressed to one latent plus a shared rotary key; random keys stay "
+              "separable at a fixed sharpness up to about e^{2 beta (1 - beta/d)} entries",
+        reading_costs="all L entries",
+        forgets="nothing; competitors accumulate",
+        source="arXiv 2405.04434",
+    )
+
+    def build(self) -> nn.Module:
+        return MLA(self, absorbed=self.absorbed)
+
+    def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
+        L = context
+        return Footprint(context=L, kept=L, read=L, state_bytes=self.cache_bytes(L, dtype),
+                         read_flops=self.mla_read_flops(L, L, absorbed=self.absorbed),
+                         note=f"{self.kv_lora_rank}+{self.qk_rope_head_dim} numbers per token")
+
+    def num_params(self) -> ParamCount:
+        n = self.mla_params()
+        return ParamCount(n, n)
+
+
+@dataclass
+class Projection:
+    """One call's projections: queries, the index-query source and the new cache entries."""
+
+    q_nope_BTHN: Tensor
+    q_rope_BTHR: Tensor
+    q_src_BTQ: Tensor      # the normalised q latent (or x without one): the indexer's query input
+    latent_BTC: Tensor
+    k_rope_BTR: Tensor
+
+
+class MLA(nn.Module):
+    """The MLA module; ``absorbed`` picks the read form once, here."""
+
+    def __init__(self, cfg: LatentFields, *, absorbed: bool = False):
+        super().__init__()
+        self.cfg = cfg
+        D, H, V, C, R = cfg.d_model, cfg.n_heads, cfg.v_head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(D, H * cfg.qk_head_dim, bias=False)
+        else:
+            self.q_down = nn.Linear(D, cfg.q_lora_rank, bias=False)
+            self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps)
+            self.q_up = nn.Linear(cfg.q_lora_rank, H * cfg.qk_head_dim, bias=False)
+        self.kv_down = nn.Linear(D, C + R, bias=False)          # [W_dkv ; W_kr]
+        self.kv_norm = RMSNorm(C, cfg.norm_eps)
+        self.kv_up = nn.Linear(C, H * (cfg.qk_nope_head_dim + V), bias=False)  # per head [W_uk ; W_uv]
+        self.out = nn.Linear(H * V, D, bias=False)
+        self.gate = nn.Linear(D, H * V, bias=False) if cfg.output_gate else None
+        self._read = self._read_absorbed if absorbed else self._read_naive
+
+    # -- pieces shared with the selection stores ---------------------------------
+    def rope(self, x_BTHR: Tensor, positions_T: Tensor) -> Tensor:
+        c = self.cfg
+        if not c.use_rope:
+            return x_BTHR
+        return apply_rope(x_BTHR, positions_T, rotary_dim=c.qk_rope_head_dim, theta=c.rope_theta,
+                          interleaved=c.rope_interleaved)
+
+    def project(self, x_BTD: Tensor, positions_T: Tensor) -> Projection:
+        c = self.cfg
+        B, T, _ = x_BTD.shape
+        if c.q_lora_rank is None:
+            q_src = x_BTD
+            q = self.q_proj(x_BTD)
+        else:
+            q_src = self.q_norm(self.q_down(x_BTD))
+            q = self.q_up(q_src)
+        q_BTHK = q.view(B, T, c.n_heads, c.qk_head_dim)
+        q_nope, q_rope = q_BTHK.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        latent, k_rope = self.kv_down(x_BTD).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        k_rope = self.rope(k_rope[:, :, None, :], positions_T)[:, :, 0]
+        return Projection(q_nope, self.rope(q_rope, positions_T), q_src, self.kv_norm(latent), k_rope)
+
+    def up_weights(self) -> tuple[Tensor, Tensor]:
+        """W_uk [H, N, C] and W_uv [H, V, C] from the joint up-projection."""
+        c = self.cfg
+        w = self.kv_up.weight.view(c.n_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)
+        return w[:, : c.qk_nope_head_dim], w[:, c.qk_nope_head_dim:]
+
+    def absorbed_query(self, p: Projection) -> Tensor:
+        """[q_nope W_uk ; q_rope]: a query against [latent ; k_rope], [B, T, H, C + R]."""
+        w_uk, _ = self.up_weights()
+        q_lat_BTHC = torch.einsum("bthn,hnc->bthc", p.q_nope_BTHN, w_uk)
+        return torch.cat([q_lat_BTHC, p.q_rope_BTHR], dim=-1)
+
+    def values_from_latent(self, o_BTHC: Tensor) -> Tensor:
+        _, w_uv = self.up_weights()
+        return torch.einsum("bthc,hvc->bthv", o_BTHC, w_uv)
+
+    def read_dense(self, p: Projection, latent_BLC: Tensor, k_rope_BLR: Tensor, mask_TL: Tensor) -> Tensor:
+        return self._read(p, latent_BLC, k_rope_BLR, mask_TL)
+
+    def _read_naive(self, p: Projection, latent_BLC: Tensor, k_rope_BLR: Tensor, mask_TL: Tensor) -> Tensor:
+        c = self.cfg
+        B, L, _ = latent_BLC.shape
+        kv_BLHX = self.kv_up(latent_BLC).view(B, L, c.n_heads, c.qk_nope_head_dim + c.v_head_dim)
+        k_nope_BLHN, v_BLHV = kv_BLHX.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
+        k_BLHK = torch.cat([k_nope_BLHN, k_rope_BLR[:, :, None, :].expand(-1, -1, c.n_heads, -1)], dim=-1)
+        q_BTHK = torch.cat([p.q_nope_BTHN, p.q_rope_BTHR], dim=-1)
+        return attend(q_BTHK, k_BLHK, v_BLHV, scale=c.scale, mask_TL=mask_TL)
+
+    def _read_absorbed(self, p: Projection, latent_BLC: Tensor, k_rope_BLR: Tensor, mask_TL: Tensor) -> Tensor:
+        # one shared key/value head: key [latent ; k_rope], value latent
+        k_BL1X = torch.cat([latent_BLC, k_rope_BLR], dim=-1)[:, :, None, :]
+        o_BTHC = attend(self.absorbed_query(p), k_BL1X, latent_BLC[:, :, None, :], scale=self.cfg.scale,
+                        mask_TL=mask_TL)
+        return self.values_from_latent(o_BTHC)
+
+    def read_selected(self, p: Projection, latent_BLC: Tensor, k_rope_BLR: Tensor, pos_BTk: Tensor,
+                      valid_BTk: Tensor) -> Tensor:
+        """Each query reads only its own k entries (gathered), in the absorbed form.
+
+        Queries are taken in chunks so a long prefill gathers at most about
+        ``GATHER_BUDGET`` numbers at a time.
+        """
+        B, T, k = pos_BTk.shape
+        width = latent_BLC.shape[-1] + k_rope_BLR.shape[-1]
+        step = max(1, GATHER_BUDGET // max(1, B * k * width))
+        q_BTHX = self.absorbed_query(p)
+        outs = [self._read_gathered(q_BTHX[:, t:t + step], latent_BLC, k_rope_BLR, pos_BTk[:, t:t + step],
+                                    valid_BTk[:, t:t + step]) for t in range(0, T, step)]
+        return self.values_from_latent(torch.cat(outs, dim=1))
+
+    def _read_gathered(self, q_BTHX: Tensor, latent_BLC: Tensor, k_rope_BLR: Tensor, pos_BTk: Tensor,
+                       valid_BTk: Tensor) -> Tensor:
+        B, T, k = pos_BTk.shape
+        H, X = q_BTHX.shape[2:]
+        C = latent_BLC.shape[-1]
+        b_idx = torch.arange(B, device=pos_BTk.device)[:, None, None]
+        lat_BTkC = latent_BLC[b_idx, pos_BTk]
+        key_BTkX = torch.cat([lat_BTkC, k_rope_BLR[b_idx, pos_BTk]], dim=-1)
+        # fold the queries into the batch: every query has its own k entries
+        o = attend(q_BTHX.reshape(B * T, 1, H, X), key_BTkX.reshape(B * T, k, 1, X),
+                   lat_BTkC.reshape(B * T, k, 1, C), scale=self.cfg.scale,
+                   mask_TL=valid_BTk.reshape(B * T, 1, 1, k))
+        return o.reshape(B, T, H, C)
+
+    def finish(self, o_BTHV: Tensor, x_BTD: Tensor) -> Tensor:
+        o = o_BTHV.flatten(2)
+        if self.gate is not None:
+            o = o * torch.sigmoid(self.gate(x_BTD))
+        return self.out(o)
+
+    # -- the store ---------------------------------------------------------------
+    def forward(self, x_BTD: Tensor, state: LatentCache | None = None, *, token_ids=None):
+        check_input(x_BTD, self.cfg.d_model)
+        state = LatentCache() if state is None else state
+        T = x_BTD.shape[1]
+        positions_T = torch.arange(state.seen, state.seen + T, device=x_BTD.device)
+        p = self.project(x_BTD, positions_T)
+        latent_BLC, k_rope_BLR = state.append(p.latent_BTC, p.k_rope_BTR)
+        state.seen += T
+        o_BTHV = self.read_dense(p, latent_BLC, k_rope_BLR, causal_mask(T, latent_BLC.shape[1], x_BTD.device))
+        return self.finish(o_BTHV, x_BTD), state

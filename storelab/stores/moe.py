@@ -1,0 +1,209 @@
+"""Mixture of experts: one large feed-forward store split into many, a few read per token.
+
+The router performs a coarse key match before recall (essay section 2, "Experts and
+lookup tables"; Shazeer et al., arXiv 1701.06538): it removes most distractors before
+any expert sees the query. Variants of the seven models:
+
+* ``router``: "softmax" (Qwen3-Next: softmax over all experts, then top-k), "sigmoid"
+  (DeepSeek-V3, arXiv 2412.19437; MiMo, Kimi, GLM) or "sqrtsoftplus" (DeepSeek-V4);
+  ``router_bias`` adds the auxiliary-loss-free balancing bias to the scores for the
+  choice only; ``norm_topk_prob`` renormalises the chosen weights; ``routed_scaling``
+  multiplies them.
+* ``routing="hash"`` (DeepSeek-V4's first layers, arXiv 2606.19348): the experts are a fixed table of the
+  token id, ``table[vocab_size, top_k]``; the learned router still weights them.
+  Needs ``token_ids`` in forward.
+* ``n_shared`` shared experts of width ``d_shared`` read by every token, fused into one
+  SwiGLU of width n_shared * d_shared (the same function); ``shared_gate`` multiplies
+  them by sigmoid(w . x) (Qwen3-Next).
+* ``latent_dim`` (Kimi K3's Stable LatentMoE, arXiv 2607.24653; NVIDIA's Nemotron-H LatentMoE):
+  routed experts compute at a narrower width: z = RMSNorm(W_down x), y = W_up sum_k w_k
+  expert_k(z); the router and the shared experts stay at full width.
+* ``swiglu_limit``: DeepSeek-V4 clips expert pre-activations (gate <= limit, |up| <= limit).
+
+Experts are 3-D tensors ``gate_up [E, 2I, W]`` and ``down [E, W, I]`` (W = latent_dim or
+d_model), the layout of transformers, so checkpoints copy in. Dispatch sorts the
+(token, expert) slots by expert and runs each expert on its own tokens only.
+After a forward, ``module.last_load`` holds the slots per expert (sums to tokens x top_k).
+
+Update rule: none while reading; training writes the experts and the router.
+Parameters (W = latent_dim or D, I = d_expert, S = n_shared * d_shared):
+  stored = E D (router) [+ E bias] + 3 E I W [+ 2 D W + W latent] + 3 D S [+ D gate]
+  active = the same with top_k experts in place of E (the router reads all E rows).
+State per token: none (EmptyState).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from storelab.ops.norm import RMSNorm
+from storelab.ops.routing import ROUTER_SCORES, expert_load, grouped_swiglu, route_fixed, route_topk, swiglu
+from storelab.state import EmptyState
+from storelab.stores.base import Card, Footprint, ParamCount, StoreConfig, check_input, register
+
+__all__ = ["MoEConfig", "MoE"]
+
+ROUTINGS = ("learned", "hash")
+
+
+@register("moe")
+@dataclass(kw_only=True)
+class MoEConfig(StoreConfig):
+    d_model: int
+    n_experts: int
+    top_k: int
+    d_expert: int
+    router: str = "softmax"
+    routing: str = "learned"
+    router_bias: bool = False
+    norm_topk_prob: bool = True
+    routed_scaling: float = 1.0
+    n_shared: int = 0
+    d_shared: int | None = None      # default: d_expert
+    shared_gate: bool = False
+    latent_dim: int | None = None
+    vocab_size: int | None = None    # hash routing only
+    swiglu_limit: float | None = None
+    norm_eps: float = 1e-6           # RMSNorm of the latent
+
+    CARD = Card(
+        name="Experts",
+        written_by="training",
+        holds="judged by total parameters, at a small penalty",
+        reading_costs="a few experts, chosen by a router or, in V4-Pro's first three layers, by a hash of the token",
+        forgets="only when later training overwrites them",
+        source="arXiv 1701.06538; 2412.19437 (bias routing); 2606.19348 (hash routing); 2607.24653 (latent experts)",
+    )
+
+    def __post_init__(self) -> None:
+        self.check_positive("d_model", "n_experts", "d_expert")
+        self.check(self.top_k > 0, "top_k", f"must be > 0, got {self.top_k!r}")
+        self.check(self.top_k <= self.n_experts, "top_k", f"must be <= n_experts ({self.n_experts}), got {self.top_k}")
+        self.check(self.router in ROUTER_SCORES, "router", f"must be one of {tuple(ROUTER_SCORES)}, got {self.router!r}")
+        self.check(self.routing in ROUTINGS, "routing", f"must be one of {ROUTINGS}, got {self.routing!r}")
+        if self.routing == "hash":
+            self.check(self.vocab_size is not None and self.vocab_size > 0, "vocab_size",
+                       f"hash routing needs the vocabulary size (> 0), got {self.vocab_size!r}")
+            self.check(not self.router_bias, "router_bias", "hash routing chooses by table; a choice bias is unused")
+        self.check(self.routed_scaling > 0, "routed_scaling", f"must be > 0, got {self.routed_scaling!r}")
+        self.check(self.n_shared >= 0, "n_shared", f"must be >= 0, got {self.n_shared!r}")
+        if self.d_shared is not None:
+            self.check(self.d_shared > 0, "d_shared", f"must be > 0, got {self.d_shared!r}")
+        self.check(not self.shared_gate or self.n_shared > 0, "shared_gate", "needs n_shared > 0")
+        if self.latent_dim is not None:
+            self.check(self.latent_dim > 0, "latent_dim", f"must be > 0, got {self.latent_dim!r}")
+        if self.swiglu_limit is not None:
+            self.check(self.swiglu_limit > 0, "swiglu_limit", f"must be > 0, got {self.swiglu_limit!r}")
+
+    # -- sizes ---------------------------------------------------------------
+    @property
+    def expert_width(self) -> int:
+        return self.latent_dim if self.latent_dim is not None else self.d_model
+
+    @property
+    def shared_width(self) -> int:
+        return self.n_shared * (self.d_shared if self.d_shared is not None else self.d_expert)
+
+    def _counts(self, experts: int) -> int:
+        D, W = self.d_model, self.expert_width
+        n = self.n_experts * D + (self.n_experts if self.router_bias else 0)   # router (+ choice bias)
+        n += 3 * experts * self.d_expert * W                                   # routed experts
+        if self.latent_dim is not None:
+            n += 2 * D * W + W                                                 # down, up, RMSNorm
+        n += 3 * D * self.shared_width + (D if self.shared_gate else 0)        # shared experts (+ gate)
+        return n
+
+    def num_params(self) -> ParamCount:
+        """Stored: every expert; active: top_k of them. The hash table is an integer buffer, not counted."""
+        return ParamCount(stored=self._counts(self.n_experts), active=self._counts(self.top_k))
+
+    def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
+        return Footprint(context=context, kept=0, read=0, state_bytes=0, read_flops=2 * self.num_params().active,
+                         note=f"written in training: {self.top_k} of {self.n_experts} experts per token")
+
+    def build(self) -> "MoE":
+        return MoE(self)
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.cfg = cfg
+        D, E, I, W = cfg.d_model, cfg.n_experts, cfg.d_expert, cfg.expert_width
+        self.router = nn.Linear(D, E, bias=False)
+        if cfg.router_bias:
+            # learned outside the gradient (aux-loss-free balancing); steers the choice only
+            self.register_buffer("choice_bias", torch.zeros(E))
+        if cfg.routing == "hash":
+            self.register_buffer("table", _default_hash_table(cfg.vocab_size, E, cfg.top_k))
+        self.gate_up = nn.Parameter(torch.randn(E, 2 * I, W) * W ** -0.5)
+        self.down = nn.Parameter(torch.randn(E, W, I) * I ** -0.5)
+        if cfg.latent_dim is not None:
+            self.latent_down = nn.Linear(D, W, bias=False)
+            self.latent_norm = RMSNorm(W, eps=cfg.norm_eps)
+            self.latent_up = nn.Linear(W, D, bias=False)
+        S = cfg.shared_width
+        if S:
+            self.shared_gate_proj = nn.Linear(D, S, bias=False)
+            self.shared_up_proj = nn.Linear(D, S, bias=False)
+            self.shared_down_proj = nn.Linear(S, D, bias=False)
+        if cfg.shared_gate:
+            self.shared_gate = nn.Linear(D, 1, bias=False)
+        self.last_load: Tensor | None = None
+
+    def route(self, x_ND: Tensor, token_ids_N: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(weights_NK, experts_NK) for these tokens."""
+        cfg = self.cfg
+        logits_NE = self.router(x_ND)
+        if cfg.routing == "hash":
+            experts_NK = self.table[token_ids_N]
+            return route_fixed(logits_NE, experts_NK, score=cfg.router, normalize=cfg.norm_topk_prob,
+                               scaling=cfg.routed_scaling), experts_NK
+        return route_topk(logits_NE, top_k=cfg.top_k, score=cfg.router, bias_E=getattr(self, "choice_bias", None),
+                          normalize=cfg.norm_topk_prob, scaling=cfg.routed_scaling)
+
+    def forward(self, x_BTD: Tensor, state: EmptyState | None = None, *, token_ids: Tensor | None = None
+                ) -> tuple[Tensor, EmptyState]:
+        cfg = self.cfg
+        check_input(x_BTD, cfg.d_model)
+        B, T, D = x_BTD.shape
+        ids_N = None
+        if cfg.routing == "hash":
+            if token_ids is None or tuple(token_ids.shape) != (B, T):
+                got = None if token_ids is None else list(token_ids.shape)
+                raise ValueError(f"token_ids: hash routing needs token ids of shape [B, T] = [{B}, {T}], got {got}")
+            ids_N = token_ids.reshape(-1).long()
+            if ids_N.numel() and (ids_N.min() < 0 or ids_N.max() >= cfg.vocab_size):
+                raise ValueError(f"token_ids: must lie in [0, vocab_size={cfg.vocab_size})")
+        x_ND = x_BTD.reshape(-1, D)
+        weights_NK, experts_NK = self.route(x_ND, ids_N)
+        self.last_load = expert_load(experts_NK, cfg.n_experts).detach()
+
+        z_NW = self.latent_norm(self.latent_down(x_ND)) if cfg.latent_dim is not None else x_ND
+        y_NW = grouped_swiglu(z_NW, experts_NK, weights_NK, self.gate_up, self.down, limit=cfg.swiglu_limit)
+        y_ND = self.latent_up(y_NW) if cfg.latent_dim is not None else y_NW
+
+        if cfg.shared_width:
+            h_NS = swiglu(self.shared_gate_proj(x_ND), self.shared_up_proj(x_ND), limit=cfg.swiglu_limit)
+            shared_ND = self.shared_down_proj(h_NS)
+            if cfg.shared_gate:
+                shared_ND = torch.sigmoid(self.shared_gate(x_ND)) * shared_ND
+            y_ND = y_ND + shared_ND
+        seen = 0 if state is None else state.seen
+        return y_ND.reshape(B, T, D), EmptyState(seen=seen + T)
+
+
+def _default_hash_table(vocab_size: int, n_experts: int, top_k: int) -> Tensor:
+    """[vocab, top_k] distinct experts per token, spread by a multiplicative hash of the id.
+
+    A checkpoint overwrites it (DeepSeek-V4 ships its ``tid2eid``); this default only has
+    to be deterministic, balanced and free of repeats within a row.
+    """
+    v = torch.arange(vocab_size, dtype=torch.long)
+    base = (v * 2654435761) % n_experts                         # Knuth's multiplicative hash
+    stride = n_experts // top_k
+    return (base[:, None] + stride * torch.arange(top_k)[None, :]) % n_experts
+

@@ -1,0 +1,181 @@
+"""MiniMax sparse attention (MSA, arXiv 2606.13392): keep every entry, read a few blocks of them.
+
+The attention is MiniMax-M3's GQA attention (per-head QK RMSNorm, RoPE on the first
+``partial_rotary * head_dim`` channels; MiniMax-M3: 64 of 128), but each group of query heads that
+shares a key/value head reads only the positions of its selected blocks (``storelab.ops.msa``):
+
+* an index branch -- one index query head per group (``n_kv_heads`` of them) and one index key
+  head shared by all, width ``index_head_dim``, each with its own RMSNorm (when ``qk_norm``) and
+  the same RoPE -- scores every kept position: ``s = q_idx . k_idx``;
+* block score = the max of ``s`` over the block's ``block_size`` positions (block-max pooling);
+* the group reads its ``top_blocks`` best blocks, causally; the query's own block and the
+  ``local_blocks - 1`` before it always count among them, and with ``include_first_block`` so
+  does block 0 (the attention sink MiniMax's indexers learn to pick). Forced blocks use slots of
+  the budget, so a query never reads more than ``top_blocks * block_size`` positions.
+
+Hard top-k: no gradient reaches the index branch through the selection (MiniMax trains it by
+imitating the main attention; not done here). The selection equals transformers'
+``MiniMaxM3VLIndexer`` and the masked attention its eager path with ``build_block_mask``.
+
+Update rule: cache <- cache ++ [(k_t, v_t, k_idx_t)]; y_t = softmax over the selected positions.
+Parameters: those of ``attention`` (see storelab.stores.attention) + index projections
+  D*G*I + D*I (+ 2I for the index norms when qk_norm).
+State per token: G*(K + V) + I numbers (keys, values and the index key).
+Footprint: keeps L, scores L (the indexer's work grows with the context), reads at most
+min(L, top_blocks * block_size) per group. MiniMax-M3: blocks of 128, 16 of them = 2,048 positions.
+
+After each forward the module keeps ``last_blocks`` ([B, G, T, k] block ids, -1 = none) and
+``last_read_counts`` ([B, G, T], positions each group of each query read) for inspection.
+A long chunk is scored ``query_block`` (1024) queries at a time, each slice against the keys up
+to its last query, which bounds the [T, L] score tensor without changing any selection.
+
+Shape legend: B batch, T new tokens, L kept, H query heads, G key/value groups, K key width,
+V value width, I index width, D model width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from storelab.ops.attention import attend
+from storelab.ops.msa import block_mask, block_scores, select_blocks
+from storelab.ops.norm import RMSNorm
+from storelab.ops.rope import apply_rope
+from storelab.state import KVCache
+from storelab.stores.attention import Attention, AttentionConfig
+from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, check_input, register
+
+__all__ = ["MsaConfig", "MsaCache", "BlockSparseAttention"]
+
+
+@dataclass
+class MsaCache(KVCache):
+    """The full KV cache plus each position's index key, ``idx_k`` [B, L, I]."""
+
+    idx_k: Tensor | None = None
+
+    def append_index(self, idx_k_BTI: Tensor) -> Tensor:
+        self.idx_k = idx_k_BTI if self.idx_k is None else torch.cat([self.idx_k, idx_k_BTI], dim=1)
+        return self.idx_k
+
+
+@register("msa")
+@dataclass(kw_only=True)
+class MsaConfig(AttentionConfig):
+    qk_norm: bool = True                 # MiniMax-M3 normalises each q/k head (and the index heads)
+    block_size: int = 128
+    top_blocks: int = 16
+    local_blocks: int = 1                # the query's own block and the ones just before it
+    include_first_block: bool = False    # always read block 0 (the attention sink)
+    index_head_dim: int = 128
+
+    CARD = Card(
+        name="selected entries (MiniMax MSA, block-sparse)",
+        written_by="each token of the context",
+        holds="an entry per token",
+        reading_costs="a scoring pass over all L, then top_blocks blocks per group of heads "
+                      "(16 x 128 = 2,048 positions in MiniMax-M3)",
+        forgets="nothing; what the indexer passes over is missed",
+        source="arXiv 2606.13392 (MSA)",
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.check_positive("block_size", "top_blocks", "index_head_dim")
+        self.check(self.local_blocks >= 0, "local_blocks", f"must be >= 0, got {self.local_blocks}")
+        forced = self.local_blocks + int(self.include_first_block)
+        self.check(self.top_blocks >= forced, "top_blocks",
+                   f"{self.top_blocks} slots cannot hold the {forced} forced blocks (local + first)")
+        self.check(self.rotary_dim <= self.index_head_dim, "index_head_dim",
+                   f"must be >= the rotary width {self.rotary_dim}")
+
+    @property
+    def budget(self) -> int:
+        """Most positions one group of one query may read."""
+        return self.top_blocks * self.block_size
+
+    def build(self) -> nn.Module:
+        return BlockSparseAttention(self)
+
+    def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
+        L, read = context, min(context, self.budget)
+        per_entry = self.n_kv_heads * (self.head_dim + self.v_head_dim) + self.index_head_dim
+        score_flops = 2 * self.n_kv_heads * L * self.index_head_dim
+        return Footprint(
+            context=context, kept=L, read=read, scored=L,
+            state_bytes=math.ceil(L * per_entry * DTYPE_BYTES[dtype]),
+            read_flops=2 * self.n_heads * read * (self.head_dim + self.v_head_dim) + score_flops,
+            note="read is per group of heads (at most top_blocks * block_size); read_flops include the "
+                 "indexer's scoring of all L positions",
+        )
+
+    def num_params(self) -> ParamCount:
+        D, G, I = self.d_model, self.n_kv_heads, self.index_head_dim
+        n = D * G * I + D * I + (2 * I if self.qk_norm else 0)
+        return super().num_params() + ParamCount(n, n)
+
+
+class BlockSparseAttention(Attention):
+    """GQA attention whose groups read only their selected blocks (see the module docstring)."""
+
+    def __init__(self, cfg: MsaConfig):
+        super().__init__(cfg)
+        D, G, I = cfg.d_model, cfg.n_kv_heads, cfg.index_head_dim
+        self.index_q = nn.Linear(D, G * I, bias=False)
+        self.index_k = nn.Linear(D, I, bias=False)
+        self.index_q_norm = RMSNorm(I, cfg.norm_eps) if cfg.qk_norm else None
+        self.index_k_norm = RMSNorm(I, cfg.norm_eps) if cfg.qk_norm else None
+        self.query_block = 1024
+        self.last_blocks: Tensor | None = None
+        self.last_read_counts: Tensor | None = None
+
+    def index(self, x_BTD: Tensor, positions_T: Tensor) -> tuple[Tensor, Tensor]:
+        """Index queries [B, T, G, I] and index keys [B, T, I], normalised and rotated."""
+        c = self.cfg
+        B, T, _ = x_BTD.shape
+        q_BTGI = self.index_q(x_BTD).view(B, T, c.n_kv_heads, c.index_head_dim)
+        k_BT1I = self.index_k(x_BTD).view(B, T, 1, c.index_head_dim)
+        if self.index_q_norm is not None:
+            q_BTGI, k_BT1I = self.index_q_norm(q_BTGI), self.index_k_norm(k_BT1I)
+        q_BTGI = apply_rope(q_BTGI, positions_T, rotary_dim=c.rotary_dim, theta=c.rope_theta)
+        k_BT1I = apply_rope(k_BT1I, positions_T, rotary_dim=c.rotary_dim, theta=c.rope_theta)
+        return q_BTGI, k_BT1I[:, :, 0]
+
+    def forward(self, x_BTD: Tensor, state: MsaCache | None = None, *, token_ids: Tensor | None = None):
+        c = self.cfg
+        check_input(x_BTD, c.d_model)
+        state = MsaCache() if state is None else state
+        T = x_BTD.shape[1]
+        pos_T = self.positions(state.seen, T, x_BTD.device)
+        q_BTHK, k_BTGK, v_BTGV, gate = self.project(x_BTD, pos_T)
+        iq_BTGI, ik_BTI = self.index(x_BTD, pos_T)
+        k_BLGK, v_BLGV = state.append(k_BTGK, v_BTGV)
+        ik_BLI = state.append_index(ik_BTI)
+        outs, blocks, counts = [], [], []
+        for i in range(0, T, self.query_block):  # slices of queries bound the [T, L] score memory
+            j = min(T, i + self.query_block)
+            L = state.seen + j  # keys up to the slice's last query
+            o, b, n = self._read(q_BTHK[:, i:j], iq_BTGI[:, i:j], pos_T[i:j], k_BLGK[:, :L], v_BLGV[:, :L],
+                                 ik_BLI[:, :L])
+            outs.append(o), blocks.append(b), counts.append(n)
+        width = max(b.shape[-1] for b in blocks)
+        self.last_blocks = torch.cat([nn.functional.pad(b, (0, width - b.shape[-1]), value=-1) for b in blocks], 2)
+        self.last_read_counts = torch.cat(counts, dim=-1)
+        state.seen += T
+        return self.finish(torch.cat(outs, dim=1), gate), state
+
+    def _read(self, q_BTHK, iq_BTGI, pos_T, k_BLGK, v_BLGV, ik_BLI):
+        """Select each group's blocks for these queries and attend to the selected positions."""
+        c = self.cfg
+        scores_BGTN = block_scores(iq_BTGI, ik_BLI, positions_T=pos_T, block_size=c.block_size)
+        blocks_BGTk = select_blocks(scores_BGTN, positions_T=pos_T, block_size=c.block_size,
+                                    top_blocks=c.top_blocks, local_blocks=c.local_blocks,
+                                    include_first_block=c.include_first_block)
+        read_BGTL = block_mask(blocks_BGTk, positions_T=pos_T, length=k_BLGK.shape[1], block_size=c.block_size)
+        mask_BHTL = read_BGTL.repeat_interleave(c.n_heads // c.n_kv_heads, dim=1)
+        o_BTHV = attend(q_BTHK, k_BLGK, v_BLGV, scale=c.scale, mask_TL=mask_BHTL, sinks_H=self.sinks)
+        return o_BTHV, blocks_BGTk, read_BGTL.sum(-1)
