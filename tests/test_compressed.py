@@ -86,12 +86,10 @@ def test_two_facts_in_one_pool_cannot_be_separated():
     C = 16
     eye = torch.eye(C)
     a, b = 3 * eye[0], 3 * eye[1]
-    tokens = torch.zeros(1, 8, 1, C)
+    tokens = torch.zeros(1, 24, 1, C)
     tokens[0, 2, 0], tokens[0, 5, 0] = a, b          # both facts in pool 0 (tokens 0..7)
     for t in range(8, 24):                           # later pools: distractors, orthogonal to A and B
         tokens[0, t, 0] = eye[2 + t % (C - 2)]
-    tokens = torch.cat([tokens, torch.stack([eye[2 + t % (C - 2)] for t in range(8, 24)])[None, :, None]], dim=1)
-    tokens = tokens[:, :24]
     z = torch.randn(1, 24, 1, C)
     entries = pool_entries(tokens, z, torch.zeros(8, C), stride=8)[:, :, None]       # [1, 3, 1, C], HCA-like
     q_a, q_b = (5 * a)[None, None, None], (5 * b)[None, None, None]

@@ -21,6 +21,10 @@ TINY_V4 = dict(
     n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, hc_mult=2, hc_sinkhorn_iters=5, vocab_size=128,
     moe_intermediate_size=96,
 )
+# 8 index heads instead of oracles.md's 2: with 2, ReLU(q.k) is 0 for every head on about a
+# quarter of the entries, and exact ties at the top-k boundary are broken arbitrarily by
+# torch.topk (ours breaks them towards the older entry, the same in every chunking)
+TINY_V4["index_n_heads"] = 8
 T = 37  # 9 CSA entries (more than top-k 4), 4 HCA entries, several windows of 8
 
 

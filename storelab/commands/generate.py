@@ -27,7 +27,7 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
     out, cache = generate(model, prompt, new_tokens, chunk=chunk, temperature=temperature, top_k=top_k,
                           generator=gen, on_token=progress)
     measured = cache_bytes_by_kind(model, cache)
-    analytic = analytic_state_bytes(cfg, [st.seen for st in cache], dtype="fp32")
+    analytic = analytic_state_bytes(cfg, [st.seen for st in cache], dtype="fp32", own_copies=model.unshared)
     kinds = sorted(set(measured) | set(analytic))
     return {
         "model": cfg.name, "prompt_len": prompt_len, "new_tokens": new_tokens, "chunk": chunk,

@@ -138,6 +138,34 @@ def compare_published(cfg: ModelConfig, pa: ParamAccount | None = None) -> dict[
 # ---------------------------------------------------------------------------
 # What each layer keeps and reads
 # ---------------------------------------------------------------------------
+LATENT_QUANT_BLOCK = 128  # scale block for latent entries in fp8/fp4 (V4.1-Flash: 4 scale bytes per 448)
+
+
+def cache_entry_bytes(st, fmt: str) -> float:
+    """Bytes of one main cache entry (key and value, no indexer key) in entry format ``fmt``.
+
+    Compressed (csa, hca) and latent (mla, dsa, hierarchical) entries use the quantised
+    layout of ``storelab.ops.quant.entry_bytes`` (no-rope channels at 8 or 4 bits, rope
+    channels in bf16, one scale byte per block); attention-family entries are G (K + V)
+    plain numbers; stores that keep no per-token entry give 0.
+    """
+    from storelab.ops.quant import entry_bytes
+    from storelab.stores.base import DTYPE_BYTES
+
+    if st.KIND in ("csa", "hca"):
+        return entry_bytes(st.head_dim, st.rope_dim, fmt, st.quant_block)
+    if st.KIND in ("mla", "dsa", "hierarchical"):
+        width = st.kv_lora_rank + st.qk_rope_head_dim
+        return entry_bytes(width, st.qk_rope_head_dim, fmt, LATENT_QUANT_BLOCK)
+    if hasattr(st, "n_kv_heads") and hasattr(st, "v_head_dim"):
+        return st.n_kv_heads * (st.head_dim + st.v_head_dim) * DTYPE_BYTES[fmt]
+    return 0.0
+
+
+def _kept_growth(st, L: int) -> float:
+    return (st.footprint(2 * L).kept - st.footprint(L).kept) / L
+
+
 def _growth(st, L: int, dtype: str) -> float:
     """Bytes the layer's state grows per added token, measured between L and 2L."""
     a = st.footprint(L, dtype=dtype).state_bytes
@@ -164,6 +192,10 @@ def layer_rows(cfg: ModelConfig, context: int, *, dtype: str = "bf16") -> list[d
             "growth_bytes_per_token": _growth(st, context, dtype) if owns else 0.0,
             "bytes_per_token_by_format": {f: (st.footprint(context, dtype=f).state_bytes / context if owns else 0.0)
                                           for f in FORMATS},
+            "cache_entry_bytes": cache_entry_bytes(st, dtype),
+            "global_bytes_per_token": _kept_growth(st, context) * cache_entry_bytes(st, dtype) if owns else 0.0,
+            "global_bytes_per_token_by_format": {
+                f: _kept_growth(st, context) * cache_entry_bytes(st, f) if owns else 0.0 for f in FORMATS},
             "read_flops": fp.read_flops,
             "other_state_bytes": extra,  # lookup / channel mixers (Engram's last ids)
             "cache_owner": lay.cache_owner if lay.cache_owner is not None else i,
@@ -188,6 +220,9 @@ def model_totals(cfg: ModelConfig, rows: list[dict[str, Any]], context: int, *, 
         "bytes_per_token": sum(r["state_bytes"] + r["other_state_bytes"] for r in rows) / context,
         "growth_bytes_per_token": sum(r["growth_bytes_per_token"] for r in rows),
         "bytes_per_token_by_format": {f: sum(r["bytes_per_token_by_format"][f] for r in rows) for f in FORMATS},
+        "global_bytes_per_token": sum(r["global_bytes_per_token"] for r in rows),
+        "global_bytes_per_token_by_format": {f: sum(r["global_bytes_per_token_by_format"][f] for r in rows)
+                                             for f in FORMATS},
         "read_flops": sum(r["read_flops"] for r in rows),
         "layers": cfg.n_layers, "mix": cfg.mix(),
     }
@@ -218,18 +253,23 @@ def kind_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(groups.values())
 
 
-def analytic_state_bytes(cfg: ModelConfig, seen: list[int], *, dtype: str = "fp32") -> dict[str, int]:
+def analytic_state_bytes(cfg: ModelConfig, seen: list[int], *, dtype: str = "fp32",
+                         own_copies: tuple[int, ...] | list[int] = ()) -> dict[str, int]:
     """Analytic state bytes per store kind, each layer at its own token count ``seen[i]``
-    (decoder layers of an encoder-decoder see fewer tokens than the encoder)."""
+    (decoder layers of an encoder-decoder see fewer tokens than the encoder).
+
+    A store with a ``cache_format`` of its own is accounted in that format; ``own_copies``
+    lists the readers of a shared cache that hold a copy at run time (``Model.unshared``).
+    """
     out: dict[str, int] = {}
     for i, lay in enumerate(cfg.layers):
         n = seen[i]
         if n <= 0:
             continue
         for slot, st in lay.stores().items():
-            if slot == "token" and not cfg.owns_cache(i):
+            if slot == "token" and not cfg.owns_cache(i) and i not in own_copies:
                 continue
-            b = st.footprint(n, dtype=dtype).state_bytes
+            b = st.footprint(n, dtype=getattr(st, "cache_format", None) or dtype).state_bytes
             if b or slot == "token":
                 out[st.KIND] = out.get(st.KIND, 0) + b
     return out

@@ -54,6 +54,7 @@ from typing import Any
 SLOTS = ("token", "channel", "depth")
 OPTIONAL_SLOTS = ("lookup",)  # Engram beside the token mixer (V4.1-Flash layers 1 and 14)
 INHERITED = ("d_model", "vocab_size")  # store fields that default to the model's value
+MIX_LABELS = {"attention": "full"}  # how ``mix()`` names a kind
 LAYER_INDEX = "layer_index"  # filled per layer: the layer's position among those using the store
 _TOP = {"name", "title", "d_model", "vocab_size", "n_layers", "context", "norm_eps", "tie_embeddings",
         "encoder_layers", "decoder_tail", "published", "notes", "stores", "layers", "extends"}
@@ -173,10 +174,11 @@ class ModelConfig:
         return o is None or o == i
 
     def mix(self) -> str:
-        """The store mix of the token mixers, e.g. ``"60 window + 10 attention"``."""
+        """The store mix of the token mixers, e.g. ``"60 window + 10 full"`` (full = ``attention``)."""
         counts: dict[str, int] = {}
         for lay in self.layers:
-            counts[lay.token.KIND] = counts.get(lay.token.KIND, 0) + 1
+            label = MIX_LABELS.get(lay.token.KIND, lay.token.KIND)
+            counts[label] = counts.get(label, 0) + 1
         return " + ".join(f"{c} {k}" for k, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
     # -- (de)serialisation --------------------------------------------------

@@ -15,8 +15,10 @@ Learned routing (a mixture of experts; Shazeer et al., arXiv 1701.06538):
   advance, as DeepSeek-V4's hash routing does (``experts = table[token id]``).
 * ``grouped_swiglu`` runs the chosen experts on their tokens only: sort the N*K
   (token, expert) slots by expert, run each expert once on its contiguous slice,
-  put the weighted results back in slot order and sum each token's K slots. ``dense_moe_reference`` computes every expert on
-  every token and masks: the slow form the tests compare against.
+  put the weighted results back in slot order and sum each token's K slots (no
+  scatter-add: it is slow on the CPU and not deterministic on the GPU).
+  ``dense_moe_reference`` computes every expert on every token and masks: the slow
+  form the tests compare against.
 
 Fixed addresses (Engram, arXiv 2601.07372):
 

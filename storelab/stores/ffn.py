@@ -56,7 +56,8 @@ class FFNConfig(StoreConfig):
 
     def __post_init__(self) -> None:
         self.check_positive("d_model", "d_ff")
-        self.check(self.activation in ACTIVATIONS, "activation", f"must be one of {ACTIVATIONS}, got {self.activation!r}")
+        self.check(self.activation in ACTIVATIONS, "activation",
+                   f"must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.activation == "power":
             self.check(self.power > 0, "power", f"must be > 0, got {self.power!r}")
 

@@ -82,7 +82,8 @@ class MoEConfig(StoreConfig):
         self.check_positive("d_model", "n_experts", "d_expert")
         self.check(self.top_k > 0, "top_k", f"must be > 0, got {self.top_k!r}")
         self.check(self.top_k <= self.n_experts, "top_k", f"must be <= n_experts ({self.n_experts}), got {self.top_k}")
-        self.check(self.router in ROUTER_SCORES, "router", f"must be one of {tuple(ROUTER_SCORES)}, got {self.router!r}")
+        self.check(self.router in ROUTER_SCORES, "router",
+                   f"must be one of {tuple(ROUTER_SCORES)}, got {self.router!r}")
         self.check(self.routing in ROUTINGS, "routing", f"must be one of {ROUTINGS}, got {self.routing!r}")
         if self.routing == "hash":
             self.check(self.vocab_size is not None and self.vocab_size > 0, "vocab_size",
