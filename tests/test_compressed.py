@@ -152,7 +152,7 @@ def test_prefill_then_step_equals_full_pass(kind, fmt):
     x = torch.randn(2, 29, cfg.d_model, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         full, full_state = store(x)
-        for chunks in CHUNKINGS:
+        for chunks in CHUNKINGS if fmt is None else CHUNKINGS[1:3] + CHUNKINGS[-2:-1]:
             y, state = _run_chunks(store, x, chunks)
             assert_close(y, full, 1e-5, f"{kind} {fmt} chunks {chunks}")
             assert state.seen == 29 and state.entries == full_state.entries
@@ -187,7 +187,7 @@ def test_causal():
 
 @pytest.mark.parametrize("kind", ["csa", "hca"])
 @pytest.mark.parametrize("fmt", [None, "fp32", "bf16", "fp8", "fp4"])
-@pytest.mark.parametrize("L", [1, 3, 4, 6, 8, 9, 17, 31])
+@pytest.mark.parametrize("L", [1, 3, 6, 9, 31])
 def test_nbytes_equals_footprint(kind, fmt, L):
     cfg, store = _build(kind, cache_format=fmt)
     with torch.no_grad():
@@ -195,6 +195,20 @@ def test_nbytes_equals_footprint(kind, fmt, L):
     fp = cfg.footprint(L, dtype=fmt or "fp32")
     assert state.nbytes() == fp.state_bytes
     assert state.entries == fp.kept == L // cfg.stride
+
+
+@pytest.mark.parametrize("kind", ["csa", "hca"])
+def test_bf16_model_keeps_bf16_bytes(kind):
+    cfg, store = _build(kind)
+    store = store.to(torch.bfloat16)
+    x = torch.randn(1, 21, cfg.d_model, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y, state = store(x)
+        y1, s1 = store(x[:, :10])
+        y2, s1 = store(x[:, 10:], s1)
+    assert y.dtype == torch.bfloat16
+    assert state.nbytes() == s1.nbytes() == cfg.footprint(21, dtype="bf16").state_bytes
+    assert_close(torch.cat([y1, y2], dim=1), y, 1e-2, "bf16 chunked")
 
 
 @pytest.mark.parametrize("kind", ["csa", "hca"])

@@ -9,22 +9,17 @@ outputs compared in fp32.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from transformers import AutoConfig
 
-from storelab.ops.indexer import index_scores
 from storelab.ops.attention import causal_mask
-from storelab.stores.dsa import DSAConfig, SelectionShare, SelectionCache
-from storelab.stores.mla import MLAConfig
+from storelab.ops.indexer import index_scores
+from storelab.stores.dsa import HF_INDEXER_NAMES, DSAConfig, SelectionCache, SelectionShare
+from storelab.stores.mla import HF_NAMES, MLAConfig
 from tests.helpers import assert_close, capture, tiny_hf_model
 
-# transformers name -> ours
-MLA_NAMES = {"q_proj": "q_proj", "q_a_proj": "q_down", "q_a_layernorm": "q_norm", "q_b_proj": "q_up",
-             "kv_a_proj_with_mqa": "kv_down", "kv_a_layernorm": "kv_norm", "kv_b_proj": "kv_up", "o_proj": "out"}
-INDEXER_NAMES = {"wq_b": "q_up", "wk": "k_proj", "k_norm": "k_norm", "weights_proj": "head_weights"}
+MLA_NAMES, INDEXER_NAMES = HF_NAMES, HF_INDEXER_NAMES  # transformers name -> ours
 
 MLA_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
                 intermediate_size=96, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
@@ -63,10 +58,11 @@ def mla_kwargs(hf_cfg, **extra) -> dict:
                 qk_rope_head_dim=hf_cfg.qk_rope_head_dim, v_head_dim=hf_cfg.v_head_dim, **extra)
 
 
-@pytest.mark.parametrize("q_lora", [24, None])
-@pytest.mark.parametrize("absorbed", [False, True])
-def test_mla_matches_deepseek_v3_attention(q_lora, absorbed):
-    hf = tiny_hf_model("deepseek_v3", **MLA_TINY, q_lora_rank=q_lora, n_routed_experts=4, n_group=1, topk_group=1)
+@pytest.mark.parametrize("q_lora,absorbed,interleave", [(24, False, True), (None, False, True), (24, True, True),
+                                                       (None, True, False)])
+def test_mla_matches_deepseek_v3_attention(q_lora, absorbed, interleave):
+    hf = tiny_hf_model("deepseek_v3", **MLA_TINY, q_lora_rank=q_lora, n_routed_experts=4, n_group=1, topk_group=1,
+                       rope_interleave=interleave)
     randomize(hf)
     attn = hf.model.layers[1].self_attn
     args, kw, out = capture(hf, attn, torch.randint(0, 128, (2, 13), generator=torch.Generator().manual_seed(0)))
@@ -123,7 +119,8 @@ def assert_same_selection(ours_BTk, theirs_BTk, scores_BTL, what: str) -> int:
             kth = s[list(ours)].min()
             tol = 1e-5 * max(1.0, float(kth.abs()))
             for i in ours ^ theirs:  # every disagreement must sit at the k-th score
-                assert abs(float(s[i] - kth)) <= tol, f"{what}: query {t} position {i} score {s[i]:.6g} vs k-th {kth:.6g}"
+                assert abs(float(s[i] - kth)) <= tol, \
+                    f"{what}: query {t} position {i} score {float(s[i]):.6g} vs k-th {float(kth):.6g}"
             ties += 1
     return ties
 
@@ -145,9 +142,10 @@ def test_dsa_indexer_selects_the_oracle_sets(family, interleaved):
     x = kw_attn["hidden_states"]
     y, state = ours(x)
     # our scores, recomputed from our own modules, for the tie check
-    p = ours.mla.project(x, torch.arange(T))
-    q_BTHK, w_BTH = ours.indexer.queries(x, p.q_src_BTQ, torch.arange(T))
-    scores = index_scores(q_BTHK, state.index_k, w_BTH, scale=ours.indexer.scale, mask_TL=causal_mask(T, T))
+    with torch.no_grad():
+        p = ours.mla.project(x, torch.arange(T))
+        q_BTHK, w_BTH = ours.indexer.queries(x, p.q_src_BTQ, torch.arange(T))
+        scores = index_scores(q_BTHK, state.index_k, w_BTH, scale=ours.indexer.scale, mask_TL=causal_mask(T, T))
     ties = assert_same_selection(ours.last_selection, hf_topk.long(), scores, f"{family} indexer")
     assert ties <= T // 2
     # where both sets agree, the attention outputs agree too

@@ -112,7 +112,8 @@ def compare_published(cfg: ModelConfig, pa: ParamAccount | None = None) -> dict[
     """Our counts beside the publisher's, with ratios (None where the publisher gives none)."""
     pa = pa or count_params(cfg)
     pub = cfg.published
-    out: dict[str, Any] = {"stored": pa.stored, "active": pa.active}
+    out: dict[str, Any] = {"stored": pa.stored, "active": pa.active,
+                           "active_without_embedding": pa.active - pa.by_part["embedding"] - pa.by_part["lm_head"]}
     if pa.engram:
         out["stored_without_engram"] = pa.stored - pa.engram
         out["engram"] = pa.engram

@@ -192,8 +192,33 @@ def _scores_per_channel(rows: list[Tensor], k_NBCK: Tensor, G_NBCK: Tensor) -> T
     return P.tril_()
 
 
+GROUP_FLOATS = 1 << 18  # chunks are processed in groups whose q-sized tensors hold about this many numbers
+
+
 def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
-    """Chunkwise-parallel form of all four rules (see the module docstring)."""
+    """Chunkwise-parallel form of all four rules (see the module docstring).
+
+    The chunks are processed in groups of about ``GROUP_FLOATS`` numbers per tensor, carrying
+    the state from group to group: the same arithmetic, but the intermediates stay small enough
+    to be reused by the allocator and to stay in cache (fresh large buffers cost page faults).
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    per_chunk = B * H * C * max(K, V, C)
+    Tg = C * max(1, GROUP_FLOATS // per_chunk)
+    S = q.new_zeros(B * H, K, V) if S_BHKV is None else S_BHKV.reshape(B * H, K, V).clone()
+    if T <= Tg:
+        return _chunk_group(q, k, v, g, beta, scale, S, C).view(B, T, H, V), S.view(B, H, K, V)
+    o = q.new_empty(B, T, H, V)
+    for t0 in range(0, T, Tg):
+        sl = slice(t0, min(T, t0 + Tg))
+        o[:, sl] = _chunk_group(q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
+                                None if beta is None else beta[:, sl], scale, S, C)
+    return o, S.view(B, H, K, V)
+
+
+def _chunk_group(q, k, v, g, beta, scale, S_BKV, C):
+    """Outputs [B, T, H, V] (as a view) of one group of chunks; advances the state S_BKV in place."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     q_N, k_N, v_N = _to_chunks(q, C, scale), _to_chunks(k, C), _to_chunks(v, C)        # N BH C K|V
@@ -240,17 +265,15 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     k_T = k_N.transpose(-1, -2)                                                       # N BH K C
 
     S_all = q_N.new_empty(N + 1, BH, K, V)                                            # state before chunk i
-    if S_BHKV is None:
-        S_all[0].zero_()
-    else:
-        S_all[0].copy_(S_BHKV.reshape(BH, K, V))
+    S_all[0].copy_(S_BKV)
     for i in range(N):  # the one sequential loop: two products per chunk
         if delta:
             torch.baddbmm(U[i], W[i], S_all[i], alpha=-1, out=V_new[i])
         torch.baddbmm(S_all[i] * S_decay[i] if g is not None else S_all[i], k_T[i], V_new[i], out=S_all[i + 1])
+    S_BKV.copy_(S_all[-1])
     o = torch.matmul(q_N, S_all[:-1]).view(N * BH, C, V)
     o.baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
-    return _from_chunks(o.view(N, BH, C, V), B, T), S_all[-1].view(B, H, K, V)
+    return _from_chunks(o.view(N, BH, C, V), B, T)
 
 
 # ---------------------------------------------------------------------------- public ops

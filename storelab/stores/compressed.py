@@ -25,7 +25,8 @@ P pool, IH x IC index heads):
 
 State per token (``CompressedCache``): ``1/stride`` pooled entries (plus as many index
 keys for CSA) in the ``cache_format``, one entry per token for the last ``window``
-tokens, and the compressor projections of at most ``pool - stride + stride - 1`` tokens:
+tokens, and the compressor projections of at most ``pool - 1`` tokens (the open stride
+block and the ``pool - stride`` tokens before it, which the next entry also pools):
 at a 1M context about 250,000 entries for CSA (pool 8, stride 4) and 7,812 for HCA
 (pool 128). Entry bytes: ``storelab.ops.quant.entry_bytes`` (584 B in V4-Pro's fp8).
 
@@ -35,6 +36,17 @@ cast them; "fp8"/"fp4" store integer codes with one power-of-two scale per
 write and decoded on read, in the very pass that writes them, so a full pass and a
 chunked one read the same numbers. Compressor projections waiting in the tail are held
 in fp32 for "fp32", bf16 for the other formats, the compute dtype for None.
+
+Agreement and differences: pooled entries, the indexer's choice and the layer's output
+match transformers' ``DeepseekV4CSACompressor`` / ``DeepseekV4HCACompressor`` /
+``DeepseekV4Indexer`` / ``DeepseekV4Attention`` (tests/test_compressed_oracle.py). As
+there, entry 0 of CSA pools only the first stride block (its older slots lie before
+position 0), so L tokens give ``L // stride`` entries. Ties in the indexer's scores
+(ReLU makes exact zeros) go to the older entry; the compressed rope is plain RoPE at
+``rope_theta`` (the released config adds YaRN scaling, not modelled here).
+
+Shape legend: B batch, T tokens in this call, N pooled entries, L entries read
+(window then pooled), H query heads, K/C head width, S projection series, D d_model.
 """
 
 from __future__ import annotations
@@ -168,7 +180,8 @@ class CSAConfig(_CompressedConfig):
         name="Compressed entries, selected (DeepSeek-V4 CSA)",
         written_by="each group of tokens, pooled: overlapping pools of 8 at a stride of 4, per-channel softmax weights",
         holds="one entry per 4 tokens (overlapping pools of 8), plus the last 128 tokens uncompressed",
-        reading_costs="a scoring pass over all L/4 entries, then the 1,024 the indexer selects plus the 128-token window",
+        reading_costs="a scoring pass over all L/4 entries, then the 1,024 the indexer selects "
+                      "plus the 128-token window",
         forgets="distinctions within a pool; what the indexer passes over is missed",
         source="arXiv 2606.19348",
     )
@@ -239,7 +252,8 @@ class CompressedAttention(nn.Module):
         self.q_b = nn.Linear(Q, H * C, bias=False)
         self.kv_proj = nn.Linear(D, C, bias=False)
         self.kv_norm = RMSNorm(C, cfg.eps)
-        self.o_a = nn.Parameter(torch.randn(cfg.o_groups, cfg.o_lora, H * C // cfg.o_groups) * (H * C / cfg.o_groups) ** -0.5)
+        per_group = H * C // cfg.o_groups
+        self.o_a = nn.Parameter(torch.randn(cfg.o_groups, cfg.o_lora, per_group) * per_group ** -0.5)  # [g, r, H*C/g]
         self.o_b = nn.Linear(cfg.o_groups * cfg.o_lora, D, bias=False)
         self.sinks = nn.Parameter(torch.zeros(H))
         self.pooler = Pooler(D, C, cfg.pool, cfg.stride, cfg.eps)

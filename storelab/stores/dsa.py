@@ -56,13 +56,15 @@ from torch import Tensor, nn
 from storelab.ops.attention import causal_mask
 from storelab.ops.indexer import block_pool, index_scores, index_scores_at, top_positions
 from storelab.ops.rope import apply_rope
-from storelab.stores.base import Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import Card, Footprint, ParamCount, check_input, register
 from storelab.stores.mla import MLA, LatentCache, LatentFields, entry_bytes
+
+# submodule names in transformers' DeepseekV32Indexer / GlmMoeDsaIndexer -> ours (LightningIndexer)
+HF_INDEXER_NAMES = {"wq_b": "q_up", "wk": "k_proj", "k_norm": "k_norm", "weights_proj": "head_weights"}
 
 SELECTION_CARD = dict(
     written_by="each token of the context",
     holds="an entry per token",
-    reading_costs="a scoring pass over all L, then 512 to 2,048 entries",
     forgets="nothing; what the indexer passes over is missed",
 )
 
@@ -224,8 +226,10 @@ class DSAConfig(_IndexFields):
     index_share_freq: int = 1
     index_share_offset: int = 1
 
-    CARD = Card(name="DeepSeek Sparse Attention (selected entries, IndexShare)", **SELECTION_CARD,
-                source="arXiv 2602.15763; arXiv 2405.04434")
+    CARD = Card(name="Selected entries (DeepSeek Sparse Attention, IndexShare)", **SELECTION_CARD,
+                reading_costs="a scoring pass over all L, then 512 to 2,048 entries; with IndexShare one "
+                              "scoring pass serves a group of layers",
+                source="arXiv 2602.15763 (GLM-5: DSA, IndexShare); arXiv 2405.04434 (MLA)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -259,8 +263,10 @@ class HierarchicalConfig(_IndexFields):
     pool_block: int = 8
     refresh_every: int = 4
 
-    CARD = Card(name="Hierarchical selection (pool, then top-k inside it)", **SELECTION_CARD,
-                source="arXiv 2609.19969; arXiv 2602.15763")
+    CARD = Card(name="Selected entries, two levels (DeepSeek-V4.1-Flash hierarchical indexer)", **SELECTION_CARD,
+                reading_costs="a scoring pass over all L in the group's first layer and over a pool of up to "
+                              "16,384 candidates in every fourth, then 512 entries",
+                source="arXiv 2609.19969 (DeepSeek-V4.1-Flash); arXiv 2602.15763 (DSA)")
 
     def __post_init__(self):
         super().__post_init__()

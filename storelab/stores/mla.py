@@ -38,8 +38,11 @@ from storelab.ops.rope import apply_rope
 from storelab.state import State
 from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
-
 GATHER_BUDGET = 1 << 24  # numbers gathered at once by a selective read
+
+# submodule names in transformers' DeepseekV3Attention / KimiLinearAttention / GlmMoeDsaAttention -> ours
+HF_NAMES = {"q_proj": "q_proj", "q_a_proj": "q_down", "q_a_layernorm": "q_norm", "q_b_proj": "q_up",
+            "kv_a_proj_with_mqa": "kv_down", "kv_a_layernorm": "kv_norm", "kv_b_proj": "kv_up", "o_proj": "out"}
 
 
 def entry_bytes(dtype: str) -> float:
@@ -134,7 +137,7 @@ class MLAConfig(LatentFields):
     absorbed: bool = False               # read form: naive up-projection or absorbed
 
     CARD = Card(
-        name="MLA (full cache of latents)",
+        name="Full cache of latents (MLA)",
         written_by="each token of the context, once",
         holds="an entry per token, compressed to one latent plus a shared rotary key; random keys stay "
               "separable at a fixed sharpness up to about e^{2 beta (1 - beta/d)} entries",

@@ -1,0 +1,247 @@
+"""``storelab bench prefill``: the seven tiny models read a long prompt in chunks.
+
+Two measurements per model.
+
+Memory (``length`` tokens, 131,072 by default). Each model runs in a fresh subprocess:
+build the tiny model with random weights, warm up on two chunks, then reset the
+process's peak resident set (writing "5" to ``/proc/self/clear_refs`` resets VmHWM) and
+read the resident set as the baseline (weights, prompt, interpreter, thread pools);
+prefill the whole prompt chunk by chunk with ``storelab.models.prefill``; read VmHWM.
+``peak above weights = VmHWM - baseline``: every byte the prefill itself held at its
+worst moment (the cache, plus one chunk's activations, plus any copy made while the
+cache grows). It is compared with the analytic accounting of the models package
+(``analytic_state_bytes``: each layer's store footprint at the tokens it saw, fp32,
+shared caches counted once), and with the L x L fp32 matrix the prefill must not hold.
+(tracemalloc does not see torch's allocations, so the kernel's own counters are used.)
+
+Speed (``speed_length`` tokens, 16,384 by default): tokens per second of the same chunked
+prefill, ours and transformers' tiny model of the same family (same width, layers and
+vocabulary, the other sizes as in shared/reference/oracles.md) given the same prompt in
+the same chunks with its own cache, timed in alternation in the same process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+MEMORY_TOLERANCE = 0.10
+SPEED_TARGET = 1.5
+DEFAULT_CHUNK = 1024
+
+# our zoo model -> the transformers family it is measured against
+PEER_FAMILY = {
+    "mimo-v2.6-pro": "mimo_v2_flash",
+    "kimi-k3": "kimi_linear",
+    "qwen3.8": "qwen3_next",
+    "glm-5.3": "glm_moe_dsa",
+    "deepseek-v4-pro": "deepseek_v4",
+    "deepseek-v4.1-flash": "deepseek_v4",
+    "minimax-m3": "minimax_m3_vl_text",
+}
+
+
+# -- /proc readings ---------------------------------------------------------------------------------
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def memory_child(name: str, length: int, chunk: int, seed: int = 0) -> dict[str, Any]:
+    """Run in a fresh process: the prefill's peak resident memory above the weights."""
+    import gc
+
+    from storelab.models.accounting import analytic_state_bytes
+    from storelab.models.model import Model, prefill
+    from storelab.zoo import load_zoo
+
+    torch.manual_seed(seed)
+    cfg = load_zoo(name, tiny=True)
+    model = Model(cfg).eval()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    prompt = torch.randint(0, cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        prefill(model, prompt[:, : min(length, 2 * chunk)], chunk=chunk)  # warm-up: pools, lazy kernels
+    gc.collect()
+    reset = _reset_peak()
+    base_kb = _status_kb("VmRSS")
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        _, cache = prefill(model, prompt, chunk=chunk)
+    seconds = time.perf_counter() - t0
+    peak_kb = _status_kb("VmHWM")
+    after_kb = _status_kb("VmRSS")
+    seen = [st.seen or length for st in cache]
+    analytic = analytic_state_bytes(cfg, seen, dtype="fp32", own_copies=list(getattr(model, "unshared", [])))
+    measured = sum(st.nbytes() for st in cache)
+    return {"model": name, "length": length, "chunk": chunk, "seconds": seconds, "peak_reset": reset,
+            "weights_bytes": weights, "baseline_kb": base_kb, "peak_kb": peak_kb, "after_kb": after_kb,
+            "peak_above_weights_bytes": (peak_kb - base_kb) * 1024, "held_after_bytes": (after_kb - base_kb) * 1024,
+            "cache_nbytes": measured, "analytic_bytes": sum(analytic.values()), "analytic_by_kind": analytic}
+
+
+def measure_memory(name: str, length: int, chunk: int, timeout_s: float = 1800) -> dict[str, Any]:
+    """``memory_child`` in a subprocess (a fresh peak and nothing else's allocations)."""
+    code = ("import json, sys, torch; torch.set_num_threads(%d); from storelab.bench.prefill import memory_child; "
+            "print(json.dumps(memory_child(%r, %d, %d)))" % (torch.get_num_threads(), name, length, chunk))
+    env = {**os.environ, "USE_HUB_KERNELS": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    peak, analytic = r["peak_above_weights_bytes"], r["analytic_bytes"]
+    r.update(peak_above_weights_mb=peak / 2**20, analytic_mb=analytic / 2**20,
+             ratio=peak / analytic if analytic else None,
+             within_10pct=abs(peak - analytic) <= MEMORY_TOLERANCE * analytic if analytic else None,
+             cache_matches_analytic=r["cache_nbytes"] == analytic,
+             lxl_fp32_mb=length * length * 4 / 2**20)
+    return r
+
+
+# -- the peer: transformers' tiny model of the same family -------------------------------------------
+
+def peer_settings(name: str, cfg) -> tuple[str, dict[str, Any]]:
+    """(transformers model type, config settings) of the tiny peer for one of our zoo models."""
+    family = PEER_FAMILY[name]
+    common = dict(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, vocab_size=cfg.vocab_size,
+                  intermediate_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "mimo_v2_flash":
+        s = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, v_head_dim=16, n_routed_experts=8,
+                 num_experts_per_tok=2, moe_intermediate_size=32, sliding_window_size=5)
+    elif family == "kimi_linear":
+        s = dict(num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None,
+                 qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_experts=8, num_experts_per_tok=2,
+                 moe_intermediate_size=32, num_shared_experts=1, linear_head_dim=16, linear_num_heads=4,
+                 layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                              for i in range(cfg.n_layers)])
+    elif family == "qwen3_next":
+        s = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                 moe_intermediate_size=32, shared_expert_intermediate_size=32, linear_conv_kernel_dim=4,
+                 linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4)
+    elif family == "glm_moe_dsa":
+        s = dict(num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                 qk_nope_head_dim=16, v_head_dim=16, index_topk=6, index_head_dim=16, index_n_heads=2,
+                 n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1)
+    elif family == "deepseek_v4":
+        s = dict(num_attention_heads=4, num_key_value_heads=1, head_dim=32, q_lora_rank=24, o_groups=2,
+                 o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=3, sliding_window=4,
+                 compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 4},
+                 n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+                 hc_mult=4, hc_sinkhorn_iters=5)
+    else:  # minimax_m3_vl_text
+        s = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, rotary_dim=8, num_local_experts=8,
+                 num_experts_per_tok=2, dense_intermediate_size=128, shared_intermediate_size=32, index_n_heads=2,
+                 index_head_dim=16, index_block_size=4, index_topk_blocks=2, index_local_blocks=1,
+                 layer_types=["full_attention"] + ["minimax_m3_sparse"] * (cfg.n_layers - 1))
+    return family, {**common, **s}
+
+
+def build_peer(name: str, cfg):
+    """transformers' tiny model for ``name`` (random weights, eval mode), or raise."""
+    os.environ.setdefault("USE_HUB_KERNELS", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    family, settings = peer_settings(name, cfg)
+    if family == "minimax_m3_vl_text":
+        from transformers.models.minimax_m3_vl.configuration_minimax_m3_vl import MiniMaxM3VLTextConfig
+        from transformers.models.minimax_m3_vl.modeling_minimax_m3_vl import MiniMaxM3VLForCausalLM
+
+        return family, MiniMaxM3VLForCausalLM(MiniMaxM3VLTextConfig(**settings)).eval()
+    hf_cfg = AutoConfig.for_model(family, **settings)
+    return family, AutoModelForCausalLM.from_config(hf_cfg).eval()
+
+
+def peer_prefill(model, prompt_BT: torch.Tensor, chunk: int):
+    """transformers' chunked prefill: each chunk a forward call with the model's own cache."""
+    past = None
+    out = None
+    for s in range(0, prompt_BT.shape[1], chunk):
+        out = model(input_ids=prompt_BT[:, s:s + chunk], past_key_values=past, use_cache=True, logits_to_keep=1)
+        past = out.past_key_values
+    return out.logits[:, -1]
+
+
+def measure_speed(name: str, length: int, chunk: int, *, peer: bool = True, repeats: int = 2,
+                  seed: int = 0) -> dict[str, Any]:
+    """Tokens per second of our chunked prefill and the peer's, alternating, best of ``repeats``."""
+    from storelab.bench.timing import compare
+    from storelab.models.accounting import count_params
+    from storelab.models.model import Model, prefill
+    from storelab.zoo import load_zoo
+
+    torch.manual_seed(seed)
+    cfg = load_zoo(name, tiny=True)
+    ours = Model(cfg).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed))
+    fns = {"ours": lambda: prefill(ours, prompt, chunk=chunk)}
+    r: dict[str, Any] = {"length": length, "chunk": chunk, "ours_params": count_params(cfg).stored,
+                         "peer": None, "peer_params": None}
+    if peer:
+        try:
+            family, hf = build_peer(name, cfg)
+            with torch.inference_mode():
+                peer_prefill(hf, prompt[:, : 2 * chunk], chunk)  # it runs at all
+            fns["peer"] = lambda: peer_prefill(hf, prompt, chunk)
+            r.update(peer=f"transformers {family}", peer_params=sum(p.numel() for p in hf.parameters()))
+        except Exception as e:  # missing family, or a model that cannot run chunked on a CPU
+            r["peer"] = f"unavailable ({type(e).__name__}: {str(e)[:200]})"
+    t = compare(fns, repeats=repeats, warmup=0)
+    r["ours_tok_s"] = length / t["ours"].best
+    r["peer_tok_s"] = length / t["peer"].best if "peer" in t else None
+    r["speedup"] = r["ours_tok_s"] / r["peer_tok_s"] if r["peer_tok_s"] else None
+    r["target"] = None if r["speedup"] is None else r["speedup"] >= SPEED_TARGET
+    r["timings"] = {k: v.as_dict() for k, v in t.items()}
+    return r
+
+
+def bench_prefill(*, models: list[str] | None = None, length: int = 131072, speed_length: int = 16384,
+                  chunk: int | None = None, quick: bool = False, peer: bool = True) -> dict[str, Any]:
+    """Memory at ``length`` and speed at ``speed_length`` for each model (see the module docstring)."""
+    from storelab.zoo import SEVEN, zoo_names
+
+    have = set(zoo_names())
+    names = models or [n for n in SEVEN]
+    chunk = chunk or (min(DEFAULT_CHUNK, max(1, length // 4)) if quick else DEFAULT_CHUNK)
+    rows = []
+    for name in names:
+        row: dict[str, Any] = {"model": name}
+        if name not in have:
+            row["error"] = "no tiny model in the zoo yet"
+            rows.append(row)
+            continue
+        try:
+            row["memory"] = measure_memory(name, length, chunk)
+        except Exception as e:
+            row["memory"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        try:
+            row["speed"] = measure_speed(name, speed_length, min(chunk, speed_length), peer=peer,
+                                         repeats=1 if quick else 2)
+        except Exception as e:
+            row["speed"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        rows.append(row)
+    return {"bench": "prefill", "length": length, "speed_length": speed_length, "chunk": chunk,
+            "memory_method": "VmHWM - VmRSS after a peak reset (/proc/self/clear_refs), one subprocess per model",
+            "threads": torch.get_num_threads(), "dtype": "fp32", "models": rows}

@@ -1,0 +1,101 @@
+"""Helpers shared by the family modules: reading config fields, and table pieces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storelab.checkpoint.shards import CheckpointError
+from storelab.checkpoint.table import Src, copy, plus_one, rows
+
+_MISSING = object()
+
+
+def field(hf: dict, key: str, default: Any = _MISSING) -> Any:
+    """``hf[key]``, or ``default``; a missing required key is an error naming it."""
+    v = hf.get(key, _MISSING)
+    if v is _MISSING or (v is None and default is not _MISSING):
+        if default is _MISSING:
+            raise CheckpointError(f"config.json: {key}: missing (model_type {hf.get('model_type')!r})")
+        return default
+    return v
+
+
+def unsupported(key: str, value: Any, why: str) -> CheckpointError:
+    return CheckpointError(f"config.json: {key}: {value!r} is not supported ({why})")
+
+
+def rope(params: dict | None, *, where: str = "rope_parameters", default_partial: float = 1.0) -> tuple[float, float]:
+    """(theta, partial rotary fraction) of a plain RoPE; other rope types are an error."""
+    params = params or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise unsupported(f"{where}.rope_type", kind, "only plain RoPE is implemented")
+    return float(params.get("rope_theta", 10000.0)), float(params.get("partial_rotary_factor", default_partial))
+
+
+def check_act(hf: dict, key: str = "hidden_act", want: str = "silu") -> None:
+    act = hf.get(key, want)
+    if act != want:
+        raise unsupported(key, act, f"only {want} is implemented for this family")
+
+
+def norm(theirs: str, offset: bool) -> Src:
+    return plus_one(theirs) if offset else copy(theirs)
+
+
+def linear(tab: dict, ours: str, theirs: str, model_sd: dict | None = None, *, bias: bool = False) -> None:
+    tab[f"{ours}.weight"] = copy(f"{theirs}.weight")
+    if bias:
+        tab[f"{ours}.bias"] = copy(f"{theirs}.bias")
+
+
+def base_entries(tab: dict, cfg, *, prefix: str = "model.", head: str = "lm_head.weight", offset: bool = False) -> None:
+    """Embedding, per-layer block norms, final norm and LM head (the usual decoder names)."""
+    tab["embed.weight"] = copy(f"{prefix}embed_tokens.weight")
+    tab["norm.weight"] = norm(f"{prefix}norm.weight", offset)
+    if not cfg.tie_embeddings:
+        tab["lm_head.weight"] = copy(head)
+    for i in range(cfg.n_layers):
+        tab[f"blocks.{i}.norm_token.weight"] = norm(f"{prefix}layers.{i}.input_layernorm.weight", offset)
+        tab[f"blocks.{i}.norm_channel.weight"] = norm(f"{prefix}layers.{i}.post_attention_layernorm.weight", offset)
+
+
+def experts(tab: dict, ours: str, theirs: str, names: set[str], n_experts: int) -> None:
+    """Routed experts as our 3-D ``gate_up [E, 2I, D]`` and ``down [E, D, I]``: copied when the
+    checkpoint stores them so (transformers' layout), stacked from per-expert matrices otherwise
+    (``{e}.gate_proj/up_proj/down_proj`` or DeepSeek/Mixtral's ``{e}.w1/w3/w2``)."""
+    import torch
+
+    per_expert = [p for p in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+                  if f"{theirs}.0.{p[0]}.weight" in names]
+    if f"{theirs}.gate_up_proj" in names or not per_expert:
+        tab[f"{ours}.gate_up"] = copy(f"{theirs}.gate_up_proj")
+        tab[f"{ours}.down"] = copy(f"{theirs}.down_proj")
+        return
+    g, u, d = per_expert[0]
+    pieces = [f"{theirs}.{e}.{p}.weight" for e in range(n_experts) for p in (g, u)]
+
+    def gate_up(*ws):
+        return torch.stack([torch.cat(ws[2 * e: 2 * e + 2], 0) for e in range(n_experts)], 0)
+
+    tab[f"{ours}.gate_up"] = Src(tuple(pieces), gate_up, f"per-expert {g} and {u} rows stacked ({n_experts})")
+    downs = tuple(f"{theirs}.{e}.{d}.weight" for e in range(n_experts))
+    tab[f"{ours}.down"] = Src(downs, lambda *ws: torch.stack(ws, 0), f"per-expert {d} stacked ({n_experts})")
+
+
+def gated_mlp(tab: dict, ours: tuple[str, str, str], theirs: str, names: set[str], width: int) -> None:
+    """A SwiGLU MLP: our (gate, up, down) linears from separate ``gate_proj``/``up_proj``, or from a
+    fused ``gate_up_proj`` (gate rows first) split in two."""
+    g, u, d = ours
+    if f"{theirs}.gate_up_proj.weight" in names:
+        tab[f"{g}.weight"] = rows(f"{theirs}.gate_up_proj.weight", 0, width)
+        tab[f"{u}.weight"] = rows(f"{theirs}.gate_up_proj.weight", width, 2 * width)
+    else:
+        tab[f"{g}.weight"] = copy(f"{theirs}.gate_proj.weight")
+        tab[f"{u}.weight"] = copy(f"{theirs}.up_proj.weight")
+    tab[f"{d}.weight"] = copy(f"{theirs}.down_proj.weight")
+
+
+def either(names: set[str], *candidates: str) -> str:
+    """The first candidate name the checkpoint holds (the first one when none: it is reported missing)."""
+    return next((c for c in candidates if c in names), candidates[0])

@@ -1,0 +1,150 @@
+"""``load(path)``: a checkpoint folder -> a storelab ``Model``.
+
+1. ``config.json`` names the family (``model_type``); the family's module translates the
+   config into a ``ModelConfig`` and gives the name table (``storelab.checkpoint.table``).
+2. The model is built on the ``meta`` device (no memory, no random init).
+3. Every entry of the table is checked against the shard headers before anything is read:
+   each of our tensors has a source, each source exists, has a float dtype (an integer one
+   for integer tables) and yields our shape; every checkpoint tensor is used or known to be
+   ignorable (MTP layers, a vision tower). Any failure names the tensor and the file.
+4. Unless ``device="meta"`` (accounting only: nothing is read), the model is materialised
+   on ``device`` and filled shard by shard: a shard's tensors are read, turned into ours and
+   copied, and let go before the next shard is opened.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from storelab.checkpoint.adapters import apply_adapters
+from storelab.checkpoint.families import FAMILIES, family_for
+from storelab.checkpoint.shards import FLOAT_DTYPES, INT_DTYPES, TORCH_DTYPES, CheckpointError, Shards, read_config
+from storelab.checkpoint.table import Src, ours_to_load
+
+__all__ = ["load", "resolve_dtype"]
+
+DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+               "fp16": torch.float16, "float16": torch.float16, "fp64": torch.float64, "float64": torch.float64}
+
+
+def resolve_dtype(dtype, hf: dict) -> torch.dtype:
+    """``dtype`` if given (torch dtype or name), else the checkpoint's own (``dtype``/``torch_dtype``), else fp32."""
+    if dtype is None:
+        dtype = hf.get("dtype") or hf.get("torch_dtype") or (hf.get("text_config") or {}).get("dtype") or "float32"
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype]
+    raise CheckpointError(f"dtype: unknown dtype {dtype!r} (known: {', '.join(DTYPE_NAMES)})")
+
+
+def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
+    """Build the storelab model of a checkpoint folder; ``device="meta"`` reads no weights."""
+    from storelab.models.model import Model
+
+    path = Path(path)
+    hf = read_config(path)
+    fam = family_for(hf, path)
+    shards = Shards(path)
+    try:
+        cfg = fam.to_config(hf)
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(f"{path / 'config.json'}: {e}") from None
+    adapters = fam.adapters(hf, cfg) if hasattr(fam, "adapters") else []
+    target = resolve_dtype(dtype, hf)
+    with torch.device("meta"):
+        model = Model(cfg)
+    apply_adapters(model, adapters)
+    ours = ours_to_load(model)
+    tab = fam.table(hf, cfg, set(shards.names()))
+    check(tab, ours, shards, getattr(fam, "IGNORED", ()))
+    if torch.device(device).type != "meta":
+        model = model.to_empty(device=device)
+        if cfg.tie_embeddings:
+            model.lm_head.weight = model.embed.weight
+        fill(model, tab, shards)
+    model = model.to(target) if target != torch.float32 else model
+    model.checkpoint = {"path": str(path), "family": fam.NAME, "model_type": hf.get("model_type")}
+    return model.eval()
+
+
+def _pieces_meta(src: Src, shards: Shards) -> list[Tensor]:
+    return [torch.empty(shards.info[n][0], dtype=TORCH_DTYPES.get(shards.info[n][1], torch.float32), device="meta")
+            for n in src.names]
+
+
+def check(tab: dict[str, Src], ours: dict[str, Tensor], shards: Shards, ignored: tuple[str, ...]) -> None:
+    """Raise a CheckpointError naming the tensor and the file for the first problem found."""
+    folder = shards.folder
+    unmapped = [k for k in ours if k not in tab]
+    if unmapped:
+        raise CheckpointError(f"{folder}: no table entry for our tensor {unmapped[0]!r} "
+                              f"({len(unmapped)} unmapped; a gap in the family's name table)")
+    extra = [k for k in tab if k not in ours]
+    if extra:
+        raise CheckpointError(f"{folder}: the table names {extra[0]!r}, which our model does not have")
+    used: set[str] = set()
+    for mine, src in tab.items():
+        for n in src.names:
+            if n not in shards.info:
+                raise CheckpointError(f"missing tensor {n!r} (needed for our {mine!r}): no shard of {folder} "
+                                      f"holds it (files: {', '.join(shards.files)})")
+            shape, dt = shards.info[n]
+            ok = INT_DTYPES if src.integer else FLOAT_DTYPES
+            if dt not in ok:
+                raise CheckpointError(f"tensor {n!r} in {shards.where[n]}: dtype {dt}, expected "
+                                      f"{'an integer' if src.integer else 'a floating-point'} dtype ({', '.join(ok)})")
+            used.add(n)
+        try:
+            out = src.make(*_pieces_meta(src, shards))
+            got = tuple(out.shape)
+        except RuntimeError as e:
+            got = f"an error ({e})"
+        want = tuple(ours[mine].shape)
+        if got != want:
+            where = ", ".join(f"{n!r} in {shards.where[n]} shape {list(shards.info[n][0])}" for n in src.names)
+            how = f" after {src.what}" if src.what else ""
+            raise CheckpointError(f"mis-shaped tensor {where}: gives {list(got) if isinstance(got, tuple) else got}"
+                                  f"{how}; our {mine!r} needs {list(want)}")
+    pats = [re.compile(p) for p in ignored]
+    unexpected = [n for n in shards.names() if n not in used and not any(p.search(n) for p in pats)]
+    if unexpected:
+        n = unexpected[0]
+        raise CheckpointError(f"unexpected tensor {n!r} in {shards.where[n]}: no table entry uses it "
+                              f"({len(unexpected)} unexpected)")
+
+
+@torch.no_grad()
+def fill(model: torch.nn.Module, tab: dict[str, Src], shards: Shards) -> None:
+    """Read the shards one at a time and copy each finished tensor into the model."""
+    ours = ours_to_load(model)
+    users: dict[str, list[str]] = {}
+    for mine, src in tab.items():
+        for n in src.names:
+            users.setdefault(n, []).append(mine)
+    pending: dict[str, dict[str, Tensor]] = {}
+    for fname in shards.files:
+        names = [n for n in users if shards.where[n] == fname]
+        for n, t in shards.read(fname, names):
+            for mine in users[n]:
+                src = tab[mine]
+                got = pending.setdefault(mine, {})
+                got[n] = t
+                if len(got) == len(src.names):
+                    dst = ours[mine]
+                    val = src.make(*[got[x] for x in src.names])
+                    dst.copy_(val.to(dst.dtype) if dst.dtype.is_floating_point else val)
+                    del pending[mine]
+    if pending:  # cannot happen after check(); kept as a guard against a bad index
+        mine = next(iter(pending))
+        raise CheckpointError(f"{shards.folder}: our {mine!r} was not completed from the shards")
+
+
+def supported() -> list[str]:
+    return sorted(t for f in FAMILIES for t in f.MODEL_TYPES)

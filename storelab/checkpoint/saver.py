@@ -1,0 +1,69 @@
+"""``save(model, path)``: our model as config.json + safetensors, which ``load`` reads back.
+
+The layout is Hugging Face's: one ``model.safetensors``, or shards
+``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json`` when the
+tensors exceed ``max_shard_bytes``. Names are ours (``blocks.3.token.q_proj.weight``);
+a tied LM head is written once, as the embedding.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from storelab.checkpoint.shards import INDEX, SINGLE
+from storelab.checkpoint.table import ours_to_load
+
+__all__ = ["save"]
+
+DTYPE_LABELS = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16",
+                "torch.float64": "float64"}
+
+
+def save(model, path: str | Path, *, max_shard_bytes: int = 5 * 2**30) -> list[Path]:
+    """Write the model to the folder ``path`` (created); return the files written."""
+    import storelab
+
+    path = Path(path)
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise ValueError("model: its weights are on the meta device (nothing to save)")
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes: must be > 0, got {max_shard_bytes}")
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in ours_to_load(model).items()}
+    dtype = next((v.dtype for v in tensors.values() if v.dtype.is_floating_point), None)
+    config = {"model_type": "storelab", "storelab_version": storelab.__version__,
+              "dtype": DTYPE_LABELS.get(str(dtype), "float32"), "config": model.cfg.to_dict(),
+              "adapters": list(getattr(model, "adapters", []))}
+    shards: list[dict] = [{}]
+    size = 0
+    for k, v in tensors.items():
+        nb = v.numel() * v.element_size()
+        if shards[-1] and size + nb > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += nb
+    for old in list(path.glob("model*.safetensors")) + [path / INDEX]:
+        old.unlink(missing_ok=True)  # a previous save's shards would not match the new index
+    written = []
+    meta = {"format": "pt", "written_by": "storelab"}
+    if len(shards) == 1:
+        save_file(shards[0], str(path / SINGLE), metadata=meta)
+        written.append(path / SINGLE)
+    else:
+        n = len(shards)
+        weight_map = {}
+        for j, part in enumerate(shards, 1):
+            fname = f"model-{j:05d}-of-{n:05d}.safetensors"
+            save_file(part, str(path / fname), metadata=meta)
+            weight_map.update({k: fname for k in part})
+            written.append(path / fname)
+        total = sum(v.numel() * v.element_size() for v in tensors.values())
+        (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        written.append(path / INDEX)
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    written.append(path / "config.json")
+    return written

@@ -1,0 +1,159 @@
+"""``storelab bench [gdn|kda|decode|prefill|all]``: ours against the peer, in one process, as ratios.
+
+Every bench prints our time, the peer's time measured in the same run, their ratio, and
+the machine's fp32 matrix-product rate measured in the same run (see storelab/bench).
+``--quick`` runs tiny sizes (seconds; for tests and smoke checks, not for figures).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+from typing import Any
+
+import typer
+
+from storelab.commands._output import console, emit_json, err_console, table
+
+WHICH = ("gdn", "kda", "decode", "prefill", "all")
+
+# full sizes (the issue's targets) and quick sizes (smoke checks)
+FULL = {
+    "kernel": dict(T=4096, H=8, K=64, repeats=7),
+    "decode": dict(contexts=(1024, 65536), D=512, H=8, K=64, window=128, topk=512, repeats=40),
+    "prefill": dict(length=131072, speed_length=16384),
+}
+QUICK = {
+    "kernel": dict(T=256, H=2, K=16, repeats=2),
+    "decode": dict(contexts=(64, 256), D=64, H=2, K=16, window=16, topk=16, repeats=3),
+    "prefill": dict(length=512, speed_length=256),
+}
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine()}
+
+
+def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, models: list[str] | None = None,
+                length: int | None = None, speed_length: int | None = None, chunk: int | None = None,
+                peer: bool = True) -> dict[str, Any]:
+    """Run the chosen benches; one dict keyed by bench name, plus the machine and the date."""
+    if which not in WHICH:
+        raise ValueError(f"which: must be one of {', '.join(WHICH)}, got {which!r}")
+    sizes = QUICK if quick else FULL
+    names = ["gdn", "kda", "decode", "prefill"] if which == "all" else [which]
+    out: dict[str, Any] = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                           "quick": quick, "machine": machine()}
+    for name in names:
+        if name in ("gdn", "kda"):
+            from storelab.bench.kernels import bench_delta
+
+            kw = dict(sizes["kernel"])
+            if repeats:
+                kw["repeats"] = repeats
+            out[name] = bench_delta(name, **kw)
+        elif name == "decode":
+            from storelab.bench.decode import bench_decode
+
+            kw = dict(sizes["decode"])
+            if repeats:
+                kw["repeats"] = repeats
+            out[name] = bench_decode(**kw)
+        else:
+            from storelab.bench.prefill import bench_prefill
+
+            kw = dict(sizes["prefill"])
+            if length:
+                kw["length"] = length
+            if speed_length:
+                kw["speed_length"] = speed_length
+            out[name] = bench_prefill(models=models or None, chunk=chunk, quick=quick, peer=peer, **kw)
+    return out
+
+
+# -- tables for people ----------------------------------------------------------------------------------
+
+def _ok(v: Any) -> str:
+    return {True: "yes", False: "NO", None: "n/a"}.get(v, str(v))
+
+
+def print_tables(res: dict[str, Any]) -> None:
+    for name in ("gdn", "kda"):
+        if name not in res:
+            continue
+        r = res[name]
+        s = r["shape"]
+        rows = [["ours", r["ours"], r["ours_ms"], r["ours_gflops"]],
+                ["peer", r["peer"], r["peer_ms"], None if r["peer_ms"] is None else r["flops"] / r["peer_ms"] / 1e6]]
+        if name == "kda":
+            rows.append(["ours GDN", "storelab.ops.gated_delta_rule (chunk)", r["ours_gdn_ms"], None])
+        console.print(table(f"{name}: B={s['B']} H={s['H']} K={s['K']} T={s['T']} fp32, {r['threads']} threads "
+                            f"({r['flops'] / 1e9:.2f} GFLOP counted)", ["", "function", "ms", "GFLOP/s"], rows))
+        facts = [["speedup (peer / ours)", r["speedup"]], ["machine fp32 matmul GFLOP/s", r["matmul_gflops"]],
+                 ["ours / matmul rate", r["fraction_of_matmul"]], ["max |ours - peer|", r["max_abs_diff"]]]
+        if name == "kda":
+            facts.append(["KDA / GDN time", r["kda_over_gdn"]])
+        facts += [[f"target {k}", _ok(v)] for k, v in r["targets"].items()]
+        console.print(table(None, ["figure", "value"], facts))
+    if "decode" in res:
+        r = res["decode"]
+        cs = r["contexts"]
+        rows = []
+        for s in r["stores"]:
+            if not s.get("available"):
+                rows.append([s["store"], *[None] * len(cs), None, s.get("reason")])
+                continue
+            rows.append([s["store"] + " step", *[s["step_ms"][c] if c in s["step_ms"] else s["step_ms"][str(c)]
+                                                 for c in cs], s["step_ratio"],
+                         "; ".join(f"{k}: {_ok(v)}" for k, v in s["targets"].items() if "step" in k)])
+            for part in ("indexer", "read"):
+                if f"{part}_ms" in s:
+                    d = s[f"{part}_ms"]
+                    rows.append([f"  {part}", *[d[c] if c in d else d[str(c)] for c in cs], s[f"{part}_ratio"],
+                                 "; ".join(f"{k}: {_ok(v)}" for k, v in s["targets"].items() if part in k)])
+        console.print(table(f"decode: one token's step (ms, best of rounds), d_model {r['width']['d_model']}",
+                            ["store", *[f"L={c:,}" for c in cs], f"ratio {cs[-1]:,}/{cs[0]:,}", "target"], rows))
+    if "prefill" in res:
+        r = res["prefill"]
+        rows = []
+        for m in r["models"]:
+            mem, spd = m.get("memory") or {}, m.get("speed") or {}
+            rows.append([m["model"], mem.get("peak_above_weights_mb"), mem.get("analytic_mb"), mem.get("ratio"),
+                         _ok(mem.get("within_10pct")), spd.get("ours_tok_s"), spd.get("peer_tok_s"),
+                         spd.get("speedup"), spd.get("peer") or m.get("error")])
+        console.print(table(f"prefill: memory at {r['length']:,} tokens (chunks of {r['chunk']}), "
+                            f"speed at {r['speed_length']:,} tokens",
+                            ["model", "peak MB", "analytic MB", "peak/analytic", "within 10%", "ours tok/s",
+                             "peer tok/s", "speedup", "peer"], rows))
+    m = res["machine"]
+    console.print(f"{res['date']}  {m['cpus']} CPUs, torch {m['torch']} with {m['torch_threads']} threads"
+                  + ("  (--quick sizes: not figures)" if res.get("quick") else ""))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def bench(
+        which: str = typer.Argument("all", help="gdn, kda, decode, prefill or all."),
+        quick: bool = typer.Option(False, "--quick", help="Tiny sizes: a smoke check in seconds, not figures."),
+        repeats: int = typer.Option(0, "--repeats", help="Timed rounds (0: the bench's default)."),
+        models: list[str] = typer.Option(None, "--model", help="prefill: zoo models to run (default: the seven)."),
+        length: int = typer.Option(0, "--length", help="prefill: prompt length of the memory check (0: 131,072)."),
+        speed_length: int = typer.Option(0, "--speed-length", help="prefill: prompt length timed (0: 16,384)."),
+        chunk: int = typer.Option(0, "--chunk", help="prefill: tokens per call (0: the bench's default)."),
+        no_peer: bool = typer.Option(False, "--no-peer", help="prefill: skip the transformers models."),
+        json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    ) -> None:
+        """Time our ops, stores and models against transformers' in the same run; print ratios."""
+        if which not in WHICH:
+            err_console.print(f"[red]error:[/red] which: must be one of {', '.join(WHICH)}, got {which!r}")
+            raise typer.Exit(2)
+        res = run_benches(which, quick=quick, repeats=repeats or None, models=models, length=length or None,
+                          speed_length=speed_length or None, chunk=chunk or None, peer=not no_peer)
+        if json_:
+            emit_json(res)
+        else:
+            print_tables(res)

@@ -1,0 +1,40 @@
+"""``storelab capacity``: the essay's capacity figures, measured, beside theory and the essay's number."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from storelab.commands._output import console, emit_json, err_console, table
+
+COLUMNS = ["experiment", "d (or N)", "criterion", "theory", "essay", "measured", "measured/essay"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def capacity(
+        experiments: Optional[List[str]] = typer.Argument(None, help="Names or numbers 1-11; default all."),
+        quick: bool = typer.Option(False, "--quick", help="Smaller sizes, same code (under 30 s)."),
+        plot: Optional[str] = typer.Option(None, "--plot", help="Write PNG curves and capacity.json to this folder."),
+        json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    ) -> None:
+        """Measure every capacity figure of the essay; print theory, essay and measured side by side."""
+        from storelab.capacity import run
+
+        try:
+            rows = run(experiments, quick=quick, plot_dir=plot, progress=not json_)
+        except ValueError as e:
+            err_console.print(f"error: {e}")
+            raise typer.Exit(2)
+        if json_:
+            emit_json(rows)
+            return
+        console.print(table("Capacity lab (essay sections 2, 3, 6)" + (" - quick sizes" if quick else ""), COLUMNS,
+                            [[r["experiment"], r["d"], r["criterion"], r["theory"], r["essay"], r["measured"],
+                              r["ratio"]] for r in rows]))
+        for i, r in enumerate(rows, 1):
+            if r["note"]:
+                console.print(f"[dim]{i:>2}. {r['experiment']}: {r['note']}[/dim]")
+        if plot:
+            console.print(f"curves and capacity.json written to {plot}")
