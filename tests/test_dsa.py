@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from storelab.ops.attention import causal_mask
-from storelab.ops.indexer import block_pool, index_scores, selection_mask, top_positions
+from storelab.ops.indexer import block_pool, index_scores, index_scores_at, selection_mask, top_positions
 from storelab.stores import build_store
 from storelab.stores.dsa import DSAConfig, HierarchicalConfig, SelectionCache, link_selection_states
 from storelab.stores.mla import MLAConfig
@@ -214,3 +214,23 @@ def test_unknown_option_and_missing_share():
     with pytest.raises(ValueError, match=r"layers\[0\]"):
         link_selection_states([dsa(1)])
     assert isinstance(states[0], SelectionCache) and states[0].share is states[1].share
+
+
+def test_gathers_in_chunks_equal_one_gather(monkeypatch):
+    import storelab.stores.mla as mla_mod
+
+    cfgs = STACKS["hierarchical"][:3]
+    mods = build_stack(cfgs)
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    whole, _ = run_stack(mods, cfgs, x, [12])
+    monkeypatch.setattr(mla_mod, "GATHER_BUDGET", 1)           # one query at a time
+    pieces, _ = run_stack(mods, cfgs, x, [12])
+    for a, b in zip(pieces, whole):
+        assert_close(a, b, 1e-12, "chunked gather")
+    q, k, w = torch.randn(2, 6, 3, 4), torch.randn(2, 9, 4), torch.randn(2, 6, 3)
+    pos = torch.randint(0, 9, (2, 6, 5))
+    ok = torch.rand(2, 6, 5) > 0.3
+    full = index_scores(q, k, w, scale=0.5)
+    want = full.gather(-1, pos).masked_fill(~ok, float("-inf"))
+    for mg in (1, 1 << 24):
+        assert_close(index_scores_at(q, k, w, pos, ok, scale=0.5, max_gather=mg), want, 1e-6, "scores at")

@@ -49,18 +49,22 @@ def index_scores(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, *, scale: float,
 
 
 def index_scores_at(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, pos_BTP: Tensor, valid_BTP: Tensor, *,
-                    scale: float) -> Tensor:
+                    scale: float, max_gather: int = 1 << 24) -> Tensor:
     """The same score, computed only at positions ``pos_BTP`` (invalid ones are -inf).
 
-    Each query gathers its own P index keys, so the work is T * P, not T * L.
+    Each query gathers its own P index keys, so the work is T * P, not T * L;
+    queries go in chunks that gather at most about ``max_gather`` numbers at once.
     """
-    B = k_BLK.shape[0]
+    B, T, P = pos_BTP.shape
+    step = max(1, max_gather // max(1, B * P * k_BLK.shape[-1]))
     dt = torch.promote_types(q_BTHK.dtype, torch.float32)
     b_idx = torch.arange(B, device=k_BLK.device)[:, None, None]
-    k_BTPK = k_BLK[b_idx, pos_BTP].to(dt)                               # gather: B T P K
-    logits_BTHP = torch.einsum("bthk,btpk->bthp", q_BTHK.to(dt), k_BTPK) * scale
-    scores_BTP = torch.einsum("bth,bthp->btp", w_BTH.to(dt), F.relu(logits_BTHP))
-    return scores_BTP.masked_fill(~valid_BTP, float("-inf"))
+    out = []
+    for t in range(0, T, step):
+        k_BTPK = k_BLK[b_idx, pos_BTP[:, t:t + step]].to(dt)                  # gather: B T P K
+        logits_BTHP = torch.einsum("bthk,btpk->bthp", q_BTHK[:, t:t + step].to(dt), k_BTPK) * scale
+        out.append(torch.einsum("bth,bthp->btp", w_BTH[:, t:t + step].to(dt), F.relu(logits_BTHP)))
+    return torch.cat(out, dim=1).masked_fill(~valid_BTP, float("-inf"))
 
 
 def top_positions(scores_BTL: Tensor, k: int) -> tuple[Tensor, Tensor]:
