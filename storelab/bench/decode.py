@@ -44,10 +44,10 @@ def store_specs(D: int = 512, H: int = 8, K: int = 64, *, window: int = 128, top
     """The stores the decode bench builds: kind, config dict, expected growth."""
     common = {"d_model": D, "n_heads": H, "head_dim": K}
     return [
-        {"name": "attention (full, GQA 8/2)", "expect": "linear",
-         "config": {"kind": "attention", **common, "n_kv_heads": 2}},
+        {"name": f"attention (full, {H} heads, {max(1, H // 4)} KV)", "expect": "linear",
+         "config": {"kind": "attention", **common, "n_kv_heads": max(1, H // 4)}},
         {"name": f"window {window}", "expect": "constant",
-         "config": {"kind": "window", **common, "n_kv_heads": 2, "window": window}},
+         "config": {"kind": "window", **common, "n_kv_heads": max(1, H // 4), "window": window}},
         {"name": "gated_deltanet", "expect": "constant", "config": {"kind": "gated_deltanet", **common}},
         {"name": "kda", "expect": "constant", "config": {"kind": "kda", **common}},
         {"name": f"dsa (top {topk})", "expect": "selection",
@@ -118,7 +118,7 @@ def dsa_parts(module, state, x_B1D: torch.Tensor) -> dict[str, Callable[[], obje
 
     def score():
         q, w = ix.queries(x_B1D, p.q_src_BTQ, positions)
-        return top_positions(index_scores(q, index_k, w, scale=ix.scale, mask_TL=mask), module.k)
+        return top_positions(index_scores(q, index_k, w, scale=ix.scale, mask_TL=mask), module.cfg.index_topk)
 
     with torch.inference_mode():
         pos_BTk, valid_BTk = score()

@@ -101,7 +101,7 @@ def hebb_weights(X_MN: Tensor) -> Tensor:
     return W
 
 
-def async_recall(W: Tensor, S_PN: Tensor, g: torch.Generator, blocks: int = 10, sweeps: int = 50) -> Tensor:
+def async_recall(W: Tensor, S_PN: Tensor, g: torch.Generator, blocks: int = 10, sweeps: int = 30) -> Tensor:
     N = W.shape[0]
     S = S_PN.clone()
     for _ in range(sweeps):
@@ -117,7 +117,7 @@ def async_recall(W: Tensor, S_PN: Tensor, g: torch.Generator, blocks: int = 10, 
     return S
 
 
-def hebb_overlaps(M: int, N: int, seed: int, probes: int = 64) -> Tensor:
+def hebb_overlaps(M: int, N: int, seed: int, probes: int = 48) -> Tensor:
     g = gen(8000 + seed * 100_003 + M)
     X = signs(M, N, g)
     P = X[:probes]
@@ -144,28 +144,31 @@ def perceptron_all_fixed(M: int, N: int, seed: int, epochs: int) -> bool:
     return False
 
 
-def dense_unstable_fraction(K: int, N: int, n: int | None, seeds: int, probes: int = 64) -> float:
-    """Fraction of unstable bits of stored patterns for F(x) = x^n (or e^x if n is None)."""
-    F = (lambda x: x.pow(n)) if n is not None else (lambda x: torch.exp(x - N))
+def flip_cost(P_PN: Tensor, X_KN: Tensor, F) -> Tensor:
+    """Energy cost of flipping each bit of each probe state, E = -sum_mu F(xi^mu . s): [P, N].
+
+    Flipping bit i changes the overlap with pattern mu by -2 T_mu,i, T = xi^mu_i s_i = +-1, so
+    cost_i = sum_mu a_mu (1 + T)/2 + b_mu (1 - T)/2 with a = F(o) - F(o-2), b = F(o) - F(o+2):
+    one matrix product instead of a [P, K, N] tensor.
+    """
+    O = P_PN @ X_KN.T
+    a, b = F(O) - F(O - 2), F(O) - F(O + 2)
+    return 0.5 * (a + b).sum(1, keepdim=True) + 0.5 * ((a - b) @ X_KN) * P_PN
+
+
+def dense_unstable_fraction(K: int, N: int, n: int, seeds: int, probes: int = 64) -> float:
+    """Fraction of bits of stored patterns that one update would flip, for F(x) = x^n."""
     out = 0.0
     for s in range(seeds):
-        X = signs(K, N, gen(8500 + 7 * s + K * 13 + (n or 0)), torch.float64)
-        P = X[:probes]
-        O = P @ X.T                                                  # [P, K]
-        T = P[:, None, :] * X[None, :, :]                             # [P, K, N]
-        delta = (F(O)[:, :, None] - F(O[:, :, None] - 2 * T)).sum(1)  # energy cost of flipping bit i
-        out += float((delta <= 0).double().mean())
+        X = signs(K, N, gen(8500 + 7 * s + K * 13 + n), torch.float64)
+        out += float((flip_cost(X[:probes], X, lambda x: x.pow(n)) <= 0).double().mean())
     return out / seeds
 
 
 def exp_all_fixed_exponential(K: int, N: int, seed: int) -> bool:
+    """Whether every stored pattern is a fixed point under F(x) = e^x (scaled by e^-N)."""
     X = signs(K, N, gen(8600 + seed), torch.float64)
-    for P in X.split(256):
-        O = P @ X.T
-        T = P[:, None, :] * X[None, :, :]
-        if bool(((torch.exp(O - N)[:, :, None] - torch.exp(O[:, :, None] - 2 * T - N)).sum(1) <= 0).any()):
-            return False
-    return True
+    return not any(bool((flip_cost(P, X, lambda x: torch.exp(x - N)) <= 0).any()) for P in X.split(1024))
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -232,9 +235,10 @@ def exp_hopfield(quick: bool) -> Result:
                             "K* at <= 1 % unstable bits; n = 2 is the classical network"))
     res.curves.append(dam)
     # exponential energy
-    Ns = [10, 12, 14, 16] if quick else [12, 16, 20, 24]
-    caps = [float(sorted(bisect_last_ok(lambda K: exp_all_fixed_exponential(K, x, s), 4, 2 ** (x // 2 + 1))
-                         for s in range(5))[2]) for x in Ns]
+    Ns, n_seeds = ([10, 12, 14], 5) if quick else ([12, 14, 16, 18, 20, 22], 7)
+    caps = [float(sorted(bisect_last_ok(lambda K: exp_all_fixed_exponential(K, x, s), max(2, int(exponential_theory(x) / 4)),
+                                        int(3 * exponential_theory(x))) for s in range(n_seeds))[n_seeds // 2])
+            for x in Ns]
     ths = [exponential_theory(x) for x in Ns]
     slope = lambda ys: float(torch.linalg.lstsq(torch.tensor([[x, 1.0] for x in Ns], dtype=torch.float64),
                                                 torch.tensor([[math.log2(y)] for y in ys], dtype=torch.float64)

@@ -203,7 +203,7 @@ def best_map_discriminates(n: int, K: Tensor, V: Tensor, max_iter: int = 150) ->
 
 def exp_discrimination(quick: bool) -> Result:
     d = 32 if quick else 128
-    seeds_outer, seeds_best = (6, 2) if quick else (8, 1)
+    seeds_outer, seeds_best = (6, 1) if quick else (8, 1)
     res = Result()
     n_outer_th, n_best_th = solve_n_log_n(d * d / 8), solve_n_log_n(d * d / 2)
     outs = []
@@ -220,8 +220,8 @@ def exp_discrimination(quick: bool) -> Result:
     for s in range(seeds_best):
         g = gen(4500 + s)
         K, V = unit_rows(3 * int(n_best_th), d, g), unit_rows(3 * int(n_best_th), d, g)
-        bests.append(bisect_last_ok(lambda n: best_map_discriminates(n, K, V), int(n_best_th), int(2.5 * n_best_th),
-                                    rel_tol=0.03))
+        bests.append(bisect_last_ok(lambda n: best_map_discriminates(n, K, V), int(1.2 * n_best_th),
+                                    int(2.2 * n_best_th), rel_tol=0.03))
     n_best = sum(bests) / len(bests)
     essay_best = 1800.0 if d == 128 else None
     res.rows.append(row("4 discrimination, best linear map", d, "every stored value wins (optimised map)",

@@ -63,7 +63,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
     apply_adapters(model, adapters)
     ours = ours_to_load(model)
     tab = fam.table(hf, cfg, set(shards.names()))
-    check(tab, ours, shards, getattr(fam, "IGNORED", ()))
+    check(tab, ours, shards, fam.ignored(hf) if hasattr(fam, "ignored") else getattr(fam, "IGNORED", ()))
     if torch.device(device).type != "meta":
         model = model.to_empty(device=device)
         if cfg.tie_embeddings:

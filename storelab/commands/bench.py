@@ -145,12 +145,17 @@ def register(app: typer.Typer) -> None:
         speed_length: int = typer.Option(0, "--speed-length", help="prefill: prompt length timed (0: 16,384)."),
         chunk: int = typer.Option(0, "--chunk", help="prefill: tokens per call (0: the bench's default)."),
         no_peer: bool = typer.Option(False, "--no-peer", help="prefill: skip the transformers models."),
+        threads: int = typer.Option(0, "--threads", help="torch threads (0: torch's default, one per core)."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Time our ops, stores and models against transformers' in the same run; print ratios."""
         if which not in WHICH:
             err_console.print(f"[red]error:[/red] which: must be one of {', '.join(WHICH)}, got {which!r}")
             raise typer.Exit(2)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         res = run_benches(which, quick=quick, repeats=repeats or None, models=models, length=length or None,
                           speed_length=speed_length or None, chunk=chunk or None, peer=not no_peer)
         if json_:

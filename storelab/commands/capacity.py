@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from storelab.commands._output import console, emit_json, err_console, table
 
@@ -31,10 +32,10 @@ def register(app: typer.Typer) -> None:
             emit_json(rows)
             return
         console.print(table("Capacity lab (essay sections 2, 3, 6)" + (" - quick sizes" if quick else ""), COLUMNS,
-                            [[r["experiment"], r["d"], r["criterion"], r["theory"], r["essay"], r["measured"],
-                              r["ratio"]] for r in rows]))
+                            [[escape(r["experiment"]), r["d"], escape(r["criterion"]), r["theory"], r["essay"],
+                              r["measured"], r["ratio"]] for r in rows]))
         for i, r in enumerate(rows, 1):
             if r["note"]:
-                console.print(f"[dim]{i:>2}. {r['experiment']}: {r['note']}[/dim]")
+                console.print(f"[dim]{i:>2}. {escape(r['experiment'])}: {escape(r['note'])}[/dim]")
         if plot:
             console.print(f"curves and capacity.json written to {plot}")

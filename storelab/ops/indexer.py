@@ -104,7 +104,7 @@ def block_pool(scores_BTL: Tensor, *, block: int, n_blocks: int) -> tuple[Tensor
     A block's score is the max of its positions' scores, so any block that holds
     one of the top-m positions scores at least the m-th score: with
     ``n_blocks >= m`` the pool contains the top-m positions (ties aside).
-    Returns pos_BTP (long) and valid_BTP (False for positions beyond L, not
+    Returns pos_BTP (long, ascending) and valid_BTP (False for positions beyond L, not
     readable by the query, or in a block with nothing readable).
     """
     if block <= 0 or n_blocks <= 0:
@@ -114,6 +114,7 @@ def block_pool(scores_BTL: Tensor, *, block: int, n_blocks: int) -> tuple[Tensor
     padded_BTN = F.pad(scores_BTL, (0, nb * block - L), value=float("-inf"))
     block_BTnb = padded_BTN.view(B, T, nb, block).amax(-1)
     _, bidx_BTb = _best(block_BTnb, n_blocks)
+    bidx_BTb = bidx_BTb.sort(dim=-1).values   # positions ascending: ties inside the pool go to the earlier, as in L
     offs = torch.arange(block, device=scores_BTL.device)
     pos_BTP = (bidx_BTb[..., None] * block + offs).flatten(-2)
     valid_BTP = torch.isfinite(padded_BTN.gather(-1, pos_BTP))

@@ -23,6 +23,19 @@ def stores_section(ctx: Context) -> SectionResult:
     )
 
 
+def _lazy(module: str, name: str):
+    def run(ctx: Context) -> SectionResult:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(ctx)
+
+    return run
+
+
 SECTIONS: list[Section] = [
     Section("stores", "1. The stores", stores_section),
+    Section("models", "2. The seven models", _lazy("storelab.report.memory", "models_section")),
+    Section("memory", "3. Where a million-token prompt goes", _lazy("storelab.report.memory", "memory_section")),
+    Section("capacity", "4. Capacity", _lazy("storelab.report.capacity_section", "capacity_section")),
+    Section("examples", "5. The worked examples", _lazy("storelab.report.examples", "worked_examples_section")),
 ]

@@ -154,22 +154,20 @@ def link_selection_states(configs: list) -> list[SelectionCache | None]:
 class LightningIndexer(nn.Module):
     """Index queries from the query source, one LayerNorm'd rotary index key per token, head weights."""
 
-    def __init__(self, cfg: LatentFields, n_heads: int, head_dim: int, interleaved: bool):
+    def __init__(self, *, d_model: int, q_src_dim: int, n_heads: int, head_dim: int, rope_dim: int,
+                 rope_theta: float, interleaved: bool):
         super().__init__()
-        q_src = cfg.q_lora_rank or cfg.d_model
         self.n_heads, self.head_dim = n_heads, head_dim
-        self.rope_dim = cfg.qk_rope_head_dim if cfg.use_rope else 0
-        self.theta, self.interleaved = cfg.rope_theta, interleaved
-        self.q_up = nn.Linear(q_src, n_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.d_model, head_dim, bias=False)
+        self.rope_dim, self.theta, self.interleaved = rope_dim, rope_theta, interleaved
+        self.q_up = nn.Linear(q_src_dim, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, head_dim, bias=False)
         self.k_norm = nn.LayerNorm(head_dim, eps=1e-6)
-        self.head_weights = nn.Linear(cfg.d_model, n_heads, bias=False)
+        self.head_weights = nn.Linear(d_model, n_heads, bias=False)
         self.scale = head_dim ** -0.5
 
     @staticmethod
-    def n_params(cfg: LatentFields, n_heads: int, head_dim: int) -> int:
-        q_src = cfg.q_lora_rank or cfg.d_model
-        return q_src * n_heads * head_dim + cfg.d_model * head_dim + 2 * head_dim + cfg.d_model * n_heads
+    def n_params(*, d_model: int, q_src_dim: int, n_heads: int, head_dim: int) -> int:
+        return q_src_dim * n_heads * head_dim + d_model * head_dim + 2 * head_dim + d_model * n_heads
 
     def _rope(self, x_BTHK: Tensor, positions_T: Tensor) -> Tensor:
         return apply_rope(x_BTHK, positions_T, rotary_dim=self.rope_dim, theta=self.theta,
@@ -184,6 +182,52 @@ class LightningIndexer(nn.Module):
         q_BTHK = self.q_up(q_src_BTQ).view(B, T, self.n_heads, self.head_dim)
         w_BTH = self.head_weights(x_BTD) * self.n_heads ** -0.5
         return self._rope(q_BTHK, positions_T), w_BTH
+
+
+class Selector(nn.Module):
+    """The selection half of a selection store, usable in front of any cache.
+
+    ``role``: "index" (a dsa layer that runs its indexer), "root" (also picks the
+    pool), "refresh" (scores the pool only) or "reuse" (no indexer).
+    ``select(x_BTD, q_src_BTQ, positions_T, state)`` returns (pos_BTk, valid_BTk,
+    scored_BT) for the T new tokens at ``positions_T``; ``state`` is any state with
+    ``share`` (a SelectionShare), ``index_k`` and ``append_index`` (as SelectionCache),
+    and positions index the main cache, which holds positions_T[-1] + 1 entries.
+    """
+
+    def __init__(self, *, role: str, k: int, indexer: LightningIndexer | None, pool_size: int = 0,
+                 pool_block: int = 1):
+        super().__init__()
+        if (indexer is None) != (role == "reuse"):
+            raise ValueError(f"role: {role!r} {'needs' if indexer is None else 'takes no'} indexer")
+        self.role, self.k, self.indexer = role, k, indexer
+        self.pool_block, self.pool_blocks = pool_block, pool_size // pool_block
+
+    def select(self, x_BTD: Tensor, q_src_BTQ: Tensor, positions_T: Tensor, state) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, _ = x_BTD.shape
+        seen, L = int(positions_T[0]), int(positions_T[-1]) + 1
+        share = state.share
+        if self.indexer is None:
+            pos_BTk, valid_BTk = share.take(seen, T)
+            return pos_BTk, valid_BTk, torch.zeros(B, T, dtype=torch.long, device=x_BTD.device)
+        k_idx_BLK = state.append_index(self.indexer.keys(x_BTD, positions_T))
+        q_BTHK, w_BTH = self.indexer.queries(x_BTD, q_src_BTQ, positions_T)
+        if self.role == "refresh":
+            pool_BTP, pool_valid_BTP = share.take_pool(seen, T)
+            scores_BTP = index_scores_at(q_BTHK, k_idx_BLK, w_BTH, pool_BTP, pool_valid_BTP, scale=self.indexer.scale)
+            j_BTk, valid_BTk = top_positions(scores_BTP, self.k)
+            pos_BTk = pool_BTP.gather(-1, j_BTk)
+            share.publish(seen=seen, T=T, pos_BTk=pos_BTk, valid_BTk=valid_BTk)
+            return pos_BTk, valid_BTk, pool_valid_BTP.sum(-1)
+        scores_BTL = index_scores(q_BTHK, k_idx_BLK, w_BTH, scale=self.indexer.scale,
+                                  mask_TL=causal_mask(T, L, x_BTD.device))
+        pos_BTk, valid_BTk = top_positions(scores_BTL, self.k)
+        pool = {}
+        if self.role == "root":
+            pool_BTP, pool_valid_BTP = block_pool(scores_BTL, block=self.pool_block, n_blocks=self.pool_blocks)
+            pool = dict(pool_BTP=pool_BTP, pool_valid_BTP=pool_valid_BTP)
+        share.publish(seen=seen, T=T, pos_BTk=pos_BTk, valid_BTk=valid_BTk, **pool)
+        return pos_BTk, valid_BTk, (positions_T + 1).expand(B, T)
 
 
 # -- configs --------------------------------------------------------------------------------
@@ -212,10 +256,14 @@ class _IndexFields(LatentFields):
         return Footprint(context=L, kept=L, read=read, scored=scored, state_bytes=state,
                          read_flops=self.mla_read_flops(read, L, absorbed=True) + index_flops, note=note)
 
+    def indexer_shape(self) -> dict[str, int]:
+        return dict(d_model=self.d_model, q_src_dim=self.q_lora_rank or self.d_model, n_heads=self.index_n_heads,
+                    head_dim=self.index_head_dim)
+
     def num_params(self) -> ParamCount:
         n = self.mla_params()
         if self.runs_indexer:
-            n += LightningIndexer.n_params(self, self.index_n_heads, self.index_head_dim)
+            n += LightningIndexer.n_params(**self.indexer_shape())
         return ParamCount(n, n)
 
 
@@ -309,54 +357,35 @@ class SelectionAttention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.mla = MLA(cfg, absorbed=True)
-        self.indexer = (LightningIndexer(cfg, cfg.index_n_heads, cfg.index_head_dim, cfg.index_rope_interleaved)
-                        if cfg.runs_indexer else None)
-        self.role = cfg.role if isinstance(cfg, HierarchicalConfig) else ("index" if cfg.runs_indexer else "reuse")
-        self.k = cfg.topk if isinstance(cfg, HierarchicalConfig) else cfg.index_topk
+        indexer = None
+        if cfg.runs_indexer:
+            indexer = LightningIndexer(**cfg.indexer_shape(), rope_dim=cfg.qk_rope_head_dim if cfg.use_rope else 0,
+                                       rope_theta=cfg.rope_theta, interleaved=cfg.index_rope_interleaved)
+        if isinstance(cfg, HierarchicalConfig):
+            self.selector = Selector(role=cfg.role, k=cfg.topk, indexer=indexer, pool_size=cfg.pool_size,
+                                     pool_block=cfg.pool_block)
+        else:
+            self.selector = Selector(role="index" if cfg.runs_indexer else "reuse", k=cfg.index_topk, indexer=indexer)
         self.last_selection: Tensor | None = None  # [B, T, k] positions of the last call
         self.log: ReadLog | None = None
 
+    @property
+    def indexer(self) -> LightningIndexer | None:
+        return self.selector.indexer
+
     def forward(self, x_BTD: Tensor, state: SelectionCache | None = None, *, token_ids=None):
         check_input(x_BTD, self.cfg.d_model)
-        if state is None:
-            state = SelectionCache()
+        state = SelectionCache() if state is None else state
         if state.share is None:
-            if self.indexer is None or self.role == "refresh":
+            if self.selector.role in ("reuse", "refresh"):
                 raise ValueError("state: a layer that reuses its group's selection needs a SelectionCache holding "
                                  "the group's SelectionShare (see link_selection_states)")
             state.share = SelectionShare()
-        B, T, _ = x_BTD.shape
-        seen = state.seen
-        positions_T = torch.arange(seen, seen + T, device=x_BTD.device)
+        T = x_BTD.shape[1]
+        positions_T = torch.arange(state.seen, state.seen + T, device=x_BTD.device)
         p = self.mla.project(x_BTD, positions_T)
         latent_BLC, k_rope_BLR = state.append(p.latent_BTC, p.k_rope_BTR)
-        L = latent_BLC.shape[1]
-        share = state.share
-        if self.indexer is None:
-            pos_BTk, valid_BTk = share.take(seen, T)
-            scored_BT = torch.zeros(B, T, dtype=torch.long, device=x_BTD.device)
-        else:
-            k_idx_BLK = state.append_index(self.indexer.keys(x_BTD, positions_T))
-            q_BTHK, w_BTH = self.indexer.queries(x_BTD, p.q_src_BTQ, positions_T)
-            if self.role == "refresh":
-                pool_BTP, pool_valid_BTP = share.take_pool(seen, T)
-                scores_BTP = index_scores_at(q_BTHK, k_idx_BLK, w_BTH, pool_BTP, pool_valid_BTP,
-                                             scale=self.indexer.scale)
-                j_BTk, valid_BTk = top_positions(scores_BTP, self.k)
-                pos_BTk = pool_BTP.gather(-1, j_BTk)
-                share.publish(seen=seen, T=T, pos_BTk=pos_BTk, valid_BTk=valid_BTk)
-                scored_BT = pool_valid_BTP.sum(-1)
-            else:
-                scores_BTL = index_scores(q_BTHK, k_idx_BLK, w_BTH, scale=self.indexer.scale,
-                                          mask_TL=causal_mask(T, L, x_BTD.device))
-                pos_BTk, valid_BTk = top_positions(scores_BTL, self.k)
-                pool = {}
-                if self.role == "root":
-                    pool_BTP, pool_valid_BTP = block_pool(scores_BTL, block=self.cfg.pool_block,
-                                                          n_blocks=self.cfg.pool_size // self.cfg.pool_block)
-                    pool = dict(pool_BTP=pool_BTP, pool_valid_BTP=pool_valid_BTP)
-                share.publish(seen=seen, T=T, pos_BTk=pos_BTk, valid_BTk=valid_BTk, **pool)
-                scored_BT = (positions_T + 1).expand(B, T)
+        pos_BTk, valid_BTk, scored_BT = self.selector.select(x_BTD, p.q_src_BTQ, positions_T, state)
         state.seen += T
         o_BTHV = self.mla.read_selected(p, latent_BLC, k_rope_BLR, pos_BTk, valid_BTk)
         self.last_selection = pos_BTk

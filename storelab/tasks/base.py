@@ -36,11 +36,16 @@ def register_task(name: str):
     return deco
 
 
-def make_task(name: str, **options: Any):
-    """A task config by name; unknown names or options raise a ValueError naming them."""
+def make_task(name: str, preset: str | None = None, **options: Any):
+    """A task config by name, from a size ``preset`` (see each task's ``PRESETS``) and options;
+    unknown names, presets or options raise a ValueError naming them."""
     if name not in TASKS:
         raise ValueError(f"task: unknown task {name!r} (known: {', '.join(sorted(TASKS))})")
     cls = TASKS[name]
+    if preset is not None:
+        if preset not in cls.PRESETS:
+            raise ValueError(f"preset: unknown size {preset!r} for task {name!r} (known: {', '.join(cls.PRESETS)})")
+        options = {**cls.PRESETS[preset], **options}
     known = {f.name for f in dataclasses.fields(cls)}
     bad = sorted(set(options) - known)
     if bad:
@@ -128,6 +133,7 @@ class Task:
     """Mixin for task configs: ``sample`` plus the facts the trainer and probes ask for."""
 
     NAME: ClassVar[str] = ""
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {"full": {}}  # size presets: option overrides
     vocab_size: int
 
     def sample(self, n: int, seed: int) -> Batch:  # pragma: no cover - each task says

@@ -33,6 +33,7 @@ is how the probes score retrieval and compliance separately.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -46,6 +47,12 @@ N_SPECIAL = 4
 @register_task("dictionary")
 @dataclass(kw_only=True)
 class DictionaryLanguage(Task):
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "full": {},
+        "small": {"n_languages": 4, "n_keys": 32, "n_values": 32, "pairs_min": 8, "pairs_max": 16, "n_queries": 2},
+        "tiny": {"n_languages": 2, "n_keys": 16, "n_values": 16, "pairs_min": 4, "pairs_max": 8},
+    }
+
     n_languages: int = 4
     n_keys: int = 64
     n_values: int = 64
@@ -135,11 +142,22 @@ class DictionaryLanguage(Task):
             answer_pos[i] += T - L
         return Batch(inputs, targets, {"language": langs, "value": values, "answer_pos": answer_pos})
 
+    def answers(self, logits_BTV: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+        """(language, value index) of the argmax answer at every query, each [N, Q]."""
+        pos = batch.meta["answer_pos"]
+        pred = logits_BTV.argmax(-1).gather(1, pos)
+        return self.decode(pred)
+
+    def score(self, logits_BTV: Tensor, batch: Batch) -> dict[str, float]:
+        """Retrieval (right value, any language) and compliance (requested language, any value)."""
+        lang, val = self.answers(logits_BTV, batch)
+        return {"retrieval": (val == batch.meta["value"]).float().mean().item(),
+                "compliance": (lang == batch.meta["language"][:, None]).float().mean().item()}
+
     def chance(self) -> float:
         return 1.0 / (self.n_languages * self.n_values)
 
 
 def tiny_dictionary(**kw) -> DictionaryLanguage:
     """A CPU-sized version: 2 languages, 16 keys and values, 4 to 8 pairs."""
-    return DictionaryLanguage(**{"n_languages": 2, "n_keys": 16, "n_values": 16, "pairs_min": 4, "pairs_max": 8,
-                                 **kw})
+    return DictionaryLanguage(**{**DictionaryLanguage.PRESETS["tiny"], **kw})

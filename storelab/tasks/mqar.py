@@ -25,6 +25,7 @@ train on sequences up to 256 tokens, test on up to 1024 and more pairs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -65,6 +66,12 @@ def mqar_batch(n: int, *, vocab_size: int, seq_len: int, pairs: int, power_a: fl
 class MQAR(Task):
     """MQAR over a mix of (seq_len, pairs); each batch draws its examples evenly from the mix."""
 
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "full": {},                                            # Zoology's defaults
+        "small": {"vocab_size": 256, "mix": ((64, 4), (64, 8), (128, 16))},  # minutes on a CPU
+        "tiny": {"vocab_size": 64, "mix": ((32, 4),)},         # seconds on a CPU (tests)
+    }
+
     vocab_size: int = 8192
     mix: tuple[tuple[int, int], ...] = MQAR_TRAIN_MIX
     power_a: float = 0.01
@@ -96,4 +103,4 @@ class MQAR(Task):
 
 def tiny_mqar(**kw) -> MQAR:
     """A CPU-sized MQAR (vocab 64, 32 tokens, 4 pairs) for tests and quick runs."""
-    return MQAR(**{"vocab_size": 64, "mix": ((32, 4),), **kw})
+    return MQAR(**{**MQAR.PRESETS["tiny"], **kw})

@@ -25,6 +25,7 @@ each copied token the next.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -34,6 +35,8 @@ from storelab.tasks.base import IGNORE, Batch, Task, generator, register_task
 @register_task("parity")
 @dataclass(kw_only=True)
 class Parity(Task):
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {"full": {}, "small": {}, "tiny": {"len_max": 16, "eval_len": 32}}
+
     len_min: int = 8
     len_max: int = 32
     eval_len: int = 64
@@ -65,6 +68,9 @@ class Parity(Task):
 @register_task("selective_copy")
 @dataclass(kw_only=True)
 class SelectiveCopy(Task):
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {"full": {"seq_len": 4096, "n_data": 16},
+                                                    "small": {}, "tiny": {"seq_len": 16, "n_data": 4, "vocab_size": 8}}
+
     seq_len: int = 64
     n_data: int = 8
     vocab_size: int = 16

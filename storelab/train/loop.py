@@ -47,6 +47,7 @@ class TrainConfig:
     model: str = "tiny-kimi-k3"
     model_options: dict[str, Any] = field(default_factory=dict)
     task: str = "mqar"
+    task_preset: str = "small"    # a size preset of the task ("tiny", "small", "full")
     task_options: dict[str, Any] = field(default_factory=dict)
     steps: int = 1000
     batch_size: int = 32          # the global batch
@@ -107,7 +108,7 @@ def unique_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def build(cfg: TrainConfig) -> tuple[Any, ModelConfig, Model]:
     """(task, model config, freshly initialised model) of a training config, seeded."""
-    task = make_task(cfg.task, **cfg.task_options)
+    task = make_task(cfg.task, cfg.task_preset, **cfg.task_options)
     mcfg = resolve_model(cfg.model, task.vocab_size, **cfg.model_options)
     torch.manual_seed(cfg.seed)
     return task, mcfg, Model(mcfg)

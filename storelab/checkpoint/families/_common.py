@@ -99,3 +99,58 @@ def gated_mlp(tab: dict, ours: tuple[str, str, str], theirs: str, names: set[str
 def either(names: set[str], *candidates: str) -> str:
     """The first candidate name the checkpoint holds (the first one when none: it is reported missing)."""
     return next((c for c in candidates if c in names), candidates[0])
+
+
+def beyond_layers(n_layers: int, prefix: str = r"model\.layers\.") -> str:
+    """A pattern for the layers numbered n_layers and up (MTP layers stored after the decoder's)."""
+    return prefix + r"(?!(?:" + "|".join(str(i) for i in range(n_layers)) + r")\.)\d+\."
+
+
+def share_schedule(types: list[str]) -> tuple[int, int] | None:
+    """(freq, offset) with ``runs(i) = max(i - offset + 1, 0) % freq == 0`` reproducing a list of
+    "full"/"shared" indexer types (GLM's IndexShare), or None when no such pair does."""
+    n = len(types)
+    want = [t == "full" for t in types]
+    for freq in range(1, n + 1):
+        for offset in range(0, n + 1):
+            if [max(i - offset + 1, 0) % freq == 0 for i in range(n)] == want:
+                return freq, offset
+    return None
+
+
+def mla_entries(tab: dict, ours: str, theirs: str, lat) -> None:
+    """MLA projections (transformers' DeepseekV3Attention names) -> ours (``storelab.stores.mla.HF_NAMES``)."""
+    if lat.q_lora_rank:
+        linear(tab, f"{ours}.q_down", f"{theirs}.q_a_proj")
+        tab[f"{ours}.q_norm.weight"] = copy(f"{theirs}.q_a_layernorm.weight")
+        linear(tab, f"{ours}.q_up", f"{theirs}.q_b_proj")
+    else:
+        linear(tab, f"{ours}.q_proj", f"{theirs}.q_proj")
+    linear(tab, f"{ours}.kv_down", f"{theirs}.kv_a_proj_with_mqa")
+    tab[f"{ours}.kv_norm.weight"] = copy(f"{theirs}.kv_a_layernorm.weight")
+    linear(tab, f"{ours}.kv_up", f"{theirs}.kv_b_proj")
+    linear(tab, f"{ours}.out", f"{theirs}.o_proj")
+
+
+def routed_moe(tab: dict, ours: str, theirs: str, names: set[str], moe) -> None:
+    """A DeepSeek-V3 style MoE: ``gate.weight`` (+ ``gate.e_score_correction_bias``), experts, shared experts."""
+    tab[f"{ours}.router.weight"] = copy(f"{theirs}.gate.weight")
+    if moe.router_bias:
+        tab[f"{ours}.choice_bias"] = copy(either(names, f"{theirs}.gate.e_score_correction_bias",
+                                                 f"{theirs}.e_score_correction_bias"))
+    experts(tab, ours, f"{theirs}.experts", names, moe.n_experts)
+    if moe.shared_width:
+        gated_mlp(tab, (f"{ours}.shared_gate_proj", f"{ours}.shared_up_proj", f"{ours}.shared_down_proj"),
+                  f"{theirs}.shared_experts", names, moe.shared_width)
+    if moe.shared_gate:
+        tab[f"{ours}.shared_gate.weight"] = copy(f"{theirs}.shared_expert_gate.weight")
+
+
+def submodule_path(store_cfg, class_name: str) -> str | None:
+    """Where in a store's module the submodule of this class sits (``"selector.indexer"``), or None.
+    Built on the meta device: it costs nothing and follows the store's own layout."""
+    import torch
+
+    with torch.device("meta"):
+        mod = store_cfg.build()
+    return next((n for n, m in mod.named_modules() if type(m).__name__ == class_name), None)

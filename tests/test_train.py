@@ -1,0 +1,109 @@
+"""The training loop: schedule, learning, atomic checkpoints, resume after SIGKILL, two processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from storelab.train import TrainConfig, load_trained, lr_at, train
+from storelab.train.checkpoint import CHECKPOINT, read_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+TINY_ATTN = dict(model="attention", model_options=dict(d_model=32, n_layers=2), task="mqar", task_preset="tiny",
+                 threads=1)
+
+
+def test_schedule_warmup_then_cosine():
+    cfg = TrainConfig(steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
+    lrs = [lr_at(cfg, s) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert lrs[-1] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        TrainConfig(min_lr_ratio=2)
+
+
+def test_attention_learns_tiny_mqar():
+    cfg = TrainConfig(model="attention", model_options=dict(d_model=64, n_layers=2), task="mqar", task_preset="tiny",
+                      steps=220, batch_size=32, lr=3e-3, warmup=20, eval_every=220, eval_examples=64, threads=1)
+    r = train(cfg)
+    chance = r.task.chance()
+    assert r.eval["acc"] > 20 * chance, (r.eval, chance)  # chance is 1/32
+
+
+def test_checkpoint_round_trip_and_refuses_other_config(tmp_path):
+    cfg = TrainConfig(**TINY_ATTN, steps=6, eval_every=3, checkpoint_every=3, eval_examples=8)
+    r = train(cfg, tmp_path)
+    assert not (tmp_path / (CHECKPOINT + ".tmp")).exists()
+    model, task, meta = load_trained(tmp_path)
+    assert meta["step"] == 6 and meta["train_config"]["steps"] == 6 and task.NAME == "mqar"
+    for k, v in r.model.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v)
+    tensors, _ = read_checkpoint(tmp_path)
+    assert any(k.startswith("optim/") and k.endswith("exp_avg_sq") for k in tensors)
+    assert json.loads((tmp_path / "config.json").read_text())["model_config"]["d_model"] == 32
+    with pytest.raises(ValueError, match="lr"):
+        train(TrainConfig(**TINY_ATTN, steps=6, lr=1e-2), tmp_path)
+
+
+def _cli(out: Path, steps: int, *extra: str) -> list[str]:
+    return [PY, "-m", "storelab", "train", "--model", "attention", "--model-opt", "d_model=32", "--model-opt",
+            "n_layers=2", "--task", "mqar", "--size", "tiny", "--steps", str(steps), "--checkpoint-every", "5",
+            "--eval-every", "1000", "--threads", "1", "--out", str(out), "--json", *extra]
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
+    steps = 150
+    full = subprocess.run(_cli(tmp_path / "a", steps), capture_output=True, text=True, env=_env(), cwd=ROOT,
+                          timeout=300)
+    assert full.returncode == 0, full.stderr
+    want = json.loads(full.stdout)
+    # the same run, killed with SIGKILL as soon as its first checkpoint exists
+    out = tmp_path / "b"
+    p = subprocess.Popen(_cli(out, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), cwd=ROOT)
+    deadline = time.time() + 240
+    while not (out / CHECKPOINT).exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    _, meta = read_checkpoint(out)  # a whole file, never half of one
+    assert 0 < meta["step"] < steps, "the run was not interrupted"
+    again = subprocess.run(_cli(out, steps), capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+    assert again.returncode == 0, again.stderr
+    got = json.loads(again.stdout)
+    assert got["resumed_from"] == meta["step"] > 0
+    assert got["final_loss"] == pytest.approx(want["final_loss"], abs=1e-6)
+    a, _ = read_checkpoint(tmp_path / "a")
+    b, _ = read_checkpoint(out)
+    for k in a:
+        if k.startswith("model/"):
+            assert torch.allclose(a[k], b[k], atol=1e-6), k
+
+
+def test_two_processes_equal_one_with_the_same_global_batch(tmp_path):
+    steps = 8
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "storelab", "train",
+           "--model", "attention", "--model-opt", "d_model=32", "--model-opt", "n_layers=2", "--task", "mqar",
+           "--size", "tiny", "--steps", str(steps), "--batch-size", "16", "--eval-every", "4", "--threads", "1",
+           "--out", str(tmp_path), "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    dist_rec = json.loads(r.stdout)
+    assert dist_rec["processes"] == 2
+    single = train(TrainConfig(**TINY_ATTN, steps=steps, batch_size=16, eval_every=4))
+    assert dist_rec["final_loss"] == pytest.approx(single.final_loss, abs=1e-5)
+    tensors, _ = read_checkpoint(tmp_path)
+    for k, v in single.model.state_dict().items():
+        assert torch.allclose(tensors[f"model/{k}"], v, atol=1e-5), k
