@@ -130,7 +130,7 @@ def test_bf16_recurrent_store_keeps_fp32_state(kind):
     if kind not in REGISTRY:
         pytest.skip(f"store kind {kind!r} is not registered yet")
     torch.manual_seed(0)
-    module = build_store({"kind": kind, "d_model": 32, "n_heads": 2, "head_dim": 16}).build().eval()
+    module = build_store({"kind": kind, "d_model": 32, "n_heads": 2, "head_k_dim": 16}).build().eval()
     x = torch.randn(1, 21, 32)
     with torch.inference_mode():
         y32, _ = module(x)

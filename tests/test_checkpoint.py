@@ -30,6 +30,25 @@ FAMILIES = {
                                layer_types=["full_attention", "minimax_m3_sparse", "full_attention",
                                             "minimax_m3_sparse"],
                                mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
+    "qwen3_next": dict(COMMON, intermediate_size=96, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=32, linear_conv_kernel_dim=4,
+                       linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                       linear_num_value_heads=4, mlp_only_layers=[1]),
+    "qwen3_5_moe_text": dict(COMMON, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                             linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4),
+    "kimi_linear": dict(COMMON, num_key_value_heads=4, intermediate_size=96, kv_lora_rank=16, q_lora_rank=None,
+                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_experts=4,
+                        num_experts_per_token=2, moe_intermediate_size=32, num_shared_experts=1,
+                        linear_attn_config=dict(head_dim=16, num_heads=4, short_conv_kernel_size=4,
+                                                kda_layers=[1, 2, 3], full_attn_layers=[4])),
+    # 8 index heads (oracles.md: 2): with 2, a score is exactly 0 (both ReLUs clipped) for a quarter of
+    # the pairs, and which of the tied zeros torch.topk keeps differs between the two implementations
+    "glm_moe_dsa": dict(COMMON, num_key_value_heads=4, intermediate_size=96, kv_lora_rank=16, q_lora_rank=24,
+                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, index_topk=8, index_head_dim=16,
+                        index_n_heads=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        n_group=1, topk_group=1, first_k_dense_replace=1, index_topk_freq=2,
+                        index_skip_topk_offset=2),
 }
 
 PROMPT_LEN, NEW_TOKENS, CHUNK = 21, 16, 5

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from storelab.models.config import ModelConfig, dumps_toml, expand_indices, load_model
+from storelab.models.config import ModelConfig, load_model
+from storelab.models.fileformat import dumps_toml, expand_indices
 from storelab.models.model import Model, generate, pick, prefill
 from storelab.stores import REGISTRY
 from storelab.zoo import load_zoo, zoo_names
@@ -223,3 +224,61 @@ def test_encoder_decoder_sends_only_the_tail_through_the_decoder():
     # the decoder layers after the first hold no cache of their own: they read layer E's
     assert all(st.token.nbytes() == 0 for st in cache[E + 1:])
     assert cache[E].token.entries == P
+
+
+def test_the_issue_example_hybrid_runs_from_a_file(tmp_path):
+    """"Three KDA layers to one MLA layer, AttnRes every 12 layers", written in a file and run."""
+    if not {"kda", "mla", "attnres"} <= set(REGISTRY):
+        pytest.skip("kda, mla or attnres not written yet")
+    p = write(tmp_path, """
+name = "kda-mla-hybrid"
+d_model = 32
+vocab_size = 64
+n_layers = 24
+
+[stores.kda]
+kind = "kda"
+n_heads = 2
+head_k_dim = 8
+chunk_size = 4
+
+[stores.mla]
+kind = "mla"
+n_heads = 2
+kv_lora_rank = 8
+qk_nope_head_dim = 8
+qk_rope_head_dim = 4
+v_head_dim = 8
+
+[stores.moe]
+kind = "moe"
+n_experts = 4
+top_k = 2
+d_expert = 16
+
+[stores.attnres]
+kind = "attnres"
+group_size = 12
+
+[[layers]]
+pattern = "KKKM"
+token = { K = "kda", M = "mla" }
+channel = "moe"
+depth = "attnres"
+""", "my.toml")
+    from typer.testing import CliRunner
+
+    from storelab.cli import app
+
+    r = CliRunner().invoke(app, ["models", "--config", str(p), "--json"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout)[0]
+    assert (rec["layers"], rec["mix"], rec["depth"]) == (24, "18 kda + 6 mla", "attnres")
+    cfg = load_model(p)
+    model = Model(cfg).eval()
+    ids = torch.randint(0, 64, (1, 9))
+    with torch.no_grad():
+        full, _ = model(ids)
+        a, cache = model(ids[:, :5])
+        b, cache = model(ids[:, 5:], cache)
+    assert_close(torch.cat([a, b], 1), full, 1e-4, "hybrid")

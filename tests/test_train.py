@@ -51,7 +51,7 @@ def test_checkpoint_round_trip_and_refuses_other_config(tmp_path):
     assert any(k.startswith("optim/") and k.endswith("exp_avg_sq") for k in tensors)
     assert json.loads((tmp_path / "config.json").read_text())["model_config"]["d_model"] == 32
     with pytest.raises(ValueError, match="lr"):
-        train(TrainConfig(**TINY_ATTN, steps=6, lr=1e-2), tmp_path)
+        train(TrainConfig(**TINY_ATTN, steps=6, lr=1e-2, eval_examples=8), tmp_path)
 
 
 def _cli(out: Path, steps: int, *extra: str) -> list[str]:
@@ -65,7 +65,7 @@ def _env():
 
 
 def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
-    steps = 150
+    steps = 60
     full = subprocess.run(_cli(tmp_path / "a", steps), capture_output=True, text=True, env=_env(), cwd=ROOT,
                           timeout=300)
     assert full.returncode == 0, full.stderr

@@ -134,7 +134,9 @@ def test_models_json_lists_the_zoo():
 
 def test_models_table_and_user_file(tmp_path):
     r = CliRunner().invoke(app, ["models"])
-    assert r.exit_code == 0 and "MiMo-V2.6-Pro" in r.stdout.replace("\n", "")
+    assert r.exit_code == 0 and "MiMo" in r.stdout
+    if "kimi-k3" in zoo_names():  # a ratio off by more than 3 % comes with its explanation
+        assert "Kimi K3: Active:" in r.stdout
     cfg = load_zoo("mimo-v2.6-pro", tiny=True)
     cfg.save(tmp_path / "my.toml")
     r = CliRunner().invoke(app, ["models", "--config", str(tmp_path / "my.toml"), "--json"])

@@ -43,13 +43,14 @@ PREFILL_CHUNK = 8192
 def store_specs(D: int = 512, H: int = 8, K: int = 64, *, window: int = 128, topk: int = 512) -> list[dict]:
     """The stores the decode bench builds: kind, config dict, expected growth."""
     common = {"d_model": D, "n_heads": H, "head_dim": K}
+    rec = {"d_model": D, "n_heads": H, "head_k_dim": K}
     return [
         {"name": f"attention (full, {H} heads, {max(1, H // 4)} KV)", "expect": "linear",
          "config": {"kind": "attention", **common, "n_kv_heads": max(1, H // 4)}},
         {"name": f"window {window}", "expect": "constant",
          "config": {"kind": "window", **common, "n_kv_heads": max(1, H // 4), "window": window}},
-        {"name": "gated_deltanet", "expect": "constant", "config": {"kind": "gated_deltanet", **common}},
-        {"name": "kda", "expect": "constant", "config": {"kind": "kda", **common}},
+        {"name": "gated_deltanet", "expect": "constant", "config": {"kind": "gated_deltanet", **rec}},
+        {"name": "kda", "expect": "constant", "config": {"kind": "kda", **rec}},
         {"name": f"dsa (top {topk})", "expect": "selection",
          "config": {"kind": "dsa", "d_model": D, "n_heads": H, "kv_lora_rank": 2 * K, "qk_nope_head_dim": K,
                     "qk_rope_head_dim": K // 2, "v_head_dim": K, "q_lora_rank": 3 * D // 8,

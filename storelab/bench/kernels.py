@@ -99,7 +99,7 @@ def _max_abs_diff(a: tuple, b: tuple) -> float:
 
 
 def bench_delta(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int = 1, repeats: int = 5,
-                budget_s: float = 60.0) -> dict[str, Any]:
+                budget_s: float = 60.0, matmul_n: int = 2048) -> dict[str, Any]:
     """One kernel bench (``name`` is "gdn" or "kda"): ours, the peer, the matmul yardstick.
 
     KDA's run also times our Gated DeltaNet at the same shape, for the KDA / GDN ratio.
@@ -109,7 +109,7 @@ def bench_delta(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int = 1
     x = delta_inputs(B, T, H, K, per_channel=(name == "kda"))
     ours = _ours(name)
     peer, peer_name = _peer(name)
-    mm, mm_flops = matmul_fn(2048)
+    mm, mm_flops = matmul_fn(matmul_n)
     fns: dict[str, Callable] = {"ours": lambda: _call_ours(ours, x)}
     if name == "kda":
         xg = delta_inputs(B, T, H, K, per_channel=False)
@@ -142,6 +142,7 @@ def bench_delta(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int = 1
         "flops": flops,
         "ours_gflops": flops / ours_s / 1e9,
         "matmul_gflops": rate / 1e9,
+        "matmul_n": matmul_n,
         "fraction_of_matmul": flops / ours_s / rate,
         "timings": {k: v.as_dict() for k, v in t.items()},
     }

@@ -90,16 +90,16 @@ def run(names: Iterable[str] | None = None, quick: bool = False, plot_dir: str |
     todo = resolve(names)
     rows: list[dict] = []
     results: dict[str, Result] = {}
-    timings: dict[str, float] = {}
+    timings: dict[str, dict[str, float]] = {}
     bar = _progress(progress)
     with bar, _single_thread():
         task = bar.add_task("capacity", total=len(todo)) if bar else None
         for name in todo:
             if bar:
                 bar.update(task, description=f"capacity: {name}")
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             res = EXPERIMENTS[name](quick)
-            timings[name] = time.perf_counter() - t0
+            timings[name] = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
             results[name] = res
             rows += res.rows
             if bar:

@@ -20,12 +20,14 @@ def draw(curve: Curve, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    measured = [s for s in curve.series if s["kind"] == "measured"]
-    for i, s in enumerate(curve.series):
+    seen = {"measured": 0, "theory": 0}          # the i-th measured series pairs with the i-th theory line
+    for s in curve.series:
+        color = colors[seen[s["kind"]] % len(colors)]
+        seen[s["kind"]] += 1
         if s["kind"] == "measured":
-            ax.plot(s["x"], s["y"], "o", ms=4, label=s["label"], color=colors[measured.index(s) % len(colors)])
+            ax.plot(s["x"], s["y"], "o", ms=4, label=s["label"], color=color)
         else:
-            ax.plot(s["x"], s["y"], "-", lw=1.2, label=s["label"], color=colors[i % len(colors)], alpha=0.7)
+            ax.plot(s["x"], s["y"], "-", lw=1.2, label=s["label"], color=color, alpha=0.7)
     if curve.hline is not None:
         ax.axhline(curve.hline, color="grey", lw=0.8, ls=":")
     if curve.logx:

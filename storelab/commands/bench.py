@@ -25,7 +25,7 @@ FULL = {
     "prefill": dict(length=131072, speed_length=16384),
 }
 QUICK = {
-    "kernel": dict(T=256, H=2, K=16, repeats=2),
+    "kernel": dict(T=256, H=2, K=16, repeats=2, matmul_n=256),
     "decode": dict(contexts=(64, 256), D=64, H=2, K=16, window=16, topk=16, repeats=3),
     "prefill": dict(length=512, speed_length=256),
 }

@@ -11,7 +11,7 @@ from storelab.commands._output import console, emit_json, err_console, table
 
 
 def _layers_text(idx: list[int]) -> str:
-    from storelab.models.config import compact_indices
+    from storelab.models.fileformat import compact_indices
 
     c = compact_indices(idx, 10**9)
     items = c if isinstance(c, list) else [c]
@@ -92,19 +92,23 @@ def register(app: typer.Typer) -> None:
                                         "configs": {c.name: c.to_dict() for c in cfgs}, "series": data}, indent=2))
             if not json_:
                 console.print(f"wrote {out} and {side}")
+                return
         if json_:
             emit_json(records)
             return
         for cfg in cfgs:
             recs = [r for r in records if r["model"] == cfg.name]
             tot = recs[-1]
+            glob: dict[int, float] = {r["layer"]: r["global_bytes_per_token"] for r in recs[:-1]}
             rows = []
             for g in kind_summary(recs[:-1]):
-                kind = g["kind"] + (" (shared)" if g["shared"] else "") + (f" [{g['part']}]" if g["part"] else "")
-                rows.append([kind, len(g["layers"]), _layers_text(g["layers"]), g["kept"], g["read"], g["scored"],
-                             g["bytes_per_token"], g["growth_bytes_per_token"], g["read_flops"]])
-            rows.append(["total", cfg.n_layers, "", tot["kept"], tot["read"], tot["scored"], tot["bytes_per_token"],
-                         tot["growth_bytes_per_token"], tot["read_flops"]])
-            console.print(table(f"{cfg.title or cfg.name} at L = {context:,} ({dtype} entries; kept/read per layer)",
-                                ["Store", "n", "Layers", "Kept", "Read", "Scored", "Bytes/token",
-                                 "Growth B/token", "Read FLOPs"], rows))
+                kind = ", ".join([g["kind"]] + ([g["part"]] if g["part"] else [])
+                                 + (["reads a shared cache"] if g["shared"] else []))
+                rows.append([kind, f"{len(g['layers'])}: {_layers_text(g['layers'])}", g["kept"], g["read"],
+                             g["scored"], sum(glob[i] for i in g["layers"]), g["bytes_per_token"],
+                             float(g["read_flops"])])
+            rows.append(["total", str(cfg.n_layers), tot["kept"], tot["read"], tot["scored"],
+                         tot["global_bytes_per_token"], tot["bytes_per_token"], float(tot["read_flops"])])
+            console.print(table(f"{cfg.title or cfg.name} at L = {context:,} ({dtype} entries)",
+                                ["Store", "Layers", "Kept (each)", "Read (each)", "Scored (each)",
+                                 "Global cache B/token", "All state B/token", "Read FLOPs"], rows))

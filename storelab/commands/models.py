@@ -24,12 +24,22 @@ def model_record(cfg) -> dict:
         "name": cfg.name, "title": cfg.title or cfg.name, "layers": cfg.n_layers, "mix": cfg.mix(),
         "depth": cfg.layers[0].depth.KIND, "d_model": cfg.d_model, "vocab_size": cfg.vocab_size,
         "channel_mix": _slot_mix(cfg, "channel"),
+        "experts": _experts(cfg),
         "shared_caches": sorted({lay.cache_owner for lay in cfg.layers if lay.cache_owner is not None}),
         "encoder_layers": cfg.encoder_layers,
         "context": cfg.context,
         "params": compare_published(cfg, pa),
     }
     return rec
+
+
+def _experts(cfg) -> str:
+    """Experts chosen / available per token, as the essay's table says it ("6 / 384, plus 1 shared")."""
+    moes = {(m.top_k, m.n_experts, m.n_shared) for m in (lay.channel for lay in cfg.layers) if m.KIND == "moe"}
+    out = []
+    for k, e, s in sorted(moes):
+        out.append(f"{k} / {e}" + (f", plus {s} shared" if s else ""))
+    return "; ".join(out)
 
 
 def _slot_mix(cfg, slot: str) -> str:
@@ -70,15 +80,24 @@ def register(app: typer.Typer) -> None:
         rows = []
         for r in recs:
             p = r["params"]
-            stored = _fmt_params(p["stored"]) + (f" + {_fmt_params(p['engram'])} Engram" if p.get("engram") else "")
-            pub = p.get("published_stored")
-            pub_s = (_fmt_params(pub) if pub else "open") + (
-                f" + {_fmt_params(p['published_engram'])}" if p.get("published_engram") else "")
-            act = _fmt_params(p["active"]) + (f" ({_fmt_params(p['active_prefill'])} prefill)"
-                                              if "active_prefill" in p else "")
-            ratio = lambda k: f"{p[k]:.3f}" if p.get(k) else "-"  # noqa: E731
-            rows.append([r["title"], r["layers"], r["mix"], r["depth"], stored, pub_s, ratio("stored_ratio"),
-                         act, _fmt_params(p.get("published_active")), ratio("active_ratio")])
-        console.print(table("Models as data (ours beside the publisher's)",
-                            ["Model", "Layers", "Token mixing", "Depth", "Stored", "Published", "ratio",
-                             "Active", "Published", "ratio"], rows))
+
+            def pair(ours, pub, ratio):
+                return f"{_fmt_params(ours)} / {_fmt_params(pub) if pub else 'open'}" + (
+                    f" ({p[ratio]:.3f})" if p.get(ratio) else "")
+
+            stored = pair(p["stored"] - p.get("engram", 0), p.get("published_stored"), "stored_ratio")
+            if p.get("engram"):
+                stored += f" + Engram {pair(p['engram'], p.get('published_engram'), 'engram_ratio')}"
+            active = pair(p["active"], p.get("published_active"), "active_ratio")
+            if "active_prefill" in p:
+                active += f"; prefill {pair(p['active_prefill'], p.get('published_active_prefill'), 'active_prefill_ratio')}"
+            rows.append([r["title"], r["layers"], r["mix"], r["experts"], r["depth"], stored, active])
+        console.print(table("Models as data: parameters ours / the publisher's (ratio)",
+                            ["Model", "Layers", "Token mixing", "Experts", "Depth", "Stored", "Active per token"],
+                            rows))
+        for r in recs:  # where ours differs by more than 3 %, the zoo file says why
+            p = r["params"]
+            off = [k for k in ("stored_ratio", "active_ratio", "active_prefill_ratio", "engram_ratio")
+                   if p.get(k) and abs(p[k] - 1) > 0.03]
+            if (off or not p.get("published_stored")) and p.get("published_note"):
+                console.print(f"[bold]{r['title']}[/bold]: {p['published_note']}")

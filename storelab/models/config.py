@@ -4,14 +4,21 @@ A layer (essay section 1) is "normalize -> mix tokens -> combine, normalize -> m
 channels -> combine". Its config names one store per slot:
 
 * ``token``   - the token mixer (attention, window, kda, mla, dsa, msa, csa, ...);
-* ``channel`` - the channel mixer (ffn, moe, engram);
+* ``channel`` - the channel mixer (ffn, moe);
 * ``depth``   - how the block's output is combined with what came in (residual,
-                mhc, attnres); every layer of a model uses the same depth mixer.
+                mhc, attnres); every layer of a model uses the same depth mixer;
+* ``lookup``  - optional: an Engram read beside the token mixer (V4.1-Flash's
+                layers 1 and 14 have one as well as their experts).
 
 plus the model-level facts of sharing: ``cache_owner`` (this layer reads layer j's
 cache instead of keeping one, as in DeepSeek-V4.1-Flash) and ``selection_owner``
-(this layer reuses layer j's selection, as in GLM's IndexShare). Accounting counts
-a shared cache once, at its owner.
+(this layer reuses layer j's selection; for dsa and hierarchical stores it is
+derived from the store's own IndexShare / refresh rule). Accounting counts a
+shared cache once, at its owner.
+
+Stores with a ``layer_index`` field (dsa's IndexShare, hierarchical roles) get it
+per layer, unless the file gives it: the layer's position among the layers that
+use that named store (GLM: 0..77; V4.1-Flash's decoder: 0..19 from layer 20).
 
 Model files (TOML or JSON) name their stores once and assign them to layers::
 
@@ -20,10 +27,10 @@ Model files (TOML or JSON) name their stores once and assign them to layers::
     vocab_size = 32000
     n_layers = 12
 
-    [stores.kda]            # d_model (and vocab_size) default to the model's
+    [stores.kda]            # required d_model / vocab_size default to the model's
     kind = "kda"
     n_heads = 4
-    head_dim = 64
+    head_k_dim = 64
     ...
 
     [[layers]]              # assignments, applied in order; later ones win
@@ -47,9 +54,11 @@ import copy
 import dataclasses
 import json
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from storelab.models.fileformat import compact_indices, dumps_toml, expand_indices
 
 SLOTS = ("token", "channel", "depth")
 OPTIONAL_SLOTS = ("lookup",)  # Engram beside the token mixer (V4.1-Flash layers 1 and 14)
@@ -305,56 +314,6 @@ def load_model(path: str | Path) -> ModelConfig:
     return _parse(read_file(path), str(path))
 
 
-def expand_indices(spec: Any, n: int, where: str) -> list[int]:
-    """``"all"``, an int, ``"a:b:c"`` (Python slice over range(n)) or a list of those -> indices."""
-    items = spec if isinstance(spec, list) else [spec]
-    out: list[int] = []
-    for it in items:
-        if isinstance(it, bool):
-            raise ValueError(f"{where}: expected an index or slice, got {it!r}")
-        if isinstance(it, int):
-            if not -n <= it < n:
-                raise ValueError(f"{where}: layer index {it} out of range for {n} layers")
-            out.append(it % n)
-        elif isinstance(it, str) and it == "all":
-            out.extend(range(n))
-        elif isinstance(it, str) and ":" in it:
-            parts = it.split(":")
-            try:
-                nums = [int(p) if p.strip() else None for p in parts]
-                if len(nums) > 3:
-                    raise ValueError
-                s = slice(*nums)
-                out.extend(range(n)[s])
-            except ValueError:
-                raise ValueError(f"{where}: bad slice {it!r} (want 'start:stop:step')") from None
-        else:
-            raise ValueError(f"{where}: expected 'all', an index, a slice 'start:stop:step' or a list, got {it!r}")
-    return out
-
-
-def compact_indices(idx: list[int], n: int) -> Any:
-    """Inverse of ``expand_indices``: runs of equal step become slices."""
-    if idx == list(range(n)):
-        return "all"
-    out: list[Any] = []
-    i = 0
-    while i < len(idx):
-        j = i + 1
-        if j < len(idx):
-            step = idx[j] - idx[i]
-            while j + 1 < len(idx) and idx[j + 1] - idx[j] == step:
-                j += 1
-            if j - i >= 2 and step > 0:
-                stop = idx[j] + 1
-                out.append(f"{idx[i]}:{stop}" if step == 1 else f"{idx[i]}:{stop}:{step}")
-                i = j + 1
-                continue
-        out.append(idx[i])
-        i += 1
-    return out[0] if len(out) == 1 else out
-
-
 def _selection_owner(token, i: int, earlier: list[LayerConfig]) -> int | None:
     """For a store that says whether it runs its own indexer (dsa IndexShare, hierarchical):
     the most recent earlier layer of the same kind that does, when this one does not."""
@@ -515,56 +474,3 @@ def _parse(d: dict[str, Any], source: str) -> ModelConfig:
         raise err(str(e)) from None
     model._store_names = [(nm, c) for nm, c in built.items()]  # not a field: names for to_dict only
     return model
-
-
-# ---------------------------------------------------------------------------
-# A small TOML writer (tomllib reads; nothing in the standard library writes)
-# ---------------------------------------------------------------------------
-def _key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k)
-
-
-def _val(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # JSON string escapes are valid TOML basic strings
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_val(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(k)} = {_val(x)}" for k, x in v.items()) + " }"
-    if v is None:
-        raise ValueError("TOML has no null: drop the key instead")
-    raise ValueError(f"cannot write {type(v).__name__} as TOML")
-
-
-def dumps_toml(d: dict[str, Any]) -> str:
-    """TOML text for a dict of scalars, lists, tables and arrays of tables (None values dropped)."""
-    lines: list[str] = []
-
-    def table(prefix: str, t: dict[str, Any], header: str | None) -> None:
-        if header is not None:
-            lines.append("")
-            lines.append(header)
-        subs = []
-        for k, v in t.items():
-            if v is None:
-                continue
-            if isinstance(v, dict) and not (prefix == "" and False):
-                subs.append((k, v))
-            elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-                subs.append((k, v))
-            else:
-                lines.append(f"{_key(k)} = {_val(v)}")
-        for k, v in subs:
-            name = f"{prefix}{_key(k)}"
-            if isinstance(v, dict):
-                table(name + ".", v, f"[{name}]")
-            else:
-                for item in v:
-                    table(name + ".", item, f"[[{name}]]")
-
-    table("", d, None)
-    return "\n".join(lines).lstrip("\n") + "\n"

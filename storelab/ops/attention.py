@@ -45,11 +45,14 @@ def attend(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask
     q = q_BTHK.transpose(1, 2)                                  # B H T K
     k = k_BLGK.transpose(1, 2).repeat_interleave(rep, dim=1)    # B H L K
     v = v_BLGV.transpose(1, 2).repeat_interleave(rep, dim=1)    # B H L V
-    logits = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # B H T L
+    logits = torch.matmul(q, k.transpose(-1, -2))                # B H T L
+    if logits.dtype not in (torch.float32, torch.float64):      # softmax in at least fp32
+        logits = logits.float()
+    logits = logits * scale
     if mask_TL is not None:
         logits = logits.masked_fill(~mask_TL, float("-inf"))
     if sinks_H is not None:
-        sink = sinks_H.float().view(1, H, 1, 1).expand(B, H, T, 1)
+        sink = sinks_H.to(logits.dtype).view(1, H, 1, 1).expand(B, H, T, 1)
         logits = torch.cat([logits, sink], dim=-1)
     m = logits.amax(-1, keepdim=True).clamp_min(-1e30)  # rows with nothing readable stay finite
     p = torch.exp(logits - m)

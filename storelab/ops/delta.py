@@ -111,8 +111,8 @@ def _from_chunks(x_NBCD: Tensor, B: int, T: int) -> Tensor:
 
 
 def _exp_limit(dtype: torch.dtype) -> float:
-    """Largest exponent whose exp (and 1/exp) stays a normal number, with a margin."""
-    return 0.95 * math.log(torch.finfo(dtype).max) if dtype != torch.float64 else 700.0
+    """Largest |exponent| a decay factor may take: e^-limit times an O(1e-11) entry stays a normal number."""
+    return 500.0 if dtype == torch.float64 else 60.0
 
 
 def _unit_lower_inverse(A_BCC: Tensor, block: int = 16) -> Tensor:
@@ -217,36 +217,45 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     return o, S.view(B, H, K, V)
 
 
+def _intra_scores(q_N, k_N, G, delta):
+    """A_qk [i, j] = q_i . k_j * decay(j -> i) for j <= i (zeros above), and the same with k_i as the row.
+
+    Only A_kk's strictly lower part is meaningful (the caller reads nothing else). With decay, the
+    fast path factors it through the chunk's mid-decay m = G_C / 2 (per head, or per channel):
+        exp(G_i - G_j) = exp(G_i - m) exp(m - G_j),
+    both factors within exp(+-span/2), so two plain matrix products replace C*C (or C*C*K) exponentials.
+    Entries above the diagonal may overflow there; they are never read. Chunks whose decay spans more
+    than twice the exp limit use the exact pairwise form (per head) or sub-chunk references (per channel).
+    """
+    C = q_N.shape[2]
+    if G is None:
+        kT = k_N.transpose(-1, -2)
+        return torch.matmul(q_N, kT).tril_(), (torch.matmul(k_N, kT) if delta else None)
+    G_last = G[:, :, -1:]
+    if -G_last.min().item() <= 2 * _exp_limit(G.dtype):
+        f = (G - 0.5 * G_last).exp_()                                                 # N BH C 1|K
+        kT = (k_N / f).transpose(-1, -2)
+        A_qk = torch.matmul(q_N * f, kT).tril_()
+        return A_qk, (torch.matmul(k_N * f, kT) if delta else None)
+    if G.shape[-1] == 1:  # per head: the pairwise decays directly
+        Gs = G[..., 0]
+        tril = torch.ones(C, C, dtype=torch.bool, device=G.device).tril_()
+        Gamma = torch.where(tril, Gs[..., :, None] - Gs[..., None, :], float("-inf")).exp_()  # N BH C C
+        kT = k_N.transpose(-1, -2)
+        return torch.matmul(q_N, kT).mul_(Gamma), (torch.matmul(k_N, kT).mul_(Gamma) if delta else None)
+    P = _scores_per_channel([q_N, k_N] if delta else [q_N], k_N, G)
+    return P[0], (P[1] if delta else None)
+
+
 def _chunk_group(q, k, v, g, beta, scale, S_BKV, C):
     """Outputs [B, T, H, V] (as a view) of one group of chunks; advances the state S_BKV in place."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     q_N, k_N, v_N = _to_chunks(q, C, scale), _to_chunks(k, C), _to_chunks(v, C)        # N BH C K|V
     N, BH = q_N.shape[:2]
-    dt = q_N.dtype
-    delta, per_channel = beta is not None, g is not None and g.dim() == 4
-    tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril_()
-    if g is not None:
-        if per_channel:
-            g = g.clamp(min=-_exp_limit(dt))  # a retention below e^-limit is already zero in this dtype
-        G = _to_chunks(g, C).cumsum_(2)                                               # N BH C 1|K
-        G_last = G[:, :, -1:]                                                         # N BH 1 1|K
-
-    # intra-chunk scores: A_qk (causal, diagonal included) and K K^T (its strictly lower part is used)
-    if per_channel:
-        A_qk, A_kk = _scores_per_channel([q_N, k_N] if delta else [q_N], k_N, G).unbind(0) + ((None,) if not delta else ())
-    else:
-        kT = k_N.transpose(-1, -2)
-        A_qk = torch.matmul(q_N, kT)                                                  # N BH C C
-        A_kk = torch.matmul(k_N, kT) if delta else None
-        if g is not None:
-            Gs = G[..., 0]
-            Gamma = torch.where(tril, Gs[..., :, None] - Gs[..., None, :], float("-inf")).exp_()  # N BH C C
-            A_qk.mul_(Gamma)
-            if delta:
-                A_kk.mul_(Gamma)
-        else:
-            A_qk.masked_fill_(~tril, 0.0)
+    delta = beta is not None
+    G = None if g is None else _to_chunks(g, C).cumsum_(2)                            # N BH C 1|K
+    A_qk, A_kk = _intra_scores(q_N, k_N, G, delta)                                    # N BH C C
 
     if delta:
         # UT transform: (I + strict_tril(diag(beta) A_kk))^-1 diag(beta) [V | K exp(G)] = [U | W]
@@ -254,11 +263,12 @@ def _chunk_group(q, k, v, g, beta, scale, S_BKV, C):
         Tinv = _unit_lower_inverse(A_kk.mul_(b_N))
         Tinv.mul_(b_N.transpose(-1, -2))
         U = torch.matmul(Tinv, v_N)
-        W = torch.matmul(Tinv, k_N * G.exp() if g is not None else k_N)
+        W = torch.matmul(Tinv, k_N * G.exp() if G is not None else k_N)
         V_new = q_N.new_empty(N, BH, C, V)
     else:
         V_new = v_N
-    if g is not None:
+    if G is not None:
+        G_last = G[:, :, -1:]                                                         # N BH 1 1|K
         q_N = q_N * G.exp()
         k_N = k_N * (G_last - G).exp_()
         S_decay = G_last.exp().transpose(-1, -2)                                      # N BH 1|K 1
@@ -269,7 +279,7 @@ def _chunk_group(q, k, v, g, beta, scale, S_BKV, C):
     for i in range(N):  # the one sequential loop: two products per chunk
         if delta:
             torch.baddbmm(U[i], W[i], S_all[i], alpha=-1, out=V_new[i])
-        torch.baddbmm(S_all[i] * S_decay[i] if g is not None else S_all[i], k_T[i], V_new[i], out=S_all[i + 1])
+        torch.baddbmm(S_all[i] * S_decay[i] if G is not None else S_all[i], k_T[i], V_new[i], out=S_all[i + 1])
     S_BKV.copy_(S_all[-1])
     o = torch.matmul(q_N, S_all[:-1]).view(N * BH, C, V)
     o.baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
@@ -307,7 +317,9 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     scale = K ** -0.5 if scale is None else scale
     S0 = None if initial_state is None else initial_state.to(dt)
     if mode == "chunk":
-        o, S = _chunked(q, k, v, g, beta, scale, S0, chunk_size)
+        if g is not None:  # a step keeping less than e^-limit is already zero in this dtype; keeps factors finite
+            g = g.clamp(min=-_exp_limit(dt))
+        o, S = _chunked(q, k, v, g, beta, scale, S0, min(chunk_size, max(T, 1)))  # no padding below a chunk
     elif mode == "recurrent":
         o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
     else:

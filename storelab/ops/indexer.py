@@ -22,7 +22,11 @@ head counts.
 * ``selection_mask(idx_BTk, valid_BTk, L)`` -> bool [B, T, L], True where selected;
 * ``block_pool(scores_BTL, *, block, n_blocks)`` -> (pos_BTP, valid_BTP): the
   positions of the ``n_blocks`` blocks of ``block`` consecutive positions with the
-  highest block-max score (P = n_blocks * block, fewer when fewer blocks exist).
+  highest block-max score (P = n_blocks * block, fewer when fewer blocks exist);
+* ``indexer_distill_loss(scores_BTL, target_BTL)``: the top-k passes no gradient,
+  so the indexer is trained to imitate the main attention: KL(target || softmax(I))
+  with target the main attention's weights averaged over heads (DeepSeek-V3.2's
+  objective, also GLM-5's).
 
 Legend: B batch, T queries, L positions kept, H index heads, K index head width,
 k entries selected, P pool positions.
@@ -34,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["index_scores", "index_scores_at", "top_positions", "selection_mask", "block_pool"]
+__all__ = ["index_scores", "index_scores_at", "top_positions", "selection_mask", "block_pool", "indexer_distill_loss"]
 
 
 def index_scores(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, *, scale: float,
@@ -119,3 +123,11 @@ def block_pool(scores_BTL: Tensor, *, block: int, n_blocks: int) -> tuple[Tensor
     pos_BTP = (bidx_BTb[..., None] * block + offs).flatten(-2)
     valid_BTP = torch.isfinite(padded_BTN.gather(-1, pos_BTP))
     return pos_BTP.clamp_max(L - 1), valid_BTP
+
+
+def indexer_distill_loss(scores_BTL: Tensor, target_BTL: Tensor) -> Tensor:
+    """Mean over queries of KL(target || softmax(scores)); entries with score -inf must have target 0."""
+    logq_BTL = torch.log_softmax(scores_BTL.float(), dim=-1)
+    t = target_BTL.float()
+    kl_BTL = torch.where(t > 0, t * (torch.log(t.clamp_min(1e-30)) - logq_BTL), torch.zeros_like(t))
+    return kl_BTL.sum(-1).mean()

@@ -36,6 +36,15 @@ and a reuser checks that the published selection is for the same tokens
 (``seen`` and ``T``). The share is per-call scratch, not context state: it is not
 counted in ``nbytes()``.
 
+The selection half is a ``Selector`` module (indexer + role), so the same logic can
+sit in front of another cache: it needs a state with ``share``, ``index_k`` and
+``append_index``. Ties in the index score (frequent: the ReLU zeroes whole rows) go
+to the earlier position, so chunked prefill reads what one full pass reads.
+Each call records ``last_selection`` [B, T, k] and ``log`` (``ReadLog``: entries
+read and scored per query), so a test can count what was read. The top-k passes no
+gradient to the indexer; ``SelectionAttention.indexer_loss(x)`` is its training
+objective (imitate the main attention, KL; dense or restricted to the selection).
+
 Parameters: MLA's (see mla.py), plus for a layer with an indexer
 ``Qs*Hi*Ki + D*Ki + 2*Ki + D*Hi`` (Qs = q_lora_rank, or d_model without it).
 State per token: kv_lora_rank + qk_rope_head_dim numbers, plus index_head_dim for
@@ -54,7 +63,8 @@ import torch
 from torch import Tensor, nn
 
 from storelab.ops.attention import causal_mask
-from storelab.ops.indexer import block_pool, index_scores, index_scores_at, top_positions
+from storelab.ops.indexer import (block_pool, index_scores, index_scores_at, indexer_distill_loss, selection_mask,
+                                  top_positions)
 from storelab.ops.rope import apply_rope
 from storelab.stores.base import Card, Footprint, ParamCount, check_input, register
 from storelab.stores.mla import MLA, LatentCache, LatentFields, entry_bytes
@@ -234,6 +244,8 @@ class Selector(nn.Module):
 
 @dataclass(kw_only=True)
 class _IndexFields(LatentFields):
+    """MLA's fields plus the lightning indexer's, shared by dsa and hierarchical."""
+
     index_n_heads: int
     index_head_dim: int
     index_rope_interleaved: bool = False  # DeepSeek-V3.2: rotate-half; GLM-5: interleaved
@@ -391,3 +403,34 @@ class SelectionAttention(nn.Module):
         self.last_selection = pos_BTk
         self.log = ReadLog(read=valid_BTk.sum(-1), scored=scored_BT)
         return self.mla.finish(o_BTHV, x_BTD), state
+
+    def indexer_loss(self, x_BTD: Tensor, *, sparse: bool = False) -> Tensor:
+        """The indexer's training loss on a fresh context x (the top-k passes no gradient).
+
+        Target: the main attention's weights over all visible positions, averaged over
+        heads and detached; the indexer reads x and the query latent detached too, so
+        the loss trains the indexer alone. ``sparse``: both distributions restricted to
+        the indexer's own selection (the sparse training stage).
+        """
+        check_input(x_BTD, self.cfg.d_model)
+        if self.indexer is None:
+            raise ValueError("layer_index: this layer reuses its group's selection and has no indexer to train")
+        T = x_BTD.shape[1]
+        positions_T = torch.arange(T, device=x_BTD.device)
+        mask_TL = causal_mask(T, T, x_BTD.device)
+        with torch.no_grad():
+            p = self.mla.project(x_BTD, positions_T)
+            keys_BLX = torch.cat([p.latent_BTC, p.k_rope_BTR], dim=-1)
+            logits_BTHL = torch.einsum("bthx,blx->bthl", self.mla.absorbed_query(p), keys_BLX) * self.cfg.scale
+            probs_BTHL = logits_BTHL.float().masked_fill(~mask_TL[:, None], float("-inf")).softmax(-1)
+            target_BTL = probs_BTHL.mean(2)
+        xd = x_BTD.detach()
+        q_BTHK, w_BTH = self.indexer.queries(xd, p.q_src_BTQ, positions_T)
+        scores_BTL = index_scores(q_BTHK, self.indexer.keys(xd, positions_T), w_BTH, scale=self.indexer.scale,
+                                  mask_TL=mask_TL)
+        if sparse:
+            keep_BTL = selection_mask(*top_positions(scores_BTL.detach(), self.selector.k), T)
+            scores_BTL = scores_BTL.masked_fill(~keep_BTL, float("-inf"))
+            target_BTL = target_BTL * keep_BTL
+            target_BTL = target_BTL / target_BTL.sum(-1, keepdim=True)
+        return indexer_distill_loss(scores_BTL, target_BTL)

@@ -39,7 +39,7 @@ from storelab.train.distributed import Dist
 from storelab.train.models import resolve_model
 
 # fields a resumed run may change without breaking the equality with an uninterrupted run
-_RESUMABLE_CHANGES = ("eval_every", "checkpoint_every", "log_every", "threads")
+_RESUMABLE_CHANGES = ("eval_every", "eval_examples", "checkpoint_every", "log_every", "threads")
 
 
 @dataclass(kw_only=True)

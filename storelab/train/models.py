@@ -6,7 +6,8 @@
   ``<zoo name>``: the full-scale file (far too large for a CPU, but allowed);
 * a path ending in ``.toml`` or ``.json``: a model file;
 * a built-in stack, ``d_model`` / ``n_layers`` / ``n_heads`` / ``head_dim`` / ``d_ff`` /
-  ``window`` / ``beta_max`` / ``depth`` set by ``options``:
+  ``window`` / ``beta_max`` / ``depth`` / ``mode`` (the recurrent stores' evaluation form) set
+  by ``options``:
   ``attention``, ``window``, ``gated_deltanet``, ``kda`` (every layer that store) and
   ``hybrid`` (three KDA layers to one attention layer, Kimi's 3:1), ``hybrid-gdn`` (the
   same with Gated DeltaNet, Qwen's 3:1), or ``pattern:<letters>`` with one letter per
@@ -26,7 +27,8 @@ from storelab.models.config import ModelConfig, read_file
 
 LETTERS = {"A": "attention", "W": "window", "G": "gated_deltanet", "K": "kda", "M": "mla"}
 BUILTIN = {"attention": "A", "window": "W", "gated_deltanet": "G", "kda": "K", "hybrid": "KKKA", "hybrid-gdn": "GGGA"}
-DEFAULTS = dict(d_model=64, n_layers=4, n_heads=2, head_dim=32, d_ff=128, window=8, beta_max=1.0, depth="residual")
+DEFAULTS = dict(d_model=64, n_layers=4, n_heads=2, head_dim=32, d_ff=128, window=8, beta_max=1.0, depth="residual",
+                mode="chunk")
 
 
 def store_dict(kind: str, o: dict[str, Any]) -> dict[str, Any]:
@@ -37,10 +39,7 @@ def store_dict(kind: str, o: dict[str, Any]) -> dict[str, Any]:
     if kind == "window":
         return {"kind": "window", "n_heads": H, "head_dim": K, "window": o["window"]}
     if kind in ("gated_deltanet", "kda"):
-        d = {"kind": kind, "n_heads": H, "head_dim": K}
-        if o["beta_max"] != 1.0:
-            d["beta_max"] = o["beta_max"]
-        return d
+        return {"kind": kind, "n_heads": H, "head_k_dim": K, "beta_max": o["beta_max"], "mode": o["mode"]}
     if kind == "mla":
         return {"kind": "mla", "n_heads": H, "kv_lora_rank": K, "qk_nope_head_dim": K // 2,
                 "qk_rope_head_dim": K // 2, "v_head_dim": K}
