@@ -177,3 +177,13 @@ def test_generate_reports_measured_beside_analytic():
     assert all(s["measured_bytes"] == s["analytic_bytes"] > 0 for s in d["state"])
     r = CliRunner().invoke(app, ["generate", "mimo-v2.6-pro", "--tiny", "--prompt-len", "5", "--new-tokens", "2"])
     assert r.exit_code == 0 and "Measured" in r.stdout
+
+
+def test_generate_runs_a_model_file(tmp_path):
+    load_zoo("minimax-m3", tiny=True).save(tmp_path / "m.json")
+    r = CliRunner().invoke(app, ["generate", "--config", str(tmp_path / "m.json"), "--prompt-len", "6",
+                                 "--new-tokens", "2", "--temperature", "0.8", "--json"])
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["tokens"]) == 2
+    r = CliRunner().invoke(app, ["generate", "no-such-model", "--tiny"])
+    assert r.exit_code == 2 and "unknown zoo model" in r.output

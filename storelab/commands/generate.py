@@ -42,7 +42,7 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
 def register(app: typer.Typer) -> None:
     @app.command()
     def generate(
-        model: str = typer.Argument(..., help="A zoo model name (or a model file with --config)."),
+        model: str = typer.Argument(None, help="A zoo model name (or give --config)."),
         tiny: bool = typer.Option(False, "--tiny", help="Use the model's tiny version."),
         prompt_len: int = typer.Option(32, "--prompt-len", help="Random prompt length."),
         new_tokens: int = typer.Option(8, "--new-tokens", help="Tokens to generate."),
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(0.0, "--temperature", help="0: greedy; > 0: sample."),
         top_k: int = typer.Option(0, "--top-k", help="Sample among the k most likely (0: all)."),
         seed: int = typer.Option(0, "--seed"),
-        config: bool = typer.Option(False, "--config", help="MODEL is a model file path."),
+        config: Path = typer.Option(None, "--config", help="A model file (TOML or JSON) instead of a zoo name."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Generate with random weights; report the cache per store kind, measured beside analytic."""
@@ -60,7 +60,9 @@ def register(app: typer.Typer) -> None:
         from storelab.zoo import load_zoo
 
         try:
-            cfg = load_model(Path(model)) if config else load_zoo(model, tiny=tiny)
+            if (model is None) == (config is None):
+                raise ValueError("model: give a zoo model name or --config FILE (one of them)")
+            cfg = load_model(config) if config is not None else load_zoo(model, tiny=tiny)
         except ValueError as e:
             err_console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2)

@@ -38,4 +38,5 @@ SECTIONS: list[Section] = [
     Section("memory", "3. Where a million-token prompt goes", _lazy("storelab.report.memory", "memory_section")),
     Section("capacity", "4. Capacity", _lazy("storelab.report.capacity_section", "capacity_section")),
     Section("examples", "5. The worked examples", _lazy("storelab.report.examples", "worked_examples_section")),
+    Section("depth", "6. Depth and parallel evaluation", _lazy("storelab.report.depth_section", "depth_section")),
 ]
