@@ -49,14 +49,20 @@ FAMILIES = {
                         index_n_heads=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                         n_group=1, topk_group=1, first_k_dense_replace=1, index_topk_freq=2,
                         index_skip_topk_offset=2),
+    "deepseek_v4": dict(COMMON, num_key_value_heads=1, head_dim=32, q_lora_rank=24, o_groups=2, o_lora_rank=16,
+                        index_n_heads=8, index_head_dim=16, index_topk=4, sliding_window=8,
+                        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+                        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+                        hc_mult=2, hc_sinkhorn_iters=5),
 }
 
 PROMPT_LEN, NEW_TOKENS, CHUNK = 21, 16, 5
 
 
 def tiny_hf(model_type: str):
-    """A tiny random transformers model; the 1-D tensors (norms, biases, sinks, routing biases),
-    many of which start at 0 or 1, are perturbed so that a wrong mapping shows in the logits."""
+    """A tiny random transformers model. Tensors that start constant (norms at 0 or 1, biases, sinks,
+    routing biases, DeepSeek-V4's pooling biases) are perturbed so that a wrong mapping shows in the
+    logits, and DeepSeek-V4's hash table (zeros) gets distinct random experts per token."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -64,9 +70,12 @@ def tiny_hf(model_type: str):
     hf = AutoModelForCausalLM.from_config(cfg).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for t in hf.state_dict().values():  # saved tensors only (not the rotary caches)
-            if t.dim() == 1 and t.dtype.is_floating_point:
+        for name, t in hf.state_dict().items():  # saved tensors only (not the rotary caches)
+            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
                 t.add_(0.1 * torch.randn(t.shape, generator=g))
+            elif name.endswith("tid2eid"):
+                E = hf.config.n_routed_experts
+                t.copy_(torch.stack([torch.randperm(E, generator=g)[: t.shape[1]] for _ in range(t.shape[0])]))
     hf.generation_config.eos_token_id = None
     return hf
 

@@ -87,8 +87,11 @@ def _recurrent(q, k, v, g, beta, scale, S_BHKV):
 
 
 # ---------------------------------------------------------------------------- chunked
-def _to_chunks(x: Tensor, C: int, scale: float | None = None) -> Tensor:
-    """[B, T, H, *D] -> [N, B*H, C, D] (zero padded to a multiple of C; D = 1 if absent), times scale."""
+def _to_chunks(x: Tensor, C: int, scale: float | None = None, out: Tensor | None = None) -> Tensor:
+    """[B, T, H, *D] -> [N, B*H, C, D] (zero padded to a multiple of C; D = 1 if absent), times scale.
+
+    ``out`` ([N, B*H, C, D], any strides) receives the result in place of a new tensor.
+    """
     if x.dim() == 3:
         x = x[..., None]
     B, T, H, D = x.shape
@@ -96,12 +99,12 @@ def _to_chunks(x: Tensor, C: int, scale: float | None = None) -> Tensor:
     if N * C != T:
         x = F.pad(x, (0, 0, 0, 0, 0, N * C - T))
     src = x.view(B, N, C, H, D).permute(1, 0, 3, 2, 4)
-    out = x.new_empty(N, B, H, C, D)
+    dst = x.new_empty(N, B, H, C, D) if out is None else out.view(N, B, H, C, D)
     if scale is None or scale == 1.0:
-        out.copy_(src)
+        dst.copy_(src)
     else:
-        torch.mul(src, scale, out=out)  # one pass: scale while reordering
-    return out.view(N, B * H, C, D)
+        torch.mul(src, scale, out=dst)  # one pass: scale while reordering
+    return dst.view(N, B * H, C, D) if out is None else out
 
 
 def _from_chunks(x_NBCD: Tensor, B: int, T: int) -> Tensor:
@@ -218,40 +221,48 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
 
 
 def _intra_scores(q_N, k_N, G, delta):
-    """A_qk [i, j] = q_i . k_j * decay(j -> i) for j <= i (zeros above), and the same with k_i as the row.
+    """A_qk [i, j] = q_i . k_j * decay(j -> i) for j <= i (zeros above), and A_kk with k_i as the row.
 
-    Only A_kk's strictly lower part is meaningful (the caller reads nothing else). With decay, the
-    fast path factors it through the chunk's mid-decay m = G_C / 2 (per head, or per channel):
+    Only A_kk's strictly lower part is meaningful (nothing else is read). The q and k rows go through
+    one product against k^T. With decay, the fast path factors it through the chunk's mid-decay
+    m = G_C / 2 (per head, or per channel):
         exp(G_i - G_j) = exp(G_i - m) exp(m - G_j),
-    both factors within exp(+-span/2), so two plain matrix products replace C*C (or C*C*K) exponentials.
+    both factors within exp(+-span/2), so plain matrix products replace C*C (or C*C*K) exponentials.
     Entries above the diagonal may overflow there; they are never read. Chunks whose decay spans more
     than twice the exp limit use the exact pairwise form (per head) or sub-chunk references (per channel).
     """
-    C = q_N.shape[2]
-    if G is None:
-        kT = k_N.transpose(-1, -2)
-        return torch.matmul(q_N, kT).tril_(), (torch.matmul(k_N, kT) if delta else None)
-    G_last = G[:, :, -1:]
-    if -G_last.min().item() <= 2 * _exp_limit(G.dtype):
+    N, BH, C, K = q_N.shape
+    R = 2 if delta else 1
+    G_last = None if G is None else G[:, :, -1:]
+    fast = G is not None and -G_last.min().item() <= 2 * _exp_limit(G.dtype)
+    if G is not None and not fast and G.shape[-1] > 1:
+        P = _scores_per_channel([q_N, k_N] if delta else [q_N], k_N, G)
+        return P[0], (P[1] if delta else None)
+    rows = q_N.new_empty(N, BH, R * C, K)                                            # [q; k] rows
+    if fast:
         f = (G - 0.5 * G_last).exp_()                                                 # N BH C 1|K
+        torch.mul(q_N, f, out=rows[:, :, :C])
+        if delta:
+            torch.mul(k_N, f, out=rows[:, :, C:])
         kT = (k_N / f).transpose(-1, -2)
-        A_qk = torch.matmul(q_N * f, kT).tril_()
-        return A_qk, (torch.matmul(k_N * f, kT) if delta else None)
-    if G.shape[-1] == 1:  # per head: the pairwise decays directly
+    else:
+        rows[:, :, :C] = q_N
+        if delta:
+            rows[:, :, C:] = k_N
+        kT = k_N.transpose(-1, -2)
+    A = torch.matmul(rows, kT).view(N, BH, R, C, C)
+    if G is not None and not fast:  # per head, beyond the fast range: the pairwise decays directly
         Gs = G[..., 0]
         tril = torch.ones(C, C, dtype=torch.bool, device=G.device).tril_()
-        Gamma = torch.where(tril, Gs[..., :, None] - Gs[..., None, :], float("-inf")).exp_()  # N BH C C
-        kT = k_N.transpose(-1, -2)
-        return torch.matmul(q_N, kT).mul_(Gamma), (torch.matmul(k_N, kT).mul_(Gamma) if delta else None)
-    P = _scores_per_channel([q_N, k_N] if delta else [q_N], k_N, G)
-    return P[0], (P[1] if delta else None)
+        A.mul_(torch.where(tril, Gs[..., :, None] - Gs[..., None, :], float("-inf")).exp_()[:, :, None])
+    return A[:, :, 0].tril_(), (A[:, :, 1] if delta else None)
 
 
 def _chunk_group(q, k, v, g, beta, scale, S_BKV, C):
     """Outputs [B, T, H, V] (as a view) of one group of chunks; advances the state S_BKV in place."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    q_N, k_N, v_N = _to_chunks(q, C, scale), _to_chunks(k, C), _to_chunks(v, C)        # N BH C K|V
+    q_N, k_N = _to_chunks(q, C, scale), _to_chunks(k, C)                             # N BH C K
     N, BH = q_N.shape[:2]
     delta = beta is not None
     G = None if g is None else _to_chunks(g, C).cumsum_(2)                            # N BH C 1|K
@@ -260,17 +271,22 @@ def _chunk_group(q, k, v, g, beta, scale, S_BKV, C):
     if delta:
         # UT transform: (I + strict_tril(diag(beta) A_kk))^-1 diag(beta) [V | K exp(G)] = [U | W]
         b_N = _to_chunks(beta, C)                                                     # N BH C 1
-        Tinv = _unit_lower_inverse(A_kk.mul_(b_N))
-        Tinv.mul_(b_N.transpose(-1, -2))
-        U = torch.matmul(Tinv, v_N)
-        W = torch.matmul(Tinv, k_N * G.exp() if G is not None else k_N)
+        Tinv = _unit_lower_inverse(A_kk.mul_(b_N)).mul_(b_N.transpose(-1, -2))
+        rhs = q_N.new_empty(N, BH, C, V + K)
+        _to_chunks(v, C, out=rhs[..., :V])
+        if G is None:
+            rhs[..., V:] = k_N
+        else:
+            torch.mul(k_N, G.exp(), out=rhs[..., V:])
+        UW = torch.matmul(Tinv, rhs)
+        U, W = UW[..., :V], UW[..., V:]
         V_new = q_N.new_empty(N, BH, C, V)
     else:
-        V_new = v_N
+        V_new = _to_chunks(v, C)
     if G is not None:
         G_last = G[:, :, -1:]                                                         # N BH 1 1|K
-        q_N = q_N * G.exp()
-        k_N = k_N * (G_last - G).exp_()
+        q_N.mul_(G.exp())
+        k_N.mul_((G_last - G).exp_())
         S_decay = G_last.exp().transpose(-1, -2)                                      # N BH 1|K 1
     k_T = k_N.transpose(-1, -2)                                                       # N BH K C
 

@@ -18,7 +18,8 @@ from storelab.checkpoint.shards import CheckpointError
 
 __all__ = ["FAMILIES", "family_for"]
 
-_MODULES = ("native", "mimo_v2_flash", "minimax_m3_vl", "glm_moe_dsa", "qwen3_next", "kimi_linear")
+_MODULES = ("native", "mimo_v2_flash", "minimax_m3_vl", "glm_moe_dsa", "qwen3_next", "kimi_linear",
+            "deepseek_v4")
 
 FAMILIES = [importlib.import_module(f"{__name__}.{m}") for m in _MODULES]
 
