@@ -88,12 +88,13 @@ def models_section(ctx: Context) -> SectionResult:
             claims.append(Claim("models", f"{cfg.name}: stored parameters", st, float(base), 0.03,
                                 "counted from the config's store shapes" + (f"; {note}" if note else "")))
             claims.append(Claim("models", f"{cfg.name}: active parameters per token" + (" (decode)" if cfg.encoder_layers else ""),
-                                ac, float(p.get("active")), 0.03, "counted from the config (embedding and head included)"))
+                                ac, float(p.get("active")), 0.03, "counted from the config (embedding and head included)" + (f"; {note}" if note else "")))
         if cfg.name == "deepseek-v4.1-flash":
             if "engram" in p:
                 claims.append(Claim("models", "deepseek-v4.1-flash: Engram parameters", 196e9, float(p["engram"]), 0.03))
             if "active_prefill" in p:
-                claims.append(Claim("models", "deepseek-v4.1-flash: active while reading the prompt", 8e9, float(p["active_prefill"]), 0.03))
+                claims.append(Claim("models", "deepseek-v4.1-flash: active while reading the prompt", 8e9, float(p["active_prefill"]), 0.03,
+                                    p.get("published_note", "") or ""))
     fig = _stack_figure(cfgs, ctx.out / "layer_stacks.png")
     return SectionResult(
         text=("The seven models and two variants, declared as data (storelab/zoo/*.toml) and counted from the configs alone, "
