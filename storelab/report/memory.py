@@ -10,7 +10,7 @@ from storelab.report.core import Claim, Context, SectionResult, Table
 FAMILY = {
     "window": ("window", "#4c9be8"), "attention": ("full", "#d62728"), "mla": ("full", "#d62728"),
     "dsa": ("selected", "#ff7f0e"), "hierarchical": ("selected", "#ff7f0e"), "msa": ("selected", "#ff7f0e"),
-    "csa": ("compressed", "#9467bd"), "hca": ("compressed", "#c5b0d5"),
+    "csa": ("compressed sparse", "#9467bd"), "hca": ("heavily compressed", "#c5b0d5"),
     "linear_attention": ("recurrent", "#2ca02c"), "deltanet": ("recurrent", "#2ca02c"),
     "gated_deltanet": ("recurrent", "#2ca02c"), "kda": ("recurrent", "#2ca02c"),
 }
