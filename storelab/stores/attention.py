@@ -86,7 +86,7 @@ class AttentionConfig(StoreConfig):
     norm_eps: float = 1e-6
 
     CARD = Card(
-        name="full cache (softmax attention)",
+        name="Full cache (softmax attention)",
         written_by="each token of the context, once",
         holds="an entry per token; random keys stay separable at a fixed sharpness up to about "
               "e^{2 beta (1 - beta/d)} entries",
@@ -156,7 +156,7 @@ class WindowConfig(AttentionConfig):
     window: int                          # earlier tokens each query sees (MiMo: 128)
 
     CARD = Card(
-        name="window (sliding-window attention)",
+        name="Window (sliding-window attention)",
         written_by="each token of the context",
         holds="the last W entries (128 in MiMo)",
         reading_costs="a fixed number of entries (W, plus the query itself)",

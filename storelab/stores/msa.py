@@ -74,7 +74,7 @@ class MsaConfig(AttentionConfig):
     index_head_dim: int = 128
 
     CARD = Card(
-        name="selected entries (MiniMax MSA, block-sparse)",
+        name="Selected entries, blocks (MiniMax MSA)",
         written_by="each token of the context",
         holds="an entry per token",
         reading_costs="a scoring pass over all L, then top_blocks blocks per group of heads "
