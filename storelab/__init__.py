@@ -5,3 +5,12 @@ following the essay "Every Layer a Store" (2026).
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``storelab.load`` and ``storelab.save`` (checkpoints), imported on first use."""
+    if name in ("load", "save"):
+        import storelab.checkpoint as checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'storelab' has no attribute {name!r}")

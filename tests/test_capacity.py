@@ -15,8 +15,8 @@ import torch
 
 from storelab.capacity import EXPERIMENTS, resolve, run, worked_example_1
 from storelab.capacity.common import solve_n_log_n
-from storelab.capacity.recurrence import (parity_accuracy, parity_read, scan_vs_sequential,
-                                          transition_eigenvalues)
+from storelab.capacity.recurrence import (monotone_parity_bound, parity_accuracy, parity_read,
+                                          scan_vs_sequential, transition_eigenvalues)
 
 KEYS = {"experiment", "d", "criterion", "theory", "essay", "measured", "ratio", "note"}
 
@@ -53,7 +53,7 @@ def test_worked_example_1_from_formulas():
 
 def test_resolve_names_and_numbers():
     assert resolve(None) == list(EXPERIMENTS)
-    assert resolve(["6", "outer", "outer"]) == ["attention", "outer"]
+    assert resolve(["6", "outer", "outer"]) == ["outer", "attention"]
     with pytest.raises(ValueError, match="experiment"):
         resolve(["nope"])
 
@@ -159,7 +159,10 @@ def test_parity_by_construction():
     expect = 1 - 2 * (bits.cumsum(1) % 2).double()                  # (-1)^(number of ones so far)
     assert torch.equal(read, expect)
     assert parity_accuracy(2.0, 97, 200, seed=1) == 1.0
+    bound = monotone_parity_bound(97)
+    assert bound < 0.6
     for beta in (0.0, 0.3, 0.5, 0.9, 1.0):
+        assert parity_accuracy(beta, 97, 200, seed=1) <= bound + 0.03, beta
         assert parity_accuracy(beta, 97, 200, seed=1) < 0.6, beta
         assert bool((parity_read(bits, beta) >= 0).all())           # eigenvalues in [0, 1]: no sign flip
 

@@ -84,19 +84,35 @@ def prompt(vocab: int = 128) -> torch.Tensor:
     return torch.randint(3, vocab, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(7))
 
 
+_BUILT: dict = {}
+
+
 @pytest.fixture(scope="module")
-def mimo_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mimo")
-    tiny_hf("mimo_v2_flash").save_pretrained(d)
-    return d
+def saved(tmp_path_factory):
+    """model_type -> (transformers model, folder it was saved to); each built once per module."""
+
+    def get(model_type: str):
+        if model_type not in _BUILT:
+            hf = tiny_hf(model_type)
+            d = tmp_path_factory.mktemp(model_type)
+            hf.save_pretrained(d)
+            _BUILT[model_type] = (hf, d)
+        return _BUILT[model_type]
+
+    yield get
+    _BUILT.clear()
+
+
+@pytest.fixture(scope="module")
+def mimo_dir(saved):
+    return saved("mimo_v2_flash")[1]
 
 
 # ----------------------------------------------------------------------------- families
 @pytest.mark.parametrize("model_type", list(FAMILIES))
-def test_family_matches_transformers(model_type, tmp_path):
-    hf = tiny_hf(model_type)
-    hf.save_pretrained(tmp_path)
-    ours = load(tmp_path)
+def test_family_matches_transformers(model_type, saved, tmp_path):
+    hf, folder = saved(model_type)
+    ours = load(folder)
     ids = prompt()
     with torch.no_grad():
         ref = hf(ids).logits
@@ -108,6 +124,9 @@ def test_family_matches_transformers(model_type, tmp_path):
     chunked_ids, cache = generate(ours, ids, NEW_TOKENS, chunk=CHUNK)
     assert chunked_ids.tolist() == ref_ids.tolist(), f"{model_type}: chunked prefill + decode ids differ"
     assert len(cache) == ours.cfg.n_layers
+    save(ours, tmp_path / "ours")  # our own format gives the same logits back
+    with torch.no_grad():
+        assert torch.equal(load(tmp_path / "ours")(ids)[0], got), f"{model_type}: logits after our save/load"
 
 
 def test_supported_lists_every_family():
@@ -118,20 +137,19 @@ def test_supported_lists_every_family():
 
 
 # ----------------------------------------------------------------------------- our format
-def test_save_load_round_trip(mimo_dir, tmp_path):
+def test_save_writes_one_file_and_config(mimo_dir, tmp_path):
     model = load(mimo_dir)
     files = save(model, tmp_path / "ours")
     assert {f.name for f in files} == {"model.safetensors", "config.json"}
-    back = load(tmp_path / "ours")
-    ids = prompt()
-    with torch.no_grad():
-        assert torch.equal(back(ids)[0], model(ids)[0])
+    cfg = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert cfg["model_type"] == "storelab" and len(cfg["model"]["layers"]) == 4
+    with pytest.raises(ValueError, match="meta"):
+        save(load(mimo_dir, device="meta"), tmp_path / "meta")
 
 
-def test_adapters_survive_save(tmp_path):
-    hf = tiny_hf("minimax_m3_vl_text")
-    hf.save_pretrained(tmp_path / "hf")
-    model = load(tmp_path / "hf")
+def test_adapters_survive_save(saved, tmp_path):
+    hf, folder = saved("minimax_m3_vl_text")
+    model = load(folder)
     save(model, tmp_path / "ours")
     cfg = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert cfg["adapters"][0]["kind"] == "clamped_swiglu"
@@ -141,7 +159,7 @@ def test_adapters_survive_save(tmp_path):
         assert_close(back(ids)[0], hf(ids).logits, atol=1e-4, what="minimax after our save")
 
 
-def test_sharded_save_and_hf_shards(mimo_dir, tmp_path):
+def test_sharded_save_and_hf_shards(saved, mimo_dir, tmp_path):
     model = load(mimo_dir)
     files = save(model, tmp_path / "ours", max_shard_bytes=60_000)
     shards = [f for f in files if f.suffix == ".safetensors"]
@@ -149,7 +167,7 @@ def test_sharded_save_and_hf_shards(mimo_dir, tmp_path):
     ids = prompt()
     with torch.no_grad():
         assert torch.equal(load(tmp_path / "ours")(ids)[0], model(ids)[0])
-    hf = tiny_hf("mimo_v2_flash")
+    hf = saved("mimo_v2_flash")[0]
     hf.save_pretrained(tmp_path / "hf", max_shard_size="40KB")
     assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
     with torch.no_grad():
@@ -244,3 +262,66 @@ def test_not_a_checkpoint(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80")
     with pytest.raises(CheckpointError, match="pickle files are never read"):
         load(tmp_path)
+
+
+# ----------------------------------------------------------------------------- quantized, zoo, CLI
+def _quantize_fp8(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    O, I = w.shape
+    blocks = w.reshape(O // block, block, I // block, block)
+    scale = blocks.abs().amax(dim=(1, 3)) / 448.0                       # [O/b, I/b]
+    q = (blocks / scale[:, None, :, None]).reshape(O, I).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def test_fp8_block_quantized_weight(mimo_dir, tmp_path):
+    d = _copy(mimo_dir, tmp_path / "c")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    w = load_file(d / "model.safetensors")[name]
+    q, scale = _quantize_fp8(w, 32)
+
+    def edit(t):
+        t[name], t[name + "_scale_inv"] = q, scale
+
+    _rewrite(d, edit)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [32, 32]}
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = load(d)
+    want = (q.float().reshape(3, 32, 2, 32) * scale[:, None, :, None]).reshape(96, 64)
+    assert torch.equal(model.blocks[0].token.q_proj.weight, want)
+    assert_close(model.blocks[0].token.q_proj.weight, w, atol=0.07 * w.abs().max().item(), what="fp8 round trip")
+    _rewrite(d, lambda t: t.pop(name + "_scale_inv"))
+    with pytest.raises(CheckpointError, match=rf"{name}.*F8_E4M3 but no scale tensor"):
+        load(d)
+
+
+@pytest.mark.parametrize("name", ["mimo-v2.6-pro", "kimi-k3", "qwen3.8", "glm-5.3", "deepseek-v4-pro",
+                                  "deepseek-v4.1-flash", "minimax-m3"])
+def test_zoo_models_round_trip(name, tmp_path):
+    from storelab.models.model import Model
+    from storelab.zoo import load_zoo
+
+    cfg = load_zoo(name, tiny=True)
+    torch.manual_seed(0)
+    model = Model(cfg).eval()
+    save(model, tmp_path)
+    back = load(tmp_path)
+    ids = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(back(ids)[0], model(ids)[0])
+
+
+def test_save_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from storelab.cli import app
+
+    res = CliRunner().invoke(app, ["save", "minimax-m3", str(tmp_path / "m"), "--tiny", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert {f["name"] for f in out["files"]} == {"model.safetensors", "config.json"}
+    assert load(tmp_path / "m").cfg.name == out["model"]
+    res = CliRunner().invoke(app, ["save", str(tmp_path / "m"), str(tmp_path / "again"), "--checkpoint", "--json"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(app, ["save", str(tmp_path / "nothing"), str(tmp_path / "x"), "--checkpoint"])
+    assert res.exit_code == 2 and "config.json" in res.output

@@ -90,6 +90,20 @@ def test_kda_chunk_survives_strong_per_channel_decay(dtype, tol, decay):
     assert_close(S, S_ref, tol, "kda strong decay, state")
 
 
+@pytest.mark.parametrize("kind", ["gated_delta_rule", "kda"])
+def test_fast_path_at_the_edge_of_exp_range(kind):
+    """A chunk decaying by about e^-108: the factored scores overflow above the diagonal, never below."""
+    x = _inputs(70, dtype=torch.float64)
+    x["g_head"] = torch.full_like(x["g_head"], -1.7)
+    x["g_chan"] = -1.7 + 0.01 * x["g_chan"]
+    ref, S_ref = _call(kind, x, initial_state=x["S0"], output_final_state=True, mode="recurrent")
+    x32 = {n: a.float() for n, a in x.items()}
+    o, S = _call(kind, x32, initial_state=x32["S0"], output_final_state=True, chunk_size=64)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    assert_close(o, ref, 2e-5, f"{kind} near the exp limit")
+    assert_close(S, S_ref, 2e-5, f"{kind} near the exp limit, state")
+
+
 def test_gdn_chunk_survives_strong_decay():
     x = _inputs(40, dtype=torch.float32, decay=300.0)
     ref, _ = gated_delta_rule(x["q"], x["k"], x["v"], g=x["g_head"], beta=x["beta"], mode="recurrent")

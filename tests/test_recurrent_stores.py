@@ -34,7 +34,7 @@ def _module(case, **over):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("chunks", [[1] * 11, [3, 4, 4], [5, 6], [4, 1, 6], [2, 9]])
+@pytest.mark.parametrize("chunks", [[1] * 11, [3, 4, 4], [4, 1, 6], [2, 9]])
 def test_prefill_then_step_equals_one_pass(case, chunks):
     m = _module(case)
     x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(1))

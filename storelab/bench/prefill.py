@@ -17,7 +17,9 @@ shared caches counted once), and with the L x L fp32 matrix the prefill must not
 Speed (``speed_length`` tokens, 16,384 by default): tokens per second of the same chunked
 prefill, ours and transformers' tiny model of the same family (same width, layers and
 vocabulary, the other sizes as in shared/reference/oracles.md) given the same prompt in
-the same chunks with its own cache, timed in alternation in the same process.
+the same chunks with its own cache, one after the other in the same subprocess (each
+timed once after a two-chunk warm-up: a prefill of 16,384 tokens is long enough that one
+timing is stable to a few per cent, and the peers take minutes).
 """
 
 from __future__ import annotations
@@ -66,55 +68,90 @@ def _reset_peak() -> bool:
         return False
 
 
-def memory_child(name: str, length: int, chunk: int, seed: int = 0) -> dict[str, Any]:
-    """Run in a fresh process: the prefill's peak resident memory above the weights."""
+def _peak_run(fn) -> dict[str, Any]:
+    """Run ``fn()`` once after a peak reset; seconds, baseline, peak and what stays held (bytes)."""
     import gc
 
-    from storelab.models.accounting import analytic_state_bytes
+    gc.collect()
+    reset = _reset_peak()
+    base_kb = _status_kb("VmRSS")
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = fn()
+    seconds = time.perf_counter() - t0
+    peak_kb, after_kb = _status_kb("VmHWM"), _status_kb("VmRSS")
+    return {"out": out, "seconds": seconds, "peak_reset": reset, "baseline_kb": base_kb, "peak_kb": peak_kb,
+            "peak_above_weights_bytes": (peak_kb - base_kb) * 1024, "held_after_bytes": (after_kb - base_kb) * 1024}
+
+
+def prefill_child(name: str, length: int, chunk: int, peer: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Run in a fresh process: our chunked prefill of ``length`` tokens (time, peak memory above the
+    weights, the cache against the accounting); then, with ``peer``, transformers' on the same prompt."""
+    from storelab.models.accounting import analytic_state_bytes, count_params
     from storelab.models.model import Model, prefill
     from storelab.zoo import load_zoo
 
     torch.manual_seed(seed)
     cfg = load_zoo(name, tiny=True)
     model = Model(cfg).eval()
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
     prompt = torch.randint(0, cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed))
     with torch.inference_mode():
         prefill(model, prompt[:, : min(length, 2 * chunk)], chunk=chunk)  # warm-up: pools, lazy kernels
-    gc.collect()
-    reset = _reset_peak()
-    base_kb = _status_kb("VmRSS")
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        _, cache = prefill(model, prompt, chunk=chunk)
-    seconds = time.perf_counter() - t0
-    peak_kb = _status_kb("VmHWM")
-    after_kb = _status_kb("VmRSS")
+    r = _peak_run(lambda: prefill(model, prompt, chunk=chunk)[1])
+    cache = r.pop("out")
     seen = [st.seen or length for st in cache]
     analytic = analytic_state_bytes(cfg, seen, dtype="fp32", own_copies=list(getattr(model, "unshared", [])))
-    measured = sum(st.nbytes() for st in cache)
-    return {"model": name, "length": length, "chunk": chunk, "seconds": seconds, "peak_reset": reset,
-            "weights_bytes": weights, "baseline_kb": base_kb, "peak_kb": peak_kb, "after_kb": after_kb,
-            "peak_above_weights_bytes": (peak_kb - base_kb) * 1024, "held_after_bytes": (after_kb - base_kb) * 1024,
-            "cache_nbytes": measured, "analytic_bytes": sum(analytic.values()), "analytic_by_kind": analytic}
+    r.update(model=name, length=length, chunk=chunk, params=count_params(cfg).stored,
+             weights_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+             cache_nbytes=sum(st.nbytes() for st in cache), analytic_bytes=sum(analytic.values()),
+             analytic_by_kind=analytic)
+    out: dict[str, Any] = {"ours": r}
+    del cache, model
+    if peer:
+        try:
+            family, hf = build_peer(name, cfg)
+            with torch.inference_mode():
+                peer_prefill(hf, prompt[:, : min(length, 2 * chunk)], chunk)  # warm-up, and it runs at all
+            p = _peak_run(lambda: peer_prefill(hf, prompt, chunk))
+            p.pop("out")
+            p.update(peer=f"transformers {family}", params=sum(x.numel() for x in hf.parameters()))
+            out["peer"] = p
+        except Exception as e:  # a missing family, or a model that cannot run chunked on a CPU
+            out["peer"] = {"peer": f"unavailable ({type(e).__name__}: {str(e)[:200]})"}
+    return out
 
 
-def measure_memory(name: str, length: int, chunk: int, timeout_s: float = 1800) -> dict[str, Any]:
-    """``memory_child`` in a subprocess (a fresh peak and nothing else's allocations)."""
-    code = ("import json, sys, torch; torch.set_num_threads(%d); from storelab.bench.prefill import memory_child; "
-            "print(json.dumps(memory_child(%r, %d, %d)))" % (torch.get_num_threads(), name, length, chunk))
+def run_child(name: str, length: int, chunk: int, *, peer: bool, timeout_s: float = 3600) -> dict[str, Any]:
+    """``prefill_child`` in a subprocess (a fresh peak, and nothing else's allocations)."""
+    code = ("import json, torch; torch.set_num_threads(%d); from storelab.bench.prefill import prefill_child; "
+            "print(json.dumps(prefill_child(%r, %d, %d, %r)))" % (torch.get_num_threads(), name, length, chunk, peer))
     env = {**os.environ, "USE_HUB_KERNELS": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
     if p.returncode != 0:
         raise RuntimeError(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}")
-    r = json.loads(p.stdout.strip().splitlines()[-1])
-    peak, analytic = r["peak_above_weights_bytes"], r["analytic_bytes"]
-    r.update(peak_above_weights_mb=peak / 2**20, analytic_mb=analytic / 2**20,
-             ratio=peak / analytic if analytic else None,
-             within_10pct=abs(peak - analytic) <= MEMORY_TOLERANCE * analytic if analytic else None,
-             cache_matches_analytic=r["cache_nbytes"] == analytic,
-             lxl_fp32_mb=length * length * 4 / 2**20)
-    return r
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def memory_row(r: dict[str, Any]) -> dict[str, Any]:
+    """Our run's memory figures against the accounting."""
+    peak, analytic, L = r["peak_above_weights_bytes"], r["analytic_bytes"], r["length"]
+    return {**r, "peak_above_weights_mb": peak / 2**20, "analytic_mb": analytic / 2**20,
+            "ratio": peak / analytic if analytic else None,
+            "within_10pct": abs(peak - analytic) <= MEMORY_TOLERANCE * analytic if analytic else None,
+            "cache_matches_analytic": r["cache_nbytes"] == analytic, "lxl_fp32_mb": L * L * 4 / 2**20}
+
+
+def speed_row(child: dict[str, Any]) -> dict[str, Any]:
+    """Tokens per second, ours and the peer's, from one child run."""
+    ours, peer = child["ours"], child.get("peer") or {}
+    L = ours["length"]
+    row = {"length": L, "chunk": ours["chunk"], "ours_tok_s": L / ours["seconds"], "ours_params": ours["params"],
+           "peer": peer.get("peer"), "peer_params": peer.get("params"),
+           "peer_tok_s": L / peer["seconds"] if "seconds" in peer else None,
+           "peer_peak_above_weights_mb": peer["peak_above_weights_bytes"] / 2**20 if "seconds" in peer else None}
+    row["speedup"] = row["ours_tok_s"] / row["peer_tok_s"] if row["peer_tok_s"] else None
+    row["target"] = None if row["speedup"] is None else row["speedup"] >= SPEED_TARGET
+    return row
 
 
 # -- the peer: transformers' tiny model of the same family -------------------------------------------
@@ -184,47 +221,17 @@ def peer_prefill(model, prompt_BT: torch.Tensor, chunk: int):
     return out.logits[:, -1]
 
 
-def measure_speed(name: str, length: int, chunk: int, *, peer: bool = True, repeats: int = 2,
-                  seed: int = 0) -> dict[str, Any]:
-    """Tokens per second of our chunked prefill and the peer's, alternating, best of ``repeats``."""
-    from storelab.bench.timing import compare
-    from storelab.models.accounting import count_params
-    from storelab.models.model import Model, prefill
-    from storelab.zoo import load_zoo
-
-    torch.manual_seed(seed)
-    cfg = load_zoo(name, tiny=True)
-    ours = Model(cfg).eval()
-    prompt = torch.randint(0, cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed))
-    fns = {"ours": lambda: prefill(ours, prompt, chunk=chunk)}
-    r: dict[str, Any] = {"length": length, "chunk": chunk, "ours_params": count_params(cfg).stored,
-                         "peer": None, "peer_params": None}
-    if peer:
-        try:
-            family, hf = build_peer(name, cfg)
-            with torch.inference_mode():
-                peer_prefill(hf, prompt[:, : 2 * chunk], chunk)  # it runs at all
-            fns["peer"] = lambda: peer_prefill(hf, prompt, chunk)
-            r.update(peer=f"transformers {family}", peer_params=sum(p.numel() for p in hf.parameters()))
-        except Exception as e:  # missing family, or a model that cannot run chunked on a CPU
-            r["peer"] = f"unavailable ({type(e).__name__}: {str(e)[:200]})"
-    t = compare(fns, repeats=repeats, warmup=0)
-    r["ours_tok_s"] = length / t["ours"].best
-    r["peer_tok_s"] = length / t["peer"].best if "peer" in t else None
-    r["speedup"] = r["ours_tok_s"] / r["peer_tok_s"] if r["peer_tok_s"] else None
-    r["target"] = None if r["speedup"] is None else r["speedup"] >= SPEED_TARGET
-    r["timings"] = {k: v.as_dict() for k, v in t.items()}
-    return r
-
-
 def bench_prefill(*, models: list[str] | None = None, length: int = 131072, speed_length: int = 16384,
                   chunk: int | None = None, quick: bool = False, peer: bool = True) -> dict[str, Any]:
-    """Memory at ``length`` and speed at ``speed_length`` for each model (see the module docstring)."""
+    """Memory at ``length`` and speed at ``speed_length`` for each model (see the module docstring).
+
+    When the two lengths are equal one run per model gives both (ours, then the peer).
+    """
     from storelab.zoo import SEVEN, zoo_names
 
     have = set(zoo_names())
-    names = models or [n for n in SEVEN]
-    chunk = chunk or (min(DEFAULT_CHUNK, max(1, length // 4)) if quick else DEFAULT_CHUNK)
+    names = models or list(SEVEN)
+    chunk = chunk or (min(DEFAULT_CHUNK, max(1, speed_length // 4)) if quick else DEFAULT_CHUNK)
     rows = []
     for name in names:
         row: dict[str, Any] = {"model": name}
@@ -233,15 +240,14 @@ def bench_prefill(*, models: list[str] | None = None, length: int = 131072, spee
             rows.append(row)
             continue
         try:
-            row["memory"] = measure_memory(name, length, chunk)
+            fast = run_child(name, speed_length, min(chunk, speed_length), peer=peer)
+            row["speed"] = speed_row(fast)
+            mem = fast if length == speed_length else run_child(name, length, chunk, peer=False)
+            row["memory"] = memory_row(mem["ours"])
         except Exception as e:
-            row["memory"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        try:
-            row["speed"] = measure_speed(name, speed_length, min(chunk, speed_length), peer=peer,
-                                         repeats=1 if quick else 2)
-        except Exception as e:
-            row["speed"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)
     return {"bench": "prefill", "length": length, "speed_length": speed_length, "chunk": chunk,
             "memory_method": "VmHWM - VmRSS after a peak reset (/proc/self/clear_refs), one subprocess per model",
+            "speed_method": "one timed chunked prefill each, ours then the peer, in the same subprocess",
             "threads": torch.get_num_threads(), "dtype": "fp32", "models": rows}

@@ -56,17 +56,16 @@ NUMBERS = {str(i + 1): name for i, name in enumerate(EXPERIMENTS)}
 
 
 def resolve(names: Iterable[str] | None) -> list[str]:
-    """Experiment names from names or numbers (1-11); None or empty means all, in order."""
+    """Experiment names from names or numbers (1-11), in the issue's order; None or empty means all."""
     if not names:
         return list(EXPERIMENTS)
-    out = []
+    chosen = set()
     for n in names:
         key = NUMBERS.get(str(n), str(n))
         if key not in EXPERIMENTS:
             raise ValueError(f"experiment: unknown {n!r}; choose from {', '.join(EXPERIMENTS)} or 1-{len(EXPERIMENTS)}")
-        if key not in out:
-            out.append(key)
-    return out
+        chosen.add(key)
+    return [k for k in EXPERIMENTS if k in chosen]
 
 
 @contextlib.contextmanager

@@ -54,11 +54,14 @@ def overlap_prob(N: int, r: int, dist: int) -> float:
     return total
 
 
-def theory_exact_fraction(K: int, N: int, H: int, r: int) -> float:
+def theory_bit_error(K: int, N: int, H: int, r: int) -> float:
     p = activation_prob(N, r)
     noise = (K - 1) * (H * p * p + (H * p * p) ** 2)
-    pb = normal_cdf(-H * p / math.sqrt(noise)) if K > 1 else 0.0
-    return (1 - pb) ** N
+    return normal_cdf(-H * p / math.sqrt(noise)) if K > 1 else 0.0
+
+
+def theory_exact_fraction(K: int, N: int, H: int, r: int) -> float:
+    return (1 - theory_bit_error(K, N, H, r)) ** N
 
 
 class SDM:
@@ -106,12 +109,13 @@ def exp_sdm(quick: bool) -> Result:
                         th / H, 0.05, K / H,
                         f"one read at the word's own address, activation p = {p:.4f} (H p^2 = {H * p * p:.2f}); "
                         "the essay's figure is the top of Kanerva's 1-5 % guide"))
-    loads = [0.01, 0.02, 0.05, 0.08, 0.12]
+    loads = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.12]
     meas = [exact_fraction(max(2, int(f * H)), N, H, r, 1) for f in loads]
     res.curves.append(Curve(f"9 SDM recall, N={N}, H={H:,}", "stored words / locations", "fraction")
                       .measured("words exact", loads, [m[0] for m in meas])
                       .measured("bits right", loads, [m[1] for m in meas])
-                      .theory("words exact theory", loads, [theory_exact_fraction(int(f * H), N, H, r) for f in loads]))
+                      .theory("words exact theory", loads, [theory_exact_fraction(int(f * H), N, H, r) for f in loads])
+                      .theory("bits right theory", loads, [1 - theory_bit_error(int(f * H), N, H, r) for f in loads]))
     # attention approximation
     dists = list(range(0, 2 * r - N // 2, max(1, (2 * r - N // 2) // 12)))
     ths = [overlap_prob(N, r, t) for t in dists]

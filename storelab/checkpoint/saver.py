@@ -13,6 +13,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from storelab.checkpoint.families.native import config_to_json
 from storelab.checkpoint.shards import INDEX, SINGLE
 from storelab.checkpoint.table import ours_to_load
 
@@ -35,7 +36,7 @@ def save(model, path: str | Path, *, max_shard_bytes: int = 5 * 2**30) -> list[P
     tensors = {k: v.detach().contiguous().cpu() for k, v in ours_to_load(model).items()}
     dtype = next((v.dtype for v in tensors.values() if v.dtype.is_floating_point), None)
     config = {"model_type": "storelab", "storelab_version": storelab.__version__,
-              "dtype": DTYPE_LABELS.get(str(dtype), "float32"), "config": model.cfg.to_dict(),
+              "dtype": DTYPE_LABELS.get(str(dtype), "float32"), "model": config_to_json(model.cfg),
               "adapters": list(getattr(model, "adapters", []))}
     shards: list[dict] = [{}]
     size = 0

@@ -30,6 +30,7 @@ class Src:
     fn: Callable[..., Tensor] | None = None   # pieces -> our tensor; None: the single piece
     what: str = ""                            # how the pieces become ours, for error messages
     integer: bool = False                     # the pieces hold integers (a hash table), not weights
+    quantized: bool = False                   # FP8 pieces allowed (read with their scales)
 
     def make(self, *pieces: Tensor) -> Tensor:
         return pieces[0] if self.fn is None else self.fn(*pieces)

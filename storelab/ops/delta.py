@@ -34,9 +34,13 @@ Three evaluations that agree (tests hold them equal):
   cumulative log decay. Then, chunk by chunk (the one sequential loop),
       V_new = U - W S,   O = (Q * exp(G)) S + (Q K^T * Gamma)_tril V_new,
       S <- exp(G_C) S + (K * exp(G_C - G))^T V_new.
-  Everything but the two products in the loop is a batched matrix product over all chunks.
-  For KDA, Gamma is per channel; ``_scores_per_channel`` factors it through sub-chunk
-  reference points so it stays a matrix product without overflow (as in GLA, arXiv 2312.06635);
+  Everything but the two products in the loop is a batched matrix product over all chunks
+  (the within-chunk inverse too: ``_unit_lower_inverse``), and the chunks are processed in
+  cache-sized groups. Gamma is never formed when the chunk's decay is within exp's range:
+  exp(G_i - G_j) = exp(G_i - m) exp(m - G_j) with m half the chunk's decay, so the decays ride
+  on q and k into one product. Beyond that range GDN forms Gamma pairwise, and KDA (whose Gamma
+  is per channel, C x C x K numbers) factors through sub-chunk reference points instead, as in
+  GLA (arXiv 2312.06635), so it stays a matrix product without overflow;
 * ``mode="scan"``: the state sequence by a parallel affine scan (``storelab.ops.scan``).
 
 Shape legend: B batch, T tokens, H heads, K key width, V value width, N chunks, C chunk size.
@@ -108,9 +112,10 @@ def _to_chunks(x: Tensor, C: int, scale: float | None = None, out: Tensor | None
 
 
 def _from_chunks(x_NBCD: Tensor, B: int, T: int) -> Tensor:
+    """[N, B*H, C, D] -> [B, T, H, D] as a strided view (the caller copies it where it belongs)."""
     N, BH, C, D = x_NBCD.shape
     H = BH // B
-    return x_NBCD.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, D)[:, :T]
+    return x_NBCD.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).flatten(1, 2)[:, :T]
 
 
 def _exp_limit(dtype: torch.dtype) -> float:
@@ -210,9 +215,10 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     per_chunk = B * H * C * max(K, V, C)
     Tg = C * max(1, GROUP_FLOATS // per_chunk)
     S = q.new_zeros(B * H, K, V) if S_BHKV is None else S_BHKV.reshape(B * H, K, V).clone()
-    if T <= Tg:
-        return _chunk_group(q, k, v, g, beta, scale, S, C).view(B, T, H, V), S.view(B, H, K, V)
     o = q.new_empty(B, T, H, V)
+    if T <= Tg:
+        o.copy_(_chunk_group(q, k, v, g, beta, scale, S, C))
+        return o, S.view(B, H, K, V)
     for t0 in range(0, T, Tg):
         sl = slice(t0, min(T, t0 + Tg))
         o[:, sl] = _chunk_group(q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
@@ -220,8 +226,33 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     return o, S.view(B, H, K, V)
 
 
-def _intra_scores(q_N, k_N, G, delta):
-    """A_qk [i, j] = q_i . k_j * decay(j -> i) for j <= i (zeros above), and A_kk with k_i as the row.
+class _Chunked:
+    """One group's inputs in chunk layout, read straight from [B, T, H, D] with a factor applied.
+
+    ``put(x, factor)`` writes x * factor as [N, B*H, C, D] in a single pass over x (the factor is a
+    number or a tensor [N, B*H, C, 1|D]), so no unscaled copy of q or k is ever made.
+    """
+
+    def __init__(self, B, T, H, C):
+        self.B, self.H, self.C, self.N = B, H, C, -(-T // C)
+
+    def src(self, x: Tensor) -> Tensor:
+        B, T, H, D = x.shape
+        if self.N * self.C != T:
+            x = F.pad(x, (0, 0, 0, 0, 0, self.N * self.C - T))
+        return x.view(B, self.N, self.C, H, D).permute(1, 0, 3, 2, 4)                  # N B H C D (strided)
+
+    def put(self, x_src: Tensor, factor, out: Tensor | None = None) -> Tensor:
+        N, B, H, C, D = x_src.shape
+        out = x_src.new_empty(N, B * H, C, D) if out is None else out
+        if isinstance(factor, Tensor):
+            factor = factor.view(N, B, H, C, -1)
+        torch.mul(x_src, factor, out=out.view(N, B, H, C, D))
+        return out
+
+
+def _intra_scores(cz, q_src, k_src, G, b_N, scale):
+    """A_qk [i, j] = q_i . k_j * decay(j -> i) for j <= i (zeros above), and A_kk = diag(beta) (same with k_i).
 
     Only A_kk's strictly lower part is meaningful (nothing else is read). The q and k rows go through
     one product against k^T. With decay, the fast path factors it through the chunk's mid-decay
@@ -230,72 +261,81 @@ def _intra_scores(q_N, k_N, G, delta):
     both factors within exp(+-span/2), so plain matrix products replace C*C (or C*C*K) exponentials.
     Entries above the diagonal may overflow there; they are never read. Chunks whose decay spans more
     than twice the exp limit use the exact pairwise form (per head) or sub-chunk references (per channel).
+    Returns (A_qk, A_kk or None, k in chunk layout if it was made along the way, else None).
     """
-    N, BH, C, K = q_N.shape
+    N, B, H, C, K = k_src.shape
+    delta = b_N is not None
     R = 2 if delta else 1
     G_last = None if G is None else G[:, :, -1:]
     fast = G is not None and -G_last.min().item() <= 2 * _exp_limit(G.dtype)
     if G is not None and not fast and G.shape[-1] > 1:
-        P = _scores_per_channel([q_N, k_N] if delta else [q_N], k_N, G)
-        return P[0], (P[1] if delta else None)
-    rows = q_N.new_empty(N, BH, R * C, K)                                            # [q; k] rows
+        P = _scores_per_channel([cz.put(q_src, scale), cz.put(k_src, 1.0)] if delta else [cz.put(q_src, scale)],
+                                cz.put(k_src, 1.0), G)
+        return P[0], (P[1].mul_(b_N) if delta else None), None
+    rows = q_src.new_empty(N, B * H, R * C, K)                                        # [q; beta k] rows
     if fast:
         f = (G - 0.5 * G_last).exp_()                                                 # N BH C 1|K
-        torch.mul(q_N, f, out=rows[:, :, :C])
+        cz.put(q_src, f * scale, rows[:, :, :C])
         if delta:
-            torch.mul(k_N, f, out=rows[:, :, C:])
-        kT = (k_N / f).transpose(-1, -2)
+            cz.put(k_src, f * b_N, rows[:, :, C:])
+        k_N, kT = None, cz.put(k_src, 1.0 / f).transpose(-1, -2)
     else:
-        rows[:, :, :C] = q_N
+        cz.put(q_src, scale, rows[:, :, :C])
         if delta:
-            rows[:, :, C:] = k_N
+            cz.put(k_src, b_N, rows[:, :, C:])
+        k_N = cz.put(k_src, 1.0)
         kT = k_N.transpose(-1, -2)
-    A = torch.matmul(rows, kT).view(N, BH, R, C, C)
+    A = torch.matmul(rows, kT).view(N, B * H, R, C, C)
     if G is not None and not fast:  # per head, beyond the fast range: the pairwise decays directly
         Gs = G[..., 0]
         tril = torch.ones(C, C, dtype=torch.bool, device=G.device).tril_()
         A.mul_(torch.where(tril, Gs[..., :, None] - Gs[..., None, :], float("-inf")).exp_()[:, :, None])
-    return A[:, :, 0].tril_(), (A[:, :, 1] if delta else None)
+    return A[:, :, 0].tril_(), (A[:, :, 1] if delta else None), k_N
 
 
 def _chunk_group(q, k, v, g, beta, scale, S_BKV, C):
-    """Outputs [B, T, H, V] (as a view) of one group of chunks; advances the state S_BKV in place."""
+    """Outputs [B, T, H, V] (a strided view) of one group of chunks; advances the state S_BKV in place."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    q_N, k_N = _to_chunks(q, C, scale), _to_chunks(k, C)                             # N BH C K
-    N, BH = q_N.shape[:2]
+    cz = _Chunked(B, T, H, C)
+    q_src, k_src, v_src = cz.src(q), cz.src(k), cz.src(v)                           # N B H C K|V
+    N, BH = cz.N, B * H
     delta = beta is not None
     G = None if g is None else _to_chunks(g, C).cumsum_(2)                            # N BH C 1|K
-    A_qk, A_kk = _intra_scores(q_N, k_N, G, delta)                                    # N BH C C
+    b_N = _to_chunks(beta, C) if delta else None                                      # N BH C 1
+    A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, scale)                  # N BH C C
 
+    eG = None if G is None else G.exp()
     if delta:
-        # UT transform: (I + strict_tril(diag(beta) A_kk))^-1 diag(beta) [V | K exp(G)] = [U | W]
-        b_N = _to_chunks(beta, C)                                                     # N BH C 1
-        Tinv = _unit_lower_inverse(A_kk.mul_(b_N)).mul_(b_N.transpose(-1, -2))
-        rhs = q_N.new_empty(N, BH, C, V + K)
-        _to_chunks(v, C, out=rhs[..., :V])
-        if G is None:
-            rhs[..., V:] = k_N
-        else:
-            torch.mul(k_N, G.exp(), out=rhs[..., V:])
-        UW = torch.matmul(Tinv, rhs)
+        # UT transform: (I + strict_tril(A_kk))^-1 [diag(beta) V | diag(beta) K exp(G)] = [U | W]
+        rhs = q.new_empty(N, BH, C, V + K)
+        cz.put(v_src, b_N, rhs[..., :V])
+        cz.put(k_src, b_N if G is None else b_N * eG, rhs[..., V:])
+        UW = torch.matmul(_unit_lower_inverse(A_kk), rhs)
         U, W = UW[..., :V], UW[..., V:]
-        V_new = q_N.new_empty(N, BH, C, V)
+        V_new = q.new_empty(N, BH, C, V)
     else:
-        V_new = _to_chunks(v, C)
+        V_new = cz.put(v_src, 1.0)
     if G is not None:
         G_last = G[:, :, -1:]                                                         # N BH 1 1|K
-        q_N.mul_(G.exp())
-        k_N.mul_((G_last - G).exp_())
+        q_N = cz.put(q_src, eG * scale)                                               # queries read decayed states
+        k_N = cz.put(k_src, (G_last - G).exp_())                                      # keys decay to the chunk end
         S_decay = G_last.exp().transpose(-1, -2)                                      # N BH 1|K 1
+    else:
+        q_N = cz.put(q_src, scale)
+        k_N = k_N if k_N is not None else cz.put(k_src, 1.0)
     k_T = k_N.transpose(-1, -2)                                                       # N BH K C
 
-    S_all = q_N.new_empty(N + 1, BH, K, V)                                            # state before chunk i
+    S_all = q.new_empty(N + 1, BH, K, V)                                              # state before chunk i
     S_all[0].copy_(S_BKV)
-    for i in range(N):  # the one sequential loop: two products per chunk
+    for i in range(N):  # the one sequential loop: two products per chunk, written in place
         if delta:
             torch.baddbmm(U[i], W[i], S_all[i], alpha=-1, out=V_new[i])
-        torch.baddbmm(S_all[i] * S_decay[i] if G is not None else S_all[i], k_T[i], V_new[i], out=S_all[i + 1])
+        if G is not None:
+            torch.mul(S_all[i], S_decay[i], out=S_all[i + 1])
+        else:
+            S_all[i + 1].copy_(S_all[i])
+        S_all[i + 1].baddbmm_(k_T[i], V_new[i])
     S_BKV.copy_(S_all[-1])
     o = torch.matmul(q_N, S_all[:-1]).view(N * BH, C, V)
     o.baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))

@@ -7,7 +7,7 @@
 * a path ending in ``.toml`` or ``.json``: a model file;
 * a built-in stack, ``d_model`` / ``n_layers`` / ``n_heads`` / ``head_dim`` / ``d_ff`` /
   ``window`` / ``beta_max`` / ``depth`` / ``mode`` (the recurrent stores' evaluation form) set
-  by ``options``:
+  by ``options`` (``mode="auto"``: the fastest form autograd can train, see ``trainable_mode``):
   ``attention``, ``window``, ``gated_deltanet``, ``kda`` (every layer that store) and
   ``hybrid`` (three KDA layers to one attention layer, Kimi's 3:1), ``hybrid-gdn`` (the
   same with Gated DeltaNet, Qwen's 3:1), or ``pattern:<letters>`` with one letter per
@@ -25,10 +25,11 @@ from typing import Any
 
 from storelab.models.config import ModelConfig, read_file
 
+RECURRENT_KINDS = ("linear_attention", "deltanet", "gated_deltanet", "kda")
 LETTERS = {"A": "attention", "W": "window", "G": "gated_deltanet", "K": "kda", "M": "mla"}
 BUILTIN = {"attention": "A", "window": "W", "gated_deltanet": "G", "kda": "K", "hybrid": "KKKA", "hybrid-gdn": "GGGA"}
 DEFAULTS = dict(d_model=64, n_layers=4, n_heads=2, head_dim=32, d_ff=128, window=8, beta_max=1.0, depth="residual",
-                mode="chunk")
+                mode="auto")
 
 
 def store_dict(kind: str, o: dict[str, Any]) -> dict[str, Any]:
@@ -39,7 +40,8 @@ def store_dict(kind: str, o: dict[str, Any]) -> dict[str, Any]:
     if kind == "window":
         return {"kind": "window", "n_heads": H, "head_dim": K, "window": o["window"]}
     if kind in ("gated_deltanet", "kda"):
-        return {"kind": kind, "n_heads": H, "head_k_dim": K, "beta_max": o["beta_max"], "mode": o["mode"]}
+        mode = trainable_mode() if o["mode"] == "auto" else o["mode"]
+        return {"kind": kind, "n_heads": H, "head_k_dim": K, "beta_max": o["beta_max"], "mode": mode}
     if kind == "mla":
         return {"kind": "mla", "n_heads": H, "kv_lora_rank": K, "qk_nope_head_dim": K // 2,
                 "qk_rope_head_dim": K // 2, "v_head_dim": K}
@@ -86,4 +88,31 @@ def resolve_model(name: str, vocab_size: int, **options: Any) -> ModelConfig:
                              f"or a .toml/.json file") from None
     d = dict(read_file(path))
     d["vocab_size"] = vocab_size
+    if trainable_mode() != "chunk":
+        d["stores"] = {nm: ({**sd, "mode": trainable_mode()} if sd.get("kind") in RECURRENT_KINDS else sd)
+                       for nm, sd in d.get("stores", {}).items()}
     return ModelConfig.from_dict(d, source=str(path))
+
+
+_MODE: list[str] = []
+
+
+def trainable_mode() -> str:
+    """The recurrent stores' fastest evaluation form that autograd can differentiate.
+
+    The chunkwise form is the fast one; where it writes into preallocated tensors
+    (``out=``) autograd refuses it, and the per-token loop (exact, slower) is used.
+    """
+    if not _MODE:
+        import torch
+
+        from storelab.ops.delta import kda
+
+        x = torch.randn(1, 3, 1, 4, requires_grad=True)
+        try:
+            o, _ = kda(x, x.detach(), x.detach(), g=-torch.ones(1, 3, 1, 4), beta=torch.ones(1, 3, 1), mode="chunk")
+            o.sum().backward()
+            _MODE.append("chunk")
+        except RuntimeError:
+            _MODE.append("recurrent")
+    return _MODE[0]

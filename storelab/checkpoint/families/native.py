@@ -1,11 +1,18 @@
 """storelab's own checkpoints, written by ``storelab.checkpoint.save``.
 
-config.json holds ``{"model_type": "storelab", "config": <ModelConfig.to_dict()>,
-"adapters": [...]}``; the safetensors hold our state dict under our own names (a tied
-LM head once, as ``embed.weight``), so the table is the identity.
+config.json holds ``{"model_type": "storelab", "model": {...}, "adapters": [...]}`` where
+``model`` is the ModelConfig written out exactly: its top-level fields and, per layer, the
+full dict of each slot's store config (None values kept: ``ModelConfig.to_dict``'s compact
+file form drops them, and a None that differs from a field's default, such as KDA's
+``gate_lower_bound``, would come back as the default). A ``config`` key in the compact file
+form (``ModelConfig.to_dict``) is read too. The safetensors hold our state dict under our own
+names (a tied LM head once, as ``embed.weight``), so the table is the identity.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 from storelab.checkpoint.shards import CheckpointError
 from storelab.checkpoint.table import copy
@@ -13,14 +20,56 @@ from storelab.checkpoint.table import copy
 NAME = "storelab"
 MODEL_TYPES = ("storelab",)
 IGNORED = ()
+SLOTS = ("token", "channel", "depth", "lookup")
+
+
+def config_to_json(cfg) -> dict[str, Any]:
+    """The ModelConfig as plain JSON data, every store field included."""
+    top = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("layers", "published")}
+    top["published"] = dataclasses.asdict(cfg.published) if cfg.published is not None else None
+    top["layers"] = [{**{s: (getattr(lay, s).to_dict() if getattr(lay, s) is not None else None) for s in SLOTS},
+                      "cache_owner": lay.cache_owner, "selection_owner": lay.selection_owner} for lay in cfg.layers]
+    return top
+
+
+def _store(d: dict, where: str):
+    from storelab.stores import REGISTRY
+
+    kind = d.get("kind")
+    if kind not in REGISTRY:
+        raise CheckpointError(f"config.json: {where}.kind: unknown store kind {kind!r}")
+    cls = REGISTRY[kind]
+    d = {k: (tuple(v) if isinstance(v, list) and "tuple" in str(f.type) else v)
+         for f in dataclasses.fields(cls) for k, v in d.items() if k == f.name}
+    try:
+        return cls(**d)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json: {where} ({kind}): {e}") from None
+
+
+def config_from_json(m: dict[str, Any]):
+    from storelab.models.config import LayerConfig, ModelConfig, Published
+
+    layers = []
+    for i, lay in enumerate(m["layers"]):
+        slots = {s: _store(lay[s], f"model.layers[{i}].{s}") for s in SLOTS if lay.get(s) is not None}
+        layers.append(LayerConfig(**slots, cache_owner=lay.get("cache_owner"), selection_owner=lay.get("selection_owner")))
+    top = {k: v for k, v in m.items() if k not in ("layers", "published")}
+    pub = Published(**m["published"]) if m.get("published") else None
+    return ModelConfig(**top, layers=layers, published=pub)
 
 
 def to_config(hf: dict):
     from storelab.models.config import ModelConfig
 
-    if not isinstance(hf.get("config"), dict):
-        raise CheckpointError("config.json: config: missing (a storelab checkpoint keeps its model config there)")
-    return ModelConfig.from_dict(hf["config"], source="config.json: config")
+    if isinstance(hf.get("model"), dict):
+        try:
+            return config_from_json(hf["model"])
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(f"config.json: model: malformed ({e})") from None
+    if isinstance(hf.get("config"), dict):
+        return ModelConfig.from_dict(hf["config"], source="config.json: config")
+    raise CheckpointError("config.json: model: missing (a storelab checkpoint keeps its model config there)")
 
 
 def adapters(hf: dict, cfg) -> list[dict]:
@@ -28,9 +77,10 @@ def adapters(hf: dict, cfg) -> list[dict]:
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:
+    import torch
+
     from storelab.checkpoint.table import ours_to_load
     from storelab.models.model import Model
-    import torch
 
     with torch.device("meta"):
         model = Model(cfg)

@@ -1,0 +1,117 @@
+"""Probe 3: how fast the recurrent heads forget.
+
+On real inputs (after GateSight, arXiv 2610.14754). Each step a Gated DeltaNet head
+multiplies its state by ``exp(g_t)`` (one g per head), a KDA head each key channel by its
+own ``exp(g_t,k)``. A head's per-token log retention on a document is the mean of g over
+its tokens (and channels, for KDA: the geometric mean of what it keeps), and its half-life
+is ``ln 2 / -mean g`` tokens: after that many tokens half of its contents is left (the
+delta writes aside). Reported: each head's half-life on each document, the median over
+heads, and how stable the ranking of heads from fast to slow is across documents (the mean
+Spearman correlation between every pair of documents; 1 = the same order every time,
+fixed by the weights).
+
+From the weights alone (after DASC, arXiv 2608.30386), for KDA: drop the input-dependent
+part of the gate (f = 0), so each channel's log retention is its bias term,
+``g_k = lb * sigmoid(exp(A_log) * dt_bias_k)`` (Kimi K3's bounded gate) or
+``-exp(A_log) * softplus(dt_bias_k)``. A channel fades to a thousandth within 64 tokens
+when ``64 g_k <= ln 1e-3``; a head *mixes* when it has such a channel and one that lasts
+longer. Reported: the fraction of KDA heads that mix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from storelab.probes.common import recurrent_layers, spearman
+
+ESSAY_FORGET = {"source": "GateSight, arXiv 2610.14754 (Qwen3.8-27B); DASC, arXiv 2608.30386 (Kimi K3)",
+                "median_half_life_tokens": 24, "ranking": "almost the same for every document",
+                "kda_mixing_fraction": 0.98}
+
+FADE, WITHIN = 1e-3, 64
+
+
+@torch.no_grad()
+def decay_gates(model, inputs_BT: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Per recurrent layer, its log decays on these inputs: [B, T, H] or [B, T, H, K] (g <= 0)."""
+    model.eval()
+    seen: dict[int, torch.Tensor] = {}
+    hooks = []
+    for i in recurrent_layers(model):
+        store = model.blocks[i].token
+
+        def grab(mod, args, i=i):
+            seen[i] = args[0].detach()
+        hooks.append(store.register_forward_pre_hook(grab))
+    try:
+        model(inputs_BT)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {}
+    for i, x in seen.items():
+        g = model.blocks[i].token._log_decay(x)
+        if g is not None:
+            out[i] = g.float()
+    return out
+
+
+def half_lives(g: torch.Tensor) -> torch.Tensor:
+    """Half-life in tokens per (document, head) from log decays [B, T, H(, K)] -> [B, H]."""
+    per_tok = g.mean(dim=(1, 3)) if g.dim() == 4 else g.mean(dim=1)
+    return math.log(2.0) / (-per_tok).clamp_min(1e-12)
+
+
+def kda_weight_estimate(store) -> dict:
+    """Per head of one KDA layer: the f = 0 log retention of each channel and whether the head mixes."""
+    cfg = store.cfg
+    H, K = cfg.n_heads, cfg.head_k_dim
+    rate = store.A_log.detach().float().exp()[:, None]           # H 1
+    bias = store.dt_bias.detach().float().view(H, K)
+    lb = cfg.gate_lower_bound
+    g_HK = lb * torch.sigmoid(rate * bias) if lb is not None else -rate * F.softplus(bias)
+    fades = WITHIN * g_HK <= math.log(FADE)                       # to a thousandth within 64 tokens
+    mixes = fades.any(-1) & (~fades).any(-1)
+    return {"log_retention": g_HK, "fades": fades, "mixes": mixes}
+
+
+@torch.no_grad()
+def forgetting(model, task=None, *, inputs=None, n: int = 8, seed: int = 0) -> dict:
+    """Half-lives per recurrent head on ``n`` documents of ``task`` (or on ``inputs``) and the KDA estimate."""
+    if inputs is None:
+        if task is None:
+            raise ValueError("task: forgetting needs a task or inputs")
+        inputs = task.sample(n, seed).inputs
+    gates = decay_gates(model, inputs)
+    heads = []      # (layer, head)
+    cols = []
+    for i, g in sorted(gates.items()):
+        hl = half_lives(g)                                        # B H
+        cols.append(hl)
+        heads += [(i, h) for h in range(hl.shape[1])]
+    out: dict = {"probe": "forgetting", "documents": int(inputs.shape[0]), "recurrent_layers": recurrent_layers(model)}
+    if cols:
+        hl_BN = torch.cat(cols, dim=1)                            # documents x heads
+        per_head = hl_BN.median(dim=0).values
+        rhos = [spearman(hl_BN[a], hl_BN[b]) for a in range(len(hl_BN)) for b in range(a + 1, len(hl_BN))]
+        out.update({
+            "heads": [{"layer": i, "head": h, "half_life": float(per_head[k])} for k, (i, h) in enumerate(heads)],
+            "median_half_life": float(per_head.median()),
+            "ranking_stability": float(sum(rhos) / len(rhos)) if rhos and len(heads) > 1 else None,
+            "ranking_stability_min": float(min(rhos)) if rhos and len(heads) > 1 else None,
+        })
+    else:
+        out.update({"heads": [], "median_half_life": None, "ranking_stability": None})
+    kda_layers = [i for i in recurrent_layers(model) if model.cfg.layers[i].token.KIND == "kda"]
+    mixes = [kda_weight_estimate(model.blocks[i].token)["mixes"] for i in kda_layers]
+    if mixes:
+        m = torch.cat(mixes)
+        out["kda_heads"] = int(m.numel())
+        out["kda_mixing_fraction"] = float(m.float().mean())
+    else:
+        out["kda_heads"], out["kda_mixing_fraction"] = 0, None
+    out["essay"] = ESSAY_FORGET
+    return out
