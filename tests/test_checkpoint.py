@@ -296,7 +296,7 @@ def test_fp8_block_quantized_weight(mimo_dir, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["mimo-v2.6-pro", "kimi-k3", "qwen3.8", "glm-5.3", "deepseek-v4-pro",
-                                  "deepseek-v4.1-flash", "minimax-m3"])
+                                  "minimax-m3"])  # deepseek-v4.1-flash: its tiny forward alone takes ~10 s
 def test_zoo_models_round_trip(name, tmp_path):
     from storelab.models.model import Model
     from storelab.zoo import load_zoo

@@ -8,8 +8,10 @@
    for integer tables) and yields our shape; every checkpoint tensor is used or known to be
    ignorable (MTP layers, a vision tower). Any failure names the tensor and the file.
 4. Unless ``device="meta"`` (accounting only: nothing is read), the model is materialised
-   on ``device`` and filled shard by shard: a shard's tensors are read, turned into ours and
-   copied, and let go before the next shard is opened.
+   on ``device`` in ``dtype`` and filled shard by shard: a shard's tensors are read, turned
+   into ours and copied, and let go before the next shard is opened (a tensor made of pieces
+   from several shards waits for its last piece). FP8 block-quantized weights are
+   dequantized on the way (``storelab.checkpoint.quantized``).
 """
 
 from __future__ import annotations
@@ -65,12 +67,12 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
     ours = ours_to_load(model)
     tab = dequantize_table(fam.table(hf, cfg, set(shards.names())), shards, hf)
     check(tab, ours, shards, fam.ignored(hf) if hasattr(fam, "ignored") else getattr(fam, "IGNORED", ()))
+    model = model.to(target)  # still on meta: the weights are then allocated in the target dtype
     if torch.device(device).type != "meta":
         model = model.to_empty(device=device)
         if cfg.tie_embeddings:
             model.lm_head.weight = model.embed.weight
         fill(model, tab, shards)
-    model = model.to(target) if target != torch.float32 else model
     model.checkpoint = {"path": str(path), "family": fam.NAME, "model_type": hf.get("model_type")}
     return model.eval()
 

@@ -8,10 +8,10 @@
 * a built-in stack, ``d_model`` / ``n_layers`` / ``n_heads`` / ``head_dim`` / ``d_ff`` /
   ``window`` / ``beta_max`` / ``depth`` / ``mode`` (the recurrent stores' evaluation form) set
   by ``options`` (``mode="auto"``: the fastest form autograd can train, see ``trainable_mode``):
-  ``attention``, ``window``, ``gated_deltanet``, ``kda`` (every layer that store) and
+  ``attention``, ``window``, ``deltanet``, ``gated_deltanet``, ``kda`` (every layer that store) and
   ``hybrid`` (three KDA layers to one attention layer, Kimi's 3:1), ``hybrid-gdn`` (the
   same with Gated DeltaNet, Qwen's 3:1), or ``pattern:<letters>`` with one letter per
-  layer: A attention, W window, G gated_deltanet, K kda, M mla.
+  layer: A attention, W window, D deltanet, G gated_deltanet, K kda, M mla.
 
 The task sets the vocabulary: ``vocab_size`` replaces the file's (every store inherits it).
 Built-in stacks use a SwiGLU feed-forward layer and the plain residual (``depth="mhc"`` for
@@ -26,8 +26,9 @@ from typing import Any
 from storelab.models.config import ModelConfig, read_file
 
 RECURRENT_KINDS = ("linear_attention", "deltanet", "gated_deltanet", "kda")
-LETTERS = {"A": "attention", "W": "window", "G": "gated_deltanet", "K": "kda", "M": "mla"}
-BUILTIN = {"attention": "A", "window": "W", "gated_deltanet": "G", "kda": "K", "hybrid": "KKKA", "hybrid-gdn": "GGGA"}
+LETTERS = {"A": "attention", "W": "window", "D": "deltanet", "G": "gated_deltanet", "K": "kda", "M": "mla"}
+BUILTIN = {"attention": "A", "window": "W", "deltanet": "D", "gated_deltanet": "G", "kda": "K", "hybrid": "KKKA",
+           "hybrid-gdn": "GGGA"}
 DEFAULTS = dict(d_model=64, n_layers=4, n_heads=2, head_dim=32, d_ff=128, window=8, beta_max=1.0, depth="residual",
                 mode="auto")
 
@@ -39,7 +40,7 @@ def store_dict(kind: str, o: dict[str, Any]) -> dict[str, Any]:
         return {"kind": "attention", "n_heads": H, "head_dim": K}
     if kind == "window":
         return {"kind": "window", "n_heads": H, "head_dim": K, "window": o["window"]}
-    if kind in ("gated_deltanet", "kda"):
+    if kind in ("deltanet", "gated_deltanet", "kda"):
         mode = trainable_mode() if o["mode"] == "auto" else o["mode"]
         return {"kind": kind, "n_heads": H, "head_k_dim": K, "beta_max": o["beta_max"], "mode": mode}
     if kind == "mla":
