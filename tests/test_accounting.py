@@ -187,9 +187,12 @@ def test_analytic_equals_measured_state_after_prefill(name):
     model = Model(cfg).eval()
     ids = torch.randint(0, cfg.vocab_size, (1, 13))
     _, cache = prefill(model, ids, chunk=5)
+    assert model.unshared == []                      # every reader of a shared cache holds no copy
     measured = cache_bytes_by_kind(model, cache)
-    analytic = analytic_state_bytes(cfg, [st.seen for st in cache], dtype="fp32", own_copies=model.unshared)
+    analytic = analytic_state_bytes(cfg, [st.seen for st in cache], dtype="fp32")   # shared caches once
     assert measured == analytic
     for i, (lay, st) in enumerate(zip(cfg.layers, cache)):
         if cfg.owns_cache(i):
             assert st.token.entries == lay.token.footprint(st.seen).kept, f"layer {i}"
+        else:
+            assert st.token.nbytes() == 0, f"layer {i} reads layer {lay.cache_owner}'s cache"

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from storelab.checkpoint import SUPPORTED, CheckpointError, load, save
-from storelab.models.model import generate, prefill
+from storelab.models.model import generate
 from tests.helpers import assert_close
 
 COMMON = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
@@ -59,14 +59,14 @@ FAMILIES = {
 PROMPT_LEN, NEW_TOKENS, CHUNK = 21, 16, 5
 
 
-def tiny_hf(model_type: str):
+def tiny_hf(model_type: str, **overrides):
     """A tiny random transformers model. Tensors that start constant (norms at 0 or 1, biases, sinks,
     routing biases, DeepSeek-V4's pooling biases) are perturbed so that a wrong mapping shows in the
     logits, and DeepSeek-V4's hash table (zeros) gets distinct random experts per token."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = AutoConfig.for_model(model_type, **FAMILIES[model_type])
+    cfg = AutoConfig.for_model(model_type, **{**FAMILIES[model_type], **overrides})
     hf = AutoModelForCausalLM.from_config(cfg).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -130,10 +130,22 @@ def test_family_matches_transformers(model_type, saved, tmp_path):
 
 
 def test_supported_lists_every_family():
-    for mt in ["qwen3_next", "qwen3_5_moe", "kimi_linear", "mimo_v2_flash", "glm_moe_dsa", "deepseek_v4",
-               "minimax_m3_vl", "storelab"]:
-        if mt in ("mimo_v2_flash", "minimax_m3_vl", "storelab"):
-            assert mt in SUPPORTED
+    for mt in [*FAMILIES, "qwen3_5_moe", "minimax_m3_vl", "storelab"]:
+        assert mt in SUPPORTED
+
+
+def test_tied_embeddings(tmp_path):
+    hf = tiny_hf("mimo_v2_flash", tie_word_embeddings=True)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load(tmp_path / "hf")
+    assert ours.lm_head.weight is ours.embed.weight
+    ids = prompt()
+    with torch.no_grad():
+        assert_close(ours(ids)[0], hf(ids).logits, atol=1e-4, what="tied mimo logits")
+    save(ours, tmp_path / "ours")
+    assert "lm_head.weight" not in load_file(tmp_path / "ours" / "model.safetensors")
+    back = load(tmp_path / "ours")
+    assert back.lm_head.weight is back.embed.weight
 
 
 # ----------------------------------------------------------------------------- our format

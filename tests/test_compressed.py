@@ -182,6 +182,53 @@ def test_causal():
     assert (y2[:, 13:] - y[:, 13:]).abs().max() > 1e-3
 
 
+# --- a reader of another layer's cache (cache_owner, DeepSeek-V4.1-Flash) ----------------
+
+KV_PATH = ("kv_proj.", "kv_norm.", "pooler.", "index_pooler.")
+
+
+@pytest.mark.parametrize("kind", ["csa", "hca"])
+def test_reader_reads_the_owners_cache_and_holds_nothing(kind):
+    """A reader with ``shared=`` the owner's cache equals a layer with the reader's query and
+    output weights and the owner's KV-path weights, which writes an identical private copy."""
+    cfg, owner = _build(kind)
+    torch.manual_seed(1)
+    reader = cfg.build()                                     # its own weights everywhere
+    private = cfg.build()
+    with torch.no_grad():
+        for (name, p), q, o in zip(private.named_parameters(), reader.parameters(), owner.parameters()):
+            p.copy_(o if name.startswith(KV_PATH) else q)
+    x = torch.randn(2, 29, cfg.d_model, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want, copy = private(x)
+        for chunks in ([29], [3, 5, 7, 14], [9, 1, 1, 18], [7, 1, 6, 15]):
+            own = mine = None
+            ys, t = [], 0
+            for c in chunks:
+                _, own = owner(x[:, t:t + c], own)
+                y, mine = reader(x[:, t:t + c], mine, shared=own)
+                ys.append(y)
+                t += c
+            assert_close(torch.cat(ys, 1), want, 1e-5, f"{kind} reader, chunks {chunks}")
+            assert mine.nbytes() == 0 and mine.entries == 0 and mine.seen == 29
+            assert own.nbytes() == copy.nbytes() > 0
+        # the reader's own KV path is not used; its queries come from its own input
+        for name, p in reader.named_parameters():
+            if name.startswith(KV_PATH):
+                p.add_(1.0)
+        _, own = owner(x)
+        assert_close(reader(x, shared=own)[0], want, 1e-5, "reader with other KV-path weights")
+        x2 = x + torch.randn_like(x)
+        assert (reader(x2, shared=own)[0] - want).abs().max() > 1e-3
+        # a reader that runs ahead of the owner, or without it, is refused
+        _, own = owner(x[:, :5])
+        _, mine = reader(x[:, :5], shared=own)
+        with pytest.raises(ValueError, match="shared"):
+            reader(x[:, 5:7], mine, shared=own)
+        with pytest.raises(ValueError, match="shared"):
+            reader(x[:, 5:7], mine)
+
+
 # --- accounting ------------------------------------------------------------------------
 
 

@@ -20,8 +20,8 @@ Every state is checked against the store's analytic accounting (``state.nbytes()
 ``footprint(L, dtype="fp32").state_bytes``). Then single-token steps are timed, the context
 lengths interleaved in rounds (see ``timing.compare``). For ``dsa`` the step is also split
 into its parts: the indexer's scoring (index queries, scores over all L, top-k) and the main
-attention's read of the selected entries (``read_selected``), each timed on its own.
-The whole step also includes appending the new entry to the cache.
+attention's read of the selected entries (``read_selected``), each timed on its own, in
+rounds of their own. The whole step also includes appending the new entry to the cache.
 
 Verdicts: "constant" holds when t(65,536) / t(1,024) <= 1.2; "linear" when the time per
 added entry, (t(65,536) - t(1,024)) / 64,512, is positive and the ratio at least 2.
@@ -158,7 +158,7 @@ def bench_decode(*, contexts: tuple[int, ...] = (1024, 65536), D: int = 512, H: 
         cfg = build_store(spec["config"])
         module = cfg.build().eval()
         x_step = x_all[:, large:large + 1]
-        states, fns = {}, {}
+        states, fns, parts = {}, {}, {}
         for L in contexts:
             st = written_state(module, kind, x_all[:, :L])
             fp = cfg.footprint(L, dtype="fp32")
@@ -168,8 +168,10 @@ def bench_decode(*, contexts: tuple[int, ...] = (1024, 65536), D: int = 512, H: 
             fns[f"step@{L}"] = (lambda st=st: module(x_step, _clone(st)))
             if kind == "dsa":
                 for part, fn in dsa_parts(module, st, x_step).items():
-                    fns[f"{part}@{L}"] = fn
+                    parts[f"{part}@{L}"] = fn
         t = compare(fns, repeats=repeats, warmup=2)
+        if parts:  # the parts in rounds of their own, apart from the whole steps' traffic
+            t.update(compare(parts, repeats=repeats, warmup=2))
         row.update(available=True, contexts=states,
                    step_ms={L: t[f"step@{L}"].best * 1e3 for L in contexts},
                    timings={k: v.as_dict() for k, v in t.items()})

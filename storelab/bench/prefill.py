@@ -157,38 +157,58 @@ def speed_row(child: dict[str, Any]) -> dict[str, Any]:
 # -- the peer: transformers' tiny model of the same family -------------------------------------------
 
 def peer_settings(name: str, cfg) -> tuple[str, dict[str, Any]]:
-    """(transformers model type, config settings) of the tiny peer for one of our zoo models."""
+    """(transformers model type, config settings) of the tiny peer for one of our zoo models.
+
+    Width, layer count, vocabulary, the layer pattern (which layers are full, window,
+    linear, compressed) and the dense/MoE pattern follow our tiny model; the other sizes
+    are the tiny settings of shared/reference/oracles.md (8 experts of 32, top 2).
+    """
     family = PEER_FAMILY[name]
-    common = dict(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, vocab_size=cfg.vocab_size,
-                  intermediate_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    kinds = [lay.token.KIND for lay in cfg.layers]
+    dense = [lay.channel.KIND == "ffn" for lay in cfg.layers]
+    n = cfg.n_layers
+    common = dict(hidden_size=cfg.d_model, num_hidden_layers=n, vocab_size=cfg.vocab_size, pad_token_id=0,
+                  bos_token_id=1, eos_token_id=2)
+    moe = dict(num_experts_per_tok=2, moe_intermediate_size=32)
     if family == "mimo_v2_flash":
         s = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, v_head_dim=16, n_routed_experts=8,
-                 num_experts_per_tok=2, moe_intermediate_size=32, sliding_window_size=5)
+                 intermediate_size=128, sliding_window_size=5, **moe,
+                 layer_types=["full_attention" if k == "attention" else "sliding_attention" for k in kinds],
+                 mlp_layer_types=["dense" if d else "sparse" for d in dense])
     elif family == "kimi_linear":
         s = dict(num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None,
-                 qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_experts=8, num_experts_per_tok=2,
-                 moe_intermediate_size=32, num_shared_experts=1, linear_head_dim=16, linear_num_heads=4,
-                 layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                              for i in range(cfg.n_layers)])
+                 qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_local_experts=8, n_shared_experts=1,
+                 intermediate_size=128, linear_head_dim=16, linear_num_heads=2, **moe,
+                 layer_types=["linear_attention" if k == "kda" else "full_attention" for k in kinds],
+                 mlp_layer_types=["dense" if d else "sparse" for d in dense])
     elif family == "qwen3_next":
-        s = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-                 moe_intermediate_size=32, shared_expert_intermediate_size=32, linear_conv_kernel_dim=4,
-                 linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4)
+        s = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+                 shared_expert_intermediate_size=32, intermediate_size=128, linear_conv_kernel_dim=4,
+                 linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                 layer_types=["linear_attention" if k == "gated_deltanet" else "full_attention" for k in kinds],
+                 mlp_only_layers=[i for i, d in enumerate(dense) if d], **moe)
     elif family == "glm_moe_dsa":
         s = dict(num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
                  qk_nope_head_dim=16, v_head_dim=16, index_topk=6, index_head_dim=16, index_n_heads=2,
-                 n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1)
+                 n_routed_experts=8, intermediate_size=128, n_group=1, topk_group=1, **moe,
+                 mlp_layer_types=["dense" if d else "sparse" for d in dense])
     elif family == "deepseek_v4":
+        kind_type = {"csa": "compressed_sparse_attention", "hierarchical": "compressed_sparse_attention",
+                     "hca": "heavily_compressed_attention", "window": "sliding_attention"}
         s = dict(num_attention_heads=4, num_key_value_heads=1, head_dim=32, q_lora_rank=24, o_groups=2,
                  o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=3, sliding_window=4,
                  compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 4},
-                 n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
-                 hc_mult=4, hc_sinkhorn_iters=5)
+                 n_routed_experts=8, n_shared_experts=1, hc_mult=4, hc_sinkhorn_iters=5, num_nextn_predict_layers=0,
+                 layer_types=[kind_type.get(k, "heavily_compressed_attention") for k in kinds],
+                 mlp_layer_types=["hash_moe" if getattr(lay.channel, "routing", "") == "hash" else "moe"
+                                  for lay in cfg.layers], **moe)
     else:  # minimax_m3_vl_text
         s = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, rotary_dim=8, num_local_experts=8,
-                 num_experts_per_tok=2, dense_intermediate_size=128, shared_intermediate_size=32, index_n_heads=2,
+                 intermediate_size=32, dense_intermediate_size=128, shared_intermediate_size=32, index_n_heads=2,
                  index_head_dim=16, index_block_size=4, index_topk_blocks=2, index_local_blocks=1,
-                 layer_types=["full_attention"] + ["minimax_m3_sparse"] * (cfg.n_layers - 1))
+                 num_experts_per_tok=2,
+                 layer_types=["full_attention" if k == "attention" else "minimax_m3_sparse" for k in kinds],
+                 mlp_layer_types=["dense" if d else "sparse" for d in dense])
     return family, {**common, **s}
 
 

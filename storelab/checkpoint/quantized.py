@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 from torch import Tensor
 
 from storelab.checkpoint.shards import CheckpointError, Shards

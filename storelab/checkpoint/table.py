@@ -8,9 +8,7 @@ from the shard headers before reading a byte.
     copy(name)               the tensor as it is
     plus_one(name)           1 + w: norms stored as an offset from one (Qwen3-Next, MiniMax, Gemma)
     rows(name, start, stop)  a slice along the first axis (a fused projection split in two)
-    stack(names)             per-expert matrices stacked into one [E, ...] tensor
-    cat(names)               pieces joined along the first axis (gate rows, then up rows)
-    Src(names, fn, what)     anything else
+    Src(names, fn, what)     anything else (per-expert matrices stacked, fused rows re-laid, ...)
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["Src", "copy", "plus_one", "rows", "stack", "cat", "ours_to_load"]
+__all__ = ["Src", "copy", "plus_one", "rows", "ours_to_load"]
 
 
 @dataclass(frozen=True)
@@ -46,14 +44,6 @@ def plus_one(name: str) -> Src:
 
 def rows(name: str, start: int, stop: int) -> Src:
     return Src((name,), lambda w: w[start:stop], f"rows {start}:{stop}")
-
-
-def stack(names: list[str]) -> Src:
-    return Src(tuple(names), lambda *ws: torch.stack(ws, 0), f"stack of {len(names)}")
-
-
-def cat(names: list[str]) -> Src:
-    return Src(tuple(names), lambda *ws: torch.cat(ws, 0), f"concatenation of {len(names)}")
 
 
 def ours_to_load(model: torch.nn.Module) -> dict[str, Tensor]:

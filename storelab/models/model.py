@@ -26,10 +26,10 @@ dsa/hierarchical stores' own mechanism: ``new_cache`` links their states with
   ``SharedLatentCache`` whose ``append`` writes nothing and returns the owner's
   entries (and index keys), so the reader reads exactly the owner's cache and
   holds no bytes of its own;
-* a store whose module says ``SHARES = True`` is handed the owner's state as
-  ``shared=``;
-* any other store (csa, hca at present) keeps its own cache at run time; the
-  accounting still counts the shared cache once, and ``Model.unshared`` lists them.
+* a store whose module says ``SHARES = True`` (csa, hca) is handed the owner's state
+  as ``shared=``, after the owner's call, and keeps no cache of its own;
+* any other store keeps its own cache at run time; the accounting still counts the
+  shared cache once, and ``Model.unshared`` lists them.
 
 Encoder-decoder (DeepSeek-V4.1-Flash, ``encoder_layers = E``): every token passes
 through the E encoder layers; the decoder layers see only the tokens the caller

@@ -91,24 +91,15 @@ def _recurrent(q, k, v, g, beta, scale, S_BHKV):
 
 
 # ---------------------------------------------------------------------------- chunked
-def _to_chunks(x: Tensor, C: int, scale: float | None = None, out: Tensor | None = None) -> Tensor:
-    """[B, T, H, *D] -> [N, B*H, C, D] (zero padded to a multiple of C; D = 1 if absent), times scale.
-
-    ``out`` ([N, B*H, C, D], any strides) receives the result in place of a new tensor.
-    """
+def _to_chunks(x: Tensor, C: int) -> Tensor:
+    """[B, T, H, *D] -> [N, B*H, C, D] (zero padded to a multiple of C; D = 1 if absent)."""
     if x.dim() == 3:
         x = x[..., None]
     B, T, H, D = x.shape
     N = -(-T // C)
     if N * C != T:
         x = F.pad(x, (0, 0, 0, 0, 0, N * C - T))
-    src = x.view(B, N, C, H, D).permute(1, 0, 3, 2, 4)
-    dst = x.new_empty(N, B, H, C, D) if out is None else out.view(N, B, H, C, D)
-    if scale is None or scale == 1.0:
-        dst.copy_(src)
-    else:
-        torch.mul(src, scale, out=dst)  # one pass: scale while reordering
-    return dst.view(N, B * H, C, D) if out is None else out
+    return x.view(B, N, C, H, D).permute(1, 0, 3, 2, 4).reshape(N, B * H, C, D)
 
 
 def _from_chunks(x_NBCD: Tensor, B: int, T: int) -> Tensor:
@@ -134,22 +125,21 @@ def _unit_lower_inverse(A_BCC: Tensor, block: int = 16) -> Tensor:
     b = block if C % block == 0 else C
     n = C // b
     X = torch.diagonal(A_BCC.unflatten(-2, (n, b)).unflatten(-1, (n, b)), dim1=-4, dim2=-2)  # ... b b n
-    X = X.movedim(-1, -3).tril(-1)                                                          # ... n b b
-    inv = -X
-    inv.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    X = X.movedim(-1, -3).tril(-1).reshape(-1, b, b)                                       # (... n) b b
+    inv = torch.eye(b, dtype=A_BCC.dtype, device=A_BCC.device) - X
     p = 2
     while p < b:
-        X = X @ X
-        inv = inv + inv @ X
+        X = torch.bmm(X, X)
+        inv = torch.baddbmm(inv, inv, X)
         p *= 2
+    inv = inv.view(*A_BCC.shape[:-2], n, b, b)
     if n == 1:
         return inv.squeeze(-3)
     T = A_BCC.new_zeros(A_BCC.shape)
-    for r in range(n):
+    torch.diagonal(T.unflatten(-2, (n, b)).unflatten(-1, (n, b)), dim1=-4, dim2=-2).copy_(inv.movedim(-3, -1))
+    for r in range(1, n):
         rows = slice(r * b, (r + 1) * b)
-        T[..., rows, rows] = inv[..., r, :, :]
-        if r:
-            T[..., rows, : r * b] = -inv[..., r, :, :] @ (A_BCC[..., rows, : r * b] @ T[..., : r * b, : r * b])
+        T[..., rows, : r * b] = torch.matmul(inv[..., r, :, :], A_BCC[..., rows, : r * b] @ T[..., : r * b, : r * b]).neg_()
     return T
 
 
@@ -200,15 +190,16 @@ def _scores_per_channel(rows: list[Tensor], k_NBCK: Tensor, G_NBCK: Tensor) -> T
     return P.tril_()
 
 
-GROUP_FLOATS = 1 << 18  # chunks are processed in groups whose q-sized tensors hold about this many numbers
+GROUP_FLOATS = 1 << 17  # chunks are processed in groups whose q-sized tensors hold about this many numbers
 
 
 def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     """Chunkwise-parallel form of all four rules (see the module docstring).
 
     The chunks are processed in groups of about ``GROUP_FLOATS`` numbers per tensor, carrying
-    the state from group to group: the same arithmetic, but the intermediates stay small enough
-    to be reused by the allocator and to stay in cache (fresh large buffers cost page faults).
+    the state from group to group: the same arithmetic, but the intermediates live in one
+    workspace reused by every group and small enough to stay in cache (fresh large buffers
+    cost page faults, which on a small machine cost as much as the arithmetic).
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -216,25 +207,35 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     Tg = C * max(1, GROUP_FLOATS // per_chunk)
     S = q.new_zeros(B * H, K, V) if S_BHKV is None else S_BHKV.reshape(B * H, K, V).clone()
     o = q.new_empty(B, T, H, V)
-    if T <= Tg:
-        o.copy_(_chunk_group(q, k, v, g, beta, scale, S, C))
-        return o, S.view(B, H, K, V)
+    ws = _Chunked(B, H, C)
     for t0 in range(0, T, Tg):
         sl = slice(t0, min(T, t0 + Tg))
-        o[:, sl] = _chunk_group(q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
-                                None if beta is None else beta[:, sl], scale, S, C)
+        o[:, sl] = _chunk_group(ws, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
+                                None if beta is None else beta[:, sl], scale, S)
     return o, S.view(B, H, K, V)
 
 
 class _Chunked:
-    """One group's inputs in chunk layout, read straight from [B, T, H, D] with a factor applied.
+    """The workspace of ``_chunked``: inputs put into chunk layout, and buffers reused across groups.
 
-    ``put(x, factor)`` writes x * factor as [N, B*H, C, D] in a single pass over x (the factor is a
-    number or a tensor [N, B*H, C, 1|D]), so no unscaled copy of q or k is ever made.
+    ``put(x, factor, name)`` writes x * factor as [N, B*H, C, D] in a single pass over x (the
+    factor is a number or a tensor [N, B*H, C, 1|D]), so no unscaled copy of q or k is made;
+    ``buf(name, shape)`` is a named buffer, allocated once per call and reused by every group.
     """
 
-    def __init__(self, B, T, H, C):
-        self.B, self.H, self.C, self.N = B, H, C, -(-T // C)
+    def __init__(self, B, H, C):
+        self.B, self.H, self.C, self.N = B, H, C, 0
+        self._bufs: dict[str, Tensor] = {}
+
+    def start(self, T: int) -> None:
+        self.N = -(-T // self.C)
+
+    def buf(self, name: str, like: Tensor, *shape: int) -> Tensor:
+        n = math.prod(shape)
+        b = self._bufs.get(name)
+        if b is None or b.numel() < n:
+            b = self._bufs[name] = like.new_empty(n)
+        return b[:n].view(shape)
 
     def src(self, x: Tensor) -> Tensor:
         B, T, H, D = x.shape
@@ -242,16 +243,34 @@ class _Chunked:
             x = F.pad(x, (0, 0, 0, 0, 0, self.N * self.C - T))
         return x.view(B, self.N, self.C, H, D).permute(1, 0, 3, 2, 4)                  # N B H C D (strided)
 
-    def put(self, x_src: Tensor, factor, out: Tensor | None = None) -> Tensor:
+    def put(self, x_src: Tensor, factor, name: str | None = None, out: Tensor | None = None) -> Tensor:
         N, B, H, C, D = x_src.shape
-        out = x_src.new_empty(N, B * H, C, D) if out is None else out
+        out = self.buf(name, x_src, N, B * H, C, D) if out is None else out
         if isinstance(factor, Tensor):
             factor = factor.view(N, B, H, C, -1)
         torch.mul(x_src, factor, out=out.view(N, B, H, C, D))
         return out
 
 
-def _intra_scores(cz, q_src, k_src, G, b_N, scale):
+def _decays(G: Tensor | None):
+    """Decay factors of a group of chunks from the cumulative log decay G [N, BH, C, 1|K].
+
+    Returns (f, 1/f, exp(G), exp(G_C - G)); f = exp(G - G_C / 2) is None when some chunk decays by
+    more than twice the exp limit (then the scores take their exact slow path). On the fast path the
+    other factors are products of f and exp(G_C / 2), so one exponential serves all of them.
+    """
+    if G is None:
+        return None, None, None, None
+    G_last = G[:, :, -1:]
+    if -G_last.min().item() > 2 * _exp_limit(G.dtype):
+        return None, None, G.exp(), (G_last - G).exp_()
+    half = (0.5 * G_last).exp_()                                                      # N BH 1 1|K
+    f = (G - 0.5 * G_last).exp_()                                                     # N BH C 1|K
+    inv_f = torch.reciprocal(f)
+    return f, inv_f, f * half, inv_f * half
+
+
+def _intra_scores(cz, q_src, k_src, G, b_N, scale, f=None, inv_f=None):
     """A_qk [i, j] = q_i . k_j * decay(j -> i) for j <= i (zeros above), and A_kk = diag(beta) (same with k_i).
 
     Only A_kk's strictly lower part is meaningful (nothing else is read). The q and k rows go through
@@ -261,29 +280,28 @@ def _intra_scores(cz, q_src, k_src, G, b_N, scale):
     both factors within exp(+-span/2), so plain matrix products replace C*C (or C*C*K) exponentials.
     Entries above the diagonal may overflow there; they are never read. Chunks whose decay spans more
     than twice the exp limit use the exact pairwise form (per head) or sub-chunk references (per channel).
+    ``f`` = exp(G - m) and ``inv_f`` = 1 / f select the fast path (the caller decides, see ``_decays``).
     Returns (A_qk, A_kk or None, k in chunk layout if it was made along the way, else None).
     """
     N, B, H, C, K = k_src.shape
     delta = b_N is not None
     R = 2 if delta else 1
-    G_last = None if G is None else G[:, :, -1:]
-    fast = G is not None and -G_last.min().item() <= 2 * _exp_limit(G.dtype)
+    fast = f is not None
     if G is not None and not fast and G.shape[-1] > 1:
-        P = _scores_per_channel([cz.put(q_src, scale), cz.put(k_src, 1.0)] if delta else [cz.put(q_src, scale)],
-                                cz.put(k_src, 1.0), G)
-        return P[0], (P[1].mul_(b_N) if delta else None), None
-    rows = q_src.new_empty(N, B * H, R * C, K)                                        # [q; beta k] rows
+        k_N = cz.put(k_src, 1.0, "k_raw")
+        P = _scores_per_channel([cz.put(q_src, scale, "q_raw")] + ([k_N] if delta else []), k_N, G)
+        return P[0], (P[1].mul_(b_N) if delta else None), k_N
+    rows = cz.buf("rows", q_src, N, B * H, R * C, K)                                  # [q; beta k] rows
     if fast:
-        f = (G - 0.5 * G_last).exp_()                                                 # N BH C 1|K
-        cz.put(q_src, f * scale, rows[:, :, :C])
+        cz.put(q_src, f * scale, out=rows[:, :, :C])
         if delta:
-            cz.put(k_src, f * b_N, rows[:, :, C:])
-        k_N, kT = None, cz.put(k_src, 1.0 / f).transpose(-1, -2)
+            cz.put(k_src, f * b_N, out=rows[:, :, C:])
+        k_N, kT = None, cz.put(k_src, inv_f, "k_over_f").transpose(-1, -2)
     else:
-        cz.put(q_src, scale, rows[:, :, :C])
+        cz.put(q_src, scale, out=rows[:, :, :C])
         if delta:
-            cz.put(k_src, b_N, rows[:, :, C:])
-        k_N = cz.put(k_src, 1.0)
+            cz.put(k_src, b_N, out=rows[:, :, C:])
+        k_N = cz.put(k_src, 1.0, "k_raw")
         kT = k_N.transpose(-1, -2)
     A = torch.matmul(rows, kT).view(N, B * H, R, C, C)
     if G is not None and not fast:  # per head, beyond the fast range: the pairwise decays directly
@@ -293,51 +311,55 @@ def _intra_scores(cz, q_src, k_src, G, b_N, scale):
     return A[:, :, 0].tril_(), (A[:, :, 1] if delta else None), k_N
 
 
-def _chunk_group(q, k, v, g, beta, scale, S_BKV, C):
-    """Outputs [B, T, H, V] (a strided view) of one group of chunks; advances the state S_BKV in place."""
+def _chunk_group(cz, q, k, v, g, beta, scale, S_BKV):
+    """Outputs [B, T, H, V] (a strided view into the workspace) of one group of chunks; advances S_BKV."""
     B, T, H, K = q.shape
-    V = v.shape[-1]
-    cz = _Chunked(B, T, H, C)
+    V, C = v.shape[-1], cz.C
+    cz.start(T)
     q_src, k_src, v_src = cz.src(q), cz.src(k), cz.src(v)                           # N B H C K|V
     N, BH = cz.N, B * H
     delta = beta is not None
     G = None if g is None else _to_chunks(g, C).cumsum_(2)                            # N BH C 1|K
     b_N = _to_chunks(beta, C) if delta else None                                      # N BH C 1
-    A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, scale)                  # N BH C C
+    f, inv_f, eG, k_decay = _decays(G)
+    A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, scale, f, inv_f)        # N BH C C
 
-    eG = None if G is None else G.exp()
     if delta:
         # UT transform: (I + strict_tril(A_kk))^-1 [diag(beta) V | diag(beta) K exp(G)] = [U | W]
-        rhs = q.new_empty(N, BH, C, V + K)
-        cz.put(v_src, b_N, rhs[..., :V])
-        cz.put(k_src, b_N if G is None else b_N * eG, rhs[..., V:])
+        rhs = cz.buf("rhs", q, N, BH, C, V + K)
+        cz.put(v_src, b_N, out=rhs[..., :V])
+        cz.put(k_src, b_N if G is None else b_N * eG, out=rhs[..., V:])
         UW = torch.matmul(_unit_lower_inverse(A_kk), rhs)
         U, W = UW[..., :V], UW[..., V:]
-        V_new = q.new_empty(N, BH, C, V)
+        V_new = cz.buf("V_new", q, N, BH, C, V)
     else:
-        V_new = cz.put(v_src, 1.0)
+        V_new = cz.put(v_src, 1.0, "V_new")
     if G is not None:
         G_last = G[:, :, -1:]                                                         # N BH 1 1|K
-        q_N = cz.put(q_src, eG * scale)                                               # queries read decayed states
-        k_N = cz.put(k_src, (G_last - G).exp_())                                      # keys decay to the chunk end
+        q_N = cz.put(q_src, eG * scale, "q")                                          # queries read decayed states
+        k_N = cz.put(k_src, k_decay, "k")                                             # keys decay to the chunk end
         S_decay = G_last.exp().transpose(-1, -2)                                      # N BH 1|K 1
     else:
-        q_N = cz.put(q_src, scale)
-        k_N = k_N if k_N is not None else cz.put(k_src, 1.0)
+        q_N = cz.put(q_src, scale, "q")
+        k_N = k_N if k_N is not None else cz.put(k_src, 1.0, "k")
     k_T = k_N.transpose(-1, -2)                                                       # N BH K C
 
-    S_all = q.new_empty(N + 1, BH, K, V)                                              # state before chunk i
+    S_all = cz.buf("S_all", q, N + 1, BH, K, V)                                       # state before chunk i
     S_all[0].copy_(S_BKV)
+    S_i = S_all.unbind(0)
+    Vn_i, kT_i = V_new.unbind(0), k_T.unbind(0)
+    U_i, W_i = (U.unbind(0), W.unbind(0)) if delta else (None, None)
+    dec_i = S_decay.unbind(0) if G is not None else None
     for i in range(N):  # the one sequential loop: two products per chunk, written in place
         if delta:
-            torch.baddbmm(U[i], W[i], S_all[i], alpha=-1, out=V_new[i])
+            torch.baddbmm(U_i[i], W_i[i], S_i[i], alpha=-1, out=Vn_i[i])
         if G is not None:
-            torch.mul(S_all[i], S_decay[i], out=S_all[i + 1])
+            torch.mul(S_i[i], dec_i[i], out=S_i[i + 1])
         else:
-            S_all[i + 1].copy_(S_all[i])
-        S_all[i + 1].baddbmm_(k_T[i], V_new[i])
-    S_BKV.copy_(S_all[-1])
-    o = torch.matmul(q_N, S_all[:-1]).view(N * BH, C, V)
+            S_i[i + 1].copy_(S_i[i])
+        S_i[i + 1].baddbmm_(kT_i[i], Vn_i[i])
+    S_BKV.copy_(S_i[N])
+    o = torch.matmul(q_N, S_all[:N]).view(N * BH, C, V)
     o.baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
     return _from_chunks(o.view(N, BH, C, V), B, T)
 

@@ -45,6 +45,23 @@ position 0), so L tokens give ``L // stride`` entries. Ties in the indexer's sco
 (ReLU makes exact zeros) go to the older entry; the compressed rope is plain RoPE at
 ``rope_theta`` (the released config adds YaRN scaling, not modelled here).
 
+Shared caches (a model layer with ``cache_owner``, as in DeepSeek-V4.1-Flash, arXiv
+2609.19969, where each encoder cache serves six layers): the module says ``SHARES = True``
+and a reader layer is called with ``shared=`` the owner's ``CompressedCache``, after the
+owner has run on the same tokens. What is shared is the whole cache: the window of own
+entries, the pooled entries and, for CSA, the pooled index keys. The reader writes
+nothing (its own entry and compressor weights go unused) and keeps a
+``SharedCompressedCache`` of 0 bytes, only its token count; it computes its own queries,
+sinks and output, and for CSA its own index queries and head weights, so it makes its own
+top-k choice over the owner's index keys. Why: the index keys are pooled entries of the
+cache, so sharing the cache shares them; the selection depends on the reader's queries,
+and the report shares a selection only in the decoder (the hierarchical indexer), so a
+per-layer choice is the faithful and the simplest design (no selection to hand over,
+nothing to keep in step across chunkings). The owner's ``read_window`` (the window rows
+its last call read: the old window, then the call's own entries) lets a reader's early
+queries in a long chunk see entries the owner's trimmed window no longer keeps; it is the
+tensor ``window_kv`` is a view of, so it costs no memory, and ``nbytes`` leaves it out.
+
 Shape legend: B batch, T tokens in this call, N pooled entries, L entries read
 (window then pooled), H query heads, K/C head width, S projection series, D d_model.
 """
@@ -61,10 +78,10 @@ from storelab.ops.compress import index_scores, pool_entries, readable_entries, 
 from storelab.ops.norm import RMSNorm, rms_norm
 from storelab.ops.quant import FORMATS, decode_entries, encode_entries, entry_bytes
 from storelab.ops.rope import apply_rope
-from storelab.state import State
+from storelab.state import State, tensor_bytes
 from storelab.stores.base import Card, Footprint, ParamCount, StoreConfig, check_input, register
 
-__all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache"]
+__all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "SharedCompressedCache"]
 
 
 @dataclass
@@ -78,10 +95,25 @@ class CompressedCache(State):
     tail_z: Tensor | None = None          # [B, n_tail, S, C] their pooling scores
     tail_index_kv: Tensor | None = None   # [B, n_tail, S, IC] (CSA)
     tail_index_z: Tensor | None = None    # [B, n_tail, S, IC] (CSA)
+    read_window: Tensor | None = None     # [B, n_win, row] the window rows the last call read (for readers)
 
     @property
     def entries(self) -> int:
         return 0 if self.pooled is None else self.pooled.shape[1]
+
+    def nbytes(self) -> int:
+        # read_window is the tensor window_kv is a view of: no bytes of its own
+        return tensor_bytes(self.pooled, self.index_keys, self.window_kv, self.tail_kv, self.tail_z,
+                            self.tail_index_kv, self.tail_index_z)
+
+
+@dataclass
+class SharedCompressedCache(State):
+    """A reader layer's state: only its token count; it reads the owner's ``CompressedCache``."""
+
+    @property
+    def entries(self) -> int:
+        return 0
 
 
 # --- configs -------------------------------------------------------------------------
@@ -305,48 +337,42 @@ class CompressedAttention(nn.Module):
         return entries, kv[:, keep_from - start:], z[:, keep_from - start:]
 
     # -- the protocol ----------------------------------------------------------------
-    def forward(self, x_BTD: Tensor, state: CompressedCache | None = None, *, token_ids: Tensor | None = None):
-        y_BTD, state, _ = self.step(x_BTD, state)
+    SHARES = True   # a reader layer takes the owner's cache as ``shared=``
+
+    def forward(self, x_BTD: Tensor, state: State | None = None, *, token_ids: Tensor | None = None,
+                shared: CompressedCache | None = None):
+        y_BTD, state, _ = self.step(x_BTD, state, shared=shared)
         return y_BTD, state
 
-    def step(self, x_BTD: Tensor, state: CompressedCache | None = None):
+    def step(self, x_BTD: Tensor, state: State | None = None, *, shared: CompressedCache | None = None):
         """Like ``forward``, and also returns the read mask [B, T, W' + N]: which of the window
         entries (the first W', oldest first) and pooled entries each query read."""
         cfg = self.cfg
         check_input(x_BTD, cfg.d_model, "x_BTD")
-        st = state if state is not None else CompressedCache()
         B, T, _ = x_BTD.shape
         H, C, R, dt = cfg.n_heads, cfg.head_dim, cfg.rope_dim, x_BTD.dtype
-        seen = st.seen
+        if shared is None:
+            if isinstance(state, SharedCompressedCache):
+                raise ValueError("shared: a reader layer's state needs the owner's cache passed as shared=")
+            cache = self._write(x_BTD, state if state is not None else CompressedCache())
+            new_state = cache
+        else:
+            cache = self._check_shared(shared, state, T)
+            new_state = SharedCompressedCache(seen=cache.seen)
+        seen = cache.seen - T
         pos_T = torch.arange(seen, seen + T, device=x_BTD.device)
 
         q_res = self.q_a_norm(self.q_a(x_BTD))
         q_BTHK = self._rope(rms_norm(self.q_b(q_res).view(B, T, H, C), None, cfg.eps), pos_T)
-
-        # this chunk's own entries join the window, through the cache format
-        kv_BTC = self._rope(self.kv_norm(self.kv_proj(x_BTD))[:, :, None], pos_T)[:, :, 0]
-        window_rows = self._encode(kv_BTC, R)
-        if st.window_kv is not None:
-            window_rows = torch.cat([st.window_kv, window_rows], dim=1)
-        win_BLC = self._decode(window_rows, C, R, dt)
+        win_BLC = self._decode(cache.read_window, C, R, dt)
         n_win = win_BLC.shape[1]
-
-        new, tail_kv, tail_z = self._pool(self.pooler, x_BTD, st.tail_kv, st.tail_z, seen)
-        pooled_rows = self._encode(new, R)
-        if st.pooled is not None:
-            pooled_rows = torch.cat([st.pooled, pooled_rows], dim=1)
-        ent_BNC = self._decode(pooled_rows, C, R, dt)
+        ent_BNC = self._decode(cache.pooled, C, R, dt)
         N = ent_BNC.shape[1]
         readable_TN = readable_entries(pos_T, N, cfg.stride)
 
-        index_rows = tail_ikv = tail_iz = None
         if cfg.indexed:
             IH, IC = cfg.index_heads, cfg.index_head_dim
-            inew, tail_ikv, tail_iz = self._pool(self.index_pooler, x_BTD, st.tail_index_kv, st.tail_index_z, seen)
-            index_rows = self._encode(inew, 0)
-            if st.index_keys is not None:
-                index_rows = torch.cat([st.index_keys, index_rows], dim=1)
-            ik_BNK = self._decode(index_rows, IC, 0, dt)
+            ik_BNK = self._decode(cache.index_keys, IC, 0, dt)
             iq_BTHK = self._rope(self.index_q(q_res).view(B, T, IH, IC), pos_T)
             w_BTH = self.index_weights(x_BTD) * IH ** -0.5
             scores_BTN = index_scores(iq_BTHK, ik_BNK, w_BTH, scale=IC ** -0.5)
@@ -361,8 +387,44 @@ class CompressedAttention(nn.Module):
         o_BTHK = self._rope(o_BTHK, -pos_T)              # undo the rotation the values carry
         o_BTGI = o_BTHK.reshape(B, T, cfg.o_groups, -1)
         y_BTD = self.o_b(torch.einsum("btgi,goi->btgo", o_BTGI, self.o_a.to(dt)).flatten(2))
-
-        new_state = CompressedCache(
-            seen=seen + T, pooled=pooled_rows, index_keys=index_rows, window_kv=window_rows[:, -cfg.window:],
-            tail_kv=tail_kv, tail_z=tail_z, tail_index_kv=tail_ikv, tail_index_z=tail_iz)
         return y_BTD, new_state, mask_BTL
+
+    def _write(self, x_BTD: Tensor, st: CompressedCache) -> CompressedCache:
+        """The owner's write: this call's own entries join the window and completed pools
+        become entries, all through the cache format. Returns the new cache."""
+        cfg = self.cfg
+        T, R, seen = x_BTD.shape[1], cfg.rope_dim, st.seen
+        pos_T = torch.arange(seen, seen + T, device=x_BTD.device)
+        kv_BTC = self._rope(self.kv_norm(self.kv_proj(x_BTD))[:, :, None], pos_T)[:, :, 0]
+        window_rows = self._encode(kv_BTC, R)
+        if st.window_kv is not None:
+            window_rows = torch.cat([st.window_kv, window_rows], dim=1)
+
+        new, tail_kv, tail_z = self._pool(self.pooler, x_BTD, st.tail_kv, st.tail_z, seen)
+        pooled_rows = self._encode(new, R)
+        if st.pooled is not None:
+            pooled_rows = torch.cat([st.pooled, pooled_rows], dim=1)
+
+        index_rows = tail_ikv = tail_iz = None
+        if cfg.indexed:
+            inew, tail_ikv, tail_iz = self._pool(self.index_pooler, x_BTD, st.tail_index_kv, st.tail_index_z, seen)
+            index_rows = self._encode(inew, 0)
+            if st.index_keys is not None:
+                index_rows = torch.cat([st.index_keys, index_rows], dim=1)
+        return CompressedCache(
+            seen=seen + T, pooled=pooled_rows, index_keys=index_rows, window_kv=window_rows[:, -cfg.window:],
+            tail_kv=tail_kv, tail_z=tail_z, tail_index_kv=tail_ikv, tail_index_z=tail_iz, read_window=window_rows)
+
+    def _check_shared(self, shared: CompressedCache, state: State | None, T: int) -> CompressedCache:
+        """The owner's cache must hold this call's entries, in this layer's layout."""
+        if not isinstance(shared, CompressedCache) or shared.read_window is None:
+            raise ValueError(f"shared: expected the owner's CompressedCache after its call, got {type(shared).__name__}")
+        before = shared.seen - T
+        if state is not None and state.seen != before:
+            raise ValueError(f"shared: the owner has seen {shared.seen} tokens, this reader {state.seen} + {T}: "
+                             "the owner must run on the same tokens first")
+        if shared.read_window.shape[1] != min(before, self.cfg.window) + T:
+            raise ValueError("shared: the owner's window differs from this reader's (cache_owner needs the same layout)")
+        if self.cfg.indexed and shared.index_keys is None:
+            raise ValueError("shared: the owner keeps no index keys for this reader's indexer")
+        return shared

@@ -43,7 +43,8 @@ def norm(theirs: str, offset: bool) -> Src:
     return plus_one(theirs) if offset else copy(theirs)
 
 
-def linear(tab: dict, ours: str, theirs: str, model_sd: dict | None = None, *, bias: bool = False) -> None:
+def linear(tab: dict, ours: str, theirs: str, *, bias: bool = False) -> None:
+    """A linear layer's weight (and bias) under another name."""
     tab[f"{ours}.weight"] = copy(f"{theirs}.weight")
     if bias:
         tab[f"{ours}.bias"] = copy(f"{theirs}.bias")

@@ -26,7 +26,7 @@ as transformers 5.23 does; the config's ``rotary_dim`` is not read by transforme
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (base_entries, check_act, experts, field, gated_mlp, linear, norm,
+from storelab.checkpoint.families._common import (base_entries, experts, field, gated_mlp, linear, norm,
                                                   rope, unsupported)
 from storelab.checkpoint.table import copy
 

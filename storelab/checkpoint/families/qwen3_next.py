@@ -24,8 +24,6 @@ RoPE for text (its three position streams are equal). The vision tower and MTP l
 
 from __future__ import annotations
 
-import torch
-
 from storelab.checkpoint.families._common import (base_entries, check_act, experts, field, gated_mlp, linear, norm,
                                                   rope, unsupported)
 from storelab.checkpoint.table import Src, copy
