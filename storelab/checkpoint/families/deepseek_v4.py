@@ -39,20 +39,50 @@ def ignored(hf: dict) -> tuple[str, ...]:
     return (r"^(model\.)?mtp\.", beyond_layers(n, r"^(?:model\.)?layers\."), r"rotary_emb\.")
 
 
+RATIO_TO_TYPE = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+
+
+def normalized(hf: dict) -> dict:
+    """The config with transformers' defaults and legacy keys resolved (``DeepseekV4Config.__post_init__``)."""
+    hf = dict(hf)
+    n = field(hf, "num_hidden_layers")
+    rates = dict(hf.get("compress_rates") or {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128})
+    if hf.get("compress_rate_csa") is not None:
+        rates["compressed_sparse_attention"] = hf["compress_rate_csa"]
+    if hf.get("compress_rate_hca") is not None:
+        rates["heavily_compressed_attention"] = hf["compress_rate_hca"]
+    hf["compress_rates"] = rates
+    if hf.get("layer_types") is None and hf.get("compress_ratios") is not None:
+        hf["layer_types"] = [RATIO_TO_TYPE[r] for r in hf["compress_ratios"]]
+    if hf.get("layer_types") is None:
+        hf["layer_types"] = (["heavily_compressed_attention"] * min(n, 2) +
+                             ["compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
+                              for i in range(max(n - 2, 0))])
+    if hf.get("mlp_layer_types") is None:
+        n_hash = hf.get("num_hash_layers", 3)
+        hf["mlp_layer_types"] = ["hash_moe"] * min(n, n_hash) + ["moe"] * max(0, n - n_hash)
+    if hf.get("partial_rotary_factor") is None:
+        rope_dim = hf.get("qk_rope_head_dim")
+        hf["partial_rotary_factor"] = rope_dim / field(hf, "head_dim") if rope_dim is not None else 64 / 512
+    return hf
+
+
 def to_config(hf: dict):
     from storelab.models.config import LayerConfig, ModelConfig
     from storelab.stores.compressed import CSAConfig, HCAConfig
     from storelab.stores.depth import MHCConfig
     from storelab.stores.moe import MoEConfig
 
+    hf = normalized(hf)
     check_act(hf)
     n, D = field(hf, "num_hidden_layers"), field(hf, "hidden_size")
     if field(hf, "attention_bias", False) or field(hf, "mlp_bias", False):
         raise unsupported("attention_bias", True, "DeepSeek-V4's projections have no biases")
     rp = field(hf, "rope_parameters", {}) or {}
-    theta, partial = rope(rp.get("compress", {"rope_theta": field(hf, "compress_rope_theta", 160000.0),
-                                              "partial_rotary_factor": field(hf, "partial_rotary_factor")}),
-                          where="rope_parameters.compress")
+    compress = rp.get("compress") or {**{k: v for k, v in rp.items() if k != "main"},
+                                      "rope_theta": field(hf, "compress_rope_theta", 160000.0),
+                                      "partial_rotary_factor": hf["partial_rotary_factor"]}
+    theta, partial = rope(compress, where="rope_parameters.compress")
     C = field(hf, "head_dim")
     eps = field(hf, "rms_norm_eps", 1e-6)
     rates = field(hf, "compress_rates")

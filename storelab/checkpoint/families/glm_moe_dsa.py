@@ -54,13 +54,19 @@ def to_config(hf: dict):
         raise unsupported("attention_bias", True, "our MLA projections have no biases")
     n, D = field(hf, "num_hidden_layers"), field(hf, "hidden_size")
     theta, _ = rope(field(hf, "rope_parameters", {}))
-    types = field(hf, "indexer_types", None) or ["full"] * n
+    types = field(hf, "indexer_types", None)
+    if types is None and hf.get("index_topk_pattern") is not None:
+        pat = hf["index_topk_pattern"]
+        types = [{"F": "full", "S": "shared"}[c] for c in pat] if isinstance(pat, str) else list(pat)
+    if types is None:  # GlmMoeDsaConfig's schedule: freq index_topk_freq (1), offset index_skip_topk_offset (2)
+        freq, offset = max(hf.get("index_topk_freq") or 1, 1), hf.get("index_skip_topk_offset", 2)
+        types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
     sched = share_schedule(types)
     if sched is None:
         raise unsupported("indexer_types", types, "no IndexShare schedule (freq, offset) reproduces it")
     freq, offset = sched
     mlp_types = field(hf, "mlp_layer_types", None) or (
-        ["dense"] * min(field(hf, "first_k_dense_replace", 0), n) + ["sparse"] * max(n - field(hf, "first_k_dense_replace", 0), 0))
+        ["dense"] * min(field(hf, "first_k_dense_replace", 3), n) + ["sparse"] * max(n - field(hf, "first_k_dense_replace", 3), 0))
     layers, last_full = [], None
     for i in range(n):
         token = DSAConfig(d_model=D, n_heads=field(hf, "num_attention_heads"), kv_lora_rank=field(hf, "kv_lora_rank"),

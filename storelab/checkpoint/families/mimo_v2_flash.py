@@ -27,6 +27,23 @@ MODEL_TYPES = ("mimo_v2_flash",)
 IGNORED = (r"^model\.mtp\.", r"rotary_emb\.")
 
 
+def normalized(hf: dict) -> dict:
+    """The config with transformers' defaults filled in (``MiMoV2FlashConfig.__post_init__``)."""
+    hf = dict(hf)
+    n = field(hf, "num_hidden_layers")
+    if hf.get("layer_types") is None:
+        hf["layer_types"] = ["full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+    if hf.get("mlp_layer_types") is None:
+        hf["mlp_layer_types"] = ["dense"] + ["sparse"] * (n - 1)
+    if hf.get("rope_parameters") is None:
+        hf["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334}}
+    if hf.get("sliding_window_size") is not None:  # the reference's count: earlier tokens, without the query
+        hf["sliding_window"] = hf["sliding_window_size"] + 1
+    return hf
+
+
 def to_config(hf: dict):
     from storelab.models.config import LayerConfig, ModelConfig
     from storelab.stores.attention import AttentionConfig, WindowConfig
@@ -34,6 +51,7 @@ def to_config(hf: dict):
     from storelab.stores.ffn import FFNConfig
     from storelab.stores.moe import MoEConfig
 
+    hf = normalized(hf)
     check_act(hf)
     n = field(hf, "num_hidden_layers")
     D = field(hf, "hidden_size")

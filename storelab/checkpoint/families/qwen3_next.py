@@ -34,7 +34,13 @@ IGNORED = (r"^mtp\.", r"^model\.visual\.", r"^model\.mtp\.", r"rotary_emb\.", r"
 
 
 def text_config(hf: dict) -> dict:
-    return dict(hf.get("text_config") or {}) if hf.get("model_type") == "qwen3_5_moe" else dict(hf)
+    """The text model's config, ``layer_types`` filled from ``full_attention_interval`` (default 4)."""
+    t = dict(hf.get("text_config") or {}) if hf.get("model_type") == "qwen3_5_moe" else dict(hf)
+    if t.get("layer_types") is None:
+        every = t.get("full_attention_interval") or 4
+        t["layer_types"] = ["linear_attention" if (i + 1) % every else "full_attention"
+                            for i in range(field(t, "num_hidden_layers"))]
+    return t
 
 
 def _is_moe(t: dict, i: int) -> bool:
