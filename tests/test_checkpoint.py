@@ -249,7 +249,8 @@ def test_missing_tensor(mimo_dir, tmp_path):
 def test_unexpected_and_misshaped_tensor(mimo_dir, tmp_path):
     d = _copy(mimo_dir, tmp_path / "c")
     _rewrite(d, lambda t: t.__setitem__("model.layers.0.extra.weight", torch.zeros(3)))
-    with pytest.raises(CheckpointError, match=r"unexpected tensor 'model\.layers\.0\.extra\.weight' in model\.safetensors"):
+    with pytest.raises(CheckpointError,
+                       match=r"unexpected tensor 'model\.layers\.0\.extra\.weight' in model\.safetensors"):
         load(d)
     d = _copy(mimo_dir, tmp_path / "s")
     name = "model.layers.1.self_attn.k_proj.weight"
@@ -337,3 +338,110 @@ def test_save_command(tmp_path):
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(app, ["save", str(tmp_path / "nothing"), str(tmp_path / "x"), "--checkpoint"])
     assert res.exit_code == 2 and "config.json" in res.output
+
+
+# ----------------------------------------------------------------------------- configs as released
+LEGACY = {  # keys transformers derives on load, replaced by what a released config.json says instead
+    "mimo_v2_flash": ({"layer_types", "mlp_layer_types", "rope_parameters", "sliding_window"},
+                      {"sliding_window_size": 8}),
+    "qwen3_next": ({"layer_types"}, {"full_attention_interval": 4}),
+    "glm_moe_dsa": ({"indexer_types"}, {"index_topk_pattern": "FFSF"}),
+    "deepseek_v4": ({"layer_types", "mlp_layer_types", "compress_rates", "rope_parameters", "partial_rotary_factor"},
+                    {"compress_rate_csa": 4, "compress_rate_hca": 8, "qk_rope_head_dim": 4, "num_hash_layers": 3}),
+}
+
+
+@pytest.mark.parametrize("model_type", list(LEGACY))
+def test_released_config_keys(model_type, saved):
+    from storelab.checkpoint.families import family_for
+
+    folder = saved(model_type)[1]
+    hf = json.loads((folder / "config.json").read_text())
+    drop, add = LEGACY[model_type]
+    released = {**{k: v for k, v in hf.items() if k not in drop}, **add}
+    fam = family_for(hf)
+    assert fam.to_config(released) == fam.to_config(hf)
+
+
+@pytest.mark.parametrize("model_type,vl_type,vision", [
+    ("minimax_m3_vl_text", "minimax_m3_vl", "model.vision_tower.blocks.0.weight"),
+    ("qwen3_5_moe_text", "qwen3_5_moe", "model.visual.blocks.0.weight"),
+])
+def test_vision_language_checkpoint_text_part(model_type, vl_type, vision, saved, tmp_path):
+    """A VL checkpoint: the text config under ``text_config``, the text weights under
+    ``model.language_model.``, a vision tower beside them (ignored)."""
+    hf, folder = saved(model_type)
+    text = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": vl_type, "text_config": text}))
+    tensors = {(k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
+               for k, v in load_file(folder / "model.safetensors").items()}
+    tensors[vision] = torch.zeros(2, 2)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    ids = prompt()
+    with torch.no_grad():
+        assert_close(load(tmp_path)(ids)[0], hf(ids).logits, atol=1e-4, what=f"{vl_type} text part")
+
+
+def test_minimax_release_layout(saved, tmp_path):
+    """MiniMax-M3 as released (the names transformers' conversion mapping for minimax_m3_vl reads):
+    ``language_model.model.`` prefix, ``block_sparse_moe`` with per-expert w1/w3/w2 and a bare
+    ``e_score_correction_bias``, ``index_*`` projections, unfused gate/up MLPs."""
+    hf, folder = saved("minimax_m3_vl_text")
+    text = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "minimax_m3_vl", "text_config": text}))
+    out = {}
+    for k, v in load_file(folder / "model.safetensors").items():
+        k = k.replace("model.", "language_model.model.", 1).replace("lm_head", "language_model.lm_head")
+        k = k.replace(".self_attn.indexer.", ".self_attn.index_")
+        if k.endswith("experts.gate_up_proj"):
+            base = k.replace(".mlp.experts.gate_up_proj", ".block_sparse_moe.experts")
+            for e, w in enumerate(v):
+                out[f"{base}.{e}.w1.weight"], out[f"{base}.{e}.w3.weight"] = w.chunk(2, 0)
+        elif k.endswith("experts.down_proj"):
+            base = k.replace(".mlp.experts.down_proj", ".block_sparse_moe.experts")
+            out.update({f"{base}.{e}.w2.weight": w for e, w in enumerate(v)})
+        elif k.endswith("gate_up_proj.weight"):
+            g, u = v.chunk(2, 0)
+            stem = k[: -len("gate_up_proj.weight")].replace(".mlp.shared_experts.", ".block_sparse_moe.shared_experts.")
+            out[stem + "gate_proj.weight"], out[stem + "up_proj.weight"] = g, u
+        elif ".mlp.gate." in k or ".mlp.shared_experts." in k:
+            out[k.replace(".mlp.gate.e_score", ".block_sparse_moe.e_score").replace(".mlp.", ".block_sparse_moe.")] = v
+        else:
+            out[k] = v
+    assert any(".index_q_proj." in k for k in out) and any(".w3." in k for k in out)
+    save_file(out, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    ids = prompt()
+    with torch.no_grad():
+        assert_close(load(tmp_path)(ids)[0], hf(ids).logits, atol=1e-4, what="MiniMax release layout")
+
+
+def test_deepseek_v4_release_layout(saved, tmp_path):
+    """DeepSeek-V4 as released: no ``model.`` prefix, ``embed``/``head``, ``hc_head_*``, an MTP layer."""
+    hf, folder = saved("deepseek_v4")
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    out = {}
+    for k, v in load_file(folder / "model.safetensors").items():
+        k = k.removeprefix("model.").replace("embed_tokens.", "embed.").replace("hc_head.hc_", "hc_head_")
+        out[k] = v
+    out["mtp.0.emb.weight"] = torch.zeros(2)
+    out["layers.4.attn_norm.weight"] = torch.zeros(2)  # the MTP block numbered after the last layer
+    save_file(out, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    ids = prompt()
+    with torch.no_grad():
+        assert_close(load(tmp_path)(ids)[0], hf(ids).logits, atol=1e-4, what="DeepSeek-V4 release layout")
+
+
+@pytest.mark.parametrize("model_type,change,match", [
+    ("glm_moe_dsa", {"n_group": 2, "topk_group": 1}, r"topk_group: 1 is not supported \(grouped routing"),
+    ("deepseek_v4", {"layer_types": ["sliding_attention"] * 4}, r"layer_types\[0\]: 'sliding_attention'"),
+    ("mimo_v2_flash", {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0},
+                                           "sliding_attention": {"rope_type": "default"}}},
+     r"rope_parameters.full_attention.rope_type: 'yarn' is not supported"),
+])
+def test_unsupported_settings_are_named(model_type, change, match, saved, tmp_path):
+    folder = saved(model_type)[1]
+    d = _copy(folder, tmp_path / "c")
+    cfg = {**json.loads((d / "config.json").read_text()), **change}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=match):
+        load(d)

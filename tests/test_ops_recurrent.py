@@ -56,6 +56,8 @@ def test_recurrent_chunk_scan_and_steps_agree(kind, T, with_state):
         o, S = _call(kind, x, initial_state=S0, output_final_state=True, chunk_size=C, mode=mode)
         assert_close(o, ref, 1e-10, f"{kind} {mode} output")
         assert_close(S, S_ref, 1e-10, f"{kind} {mode} final state")
+    if T > 17:
+        return
     # one token at a time through the op, carrying the state
     S, outs = S0, []
     for t in range(T):

@@ -163,3 +163,23 @@ def test_selection_on_msa_forced_first_block():
     assert 0.0 <= r["miss_rate"] <= 1.0 and 0.0 <= r["mass_missed"] <= 1.0
     with pytest.raises(ValueError, match="selection"):
         selection(build("hybrid", t), t, n=2)
+
+
+def test_probe_command_on_a_checkpoint(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from storelab.cli import app
+    from storelab.train import TrainConfig, train
+
+    train(TrainConfig(model="hybrid", model_options=SMALL, task="dictionary", task_preset="tiny", steps=2,
+                      batch_size=4, eval_every=2, eval_examples=4, threads=1), tmp_path)
+    res = CliRunner().invoke(app, ["probe", "all", "--checkpoint", str(tmp_path), "--n", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert set(doc["results"]) == {"state_swap", "keep_one", "forgetting"}
+    assert set(doc["skipped"]) == {"mhc", "selection"}
+    assert doc["results"]["forgetting"]["essay"]["median_half_life_tokens"] == 24
+    bad = CliRunner().invoke(app, ["probe", "nonsense", "--checkpoint", str(tmp_path)])
+    assert bad.exit_code == 2

@@ -34,7 +34,7 @@ def _module(case, **over):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("chunks", [[1] * 11, [3, 4, 4], [4, 1, 6], [2, 9]])
+@pytest.mark.parametrize("chunks", [[1] * 11, [3, 4, 4], [4, 0, 1, 6], [2, 9]])
 def test_prefill_then_step_equals_one_pass(case, chunks):
     m = _module(case)
     x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(1))
@@ -45,8 +45,9 @@ def test_prefill_then_step_equals_one_pass(case, chunks):
             y, st = m(x[:, t:t + c], st)
             ys.append(y)
             t += c
-    assert want.abs().max() > 0.1
-    assert_close(torch.cat(ys, 1), want, 1e-5, f"{case} chunks {chunks}")
+    scale = want.abs().max().item()
+    assert scale > 0.1
+    assert_close(torch.cat(ys, 1), want, 1e-5 * max(1.0, scale), f"{case} chunks {chunks}")  # fp32, relative to O(1)
     assert_close(st.S, full.S, 1e-5, f"{case} state")
     assert st.seen == 11 and isinstance(st, RecurrentState)
 

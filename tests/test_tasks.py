@@ -125,3 +125,13 @@ def test_parity_and_copy_targets():
 def test_batch_seeds_differ_by_split_and_step():
     seeds = {batch_seed(0, s, k) for s in ("train", "eval", "test") for k in range(50)}
     assert len(seeds) == 150
+
+
+def test_mqar_length_generalisation_split():
+    t = make_task("mqar", "tiny")
+    train_len = t.sample(4, 0).inputs.shape[1]
+    test = t.sample_test(4, 0)
+    assert test.inputs.shape[1] > train_len
+    assert set(test.meta["pairs"].tolist()) == {4, 8}
+    full = MQAR()
+    assert max(T for T, _ in full.test_mix) > max(T for T, _ in full.mix)

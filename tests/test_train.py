@@ -156,3 +156,25 @@ def test_dictionary_hybrid_within_a_budget():
     assert time.time() - t0 < 30
     assert m["steps"] >= 1 and m["mix"] and 0 <= m["retrieval"] <= 1 and 0 <= m["compliance"] <= 1
     assert m["task_config"]["name"] == "dictionary" and not model.training
+
+
+def test_indexer_imitation_reaches_only_the_index_branch():
+    from storelab.train.indexer import IndexerTap, msa_layers
+    from storelab.train.loop import build, token_loss
+
+    cfg = TrainConfig(model="tiny-minimax-m3", task="mqar", task_preset="tiny", indexer_weight=1.0)
+    task, _, model = build(cfg)
+    b = task.sample(4, 0)
+    i = msa_layers(model)[0]
+    store = model.blocks[i].token
+    loss, _, _ = token_loss(model, b, b.n_scored)
+    loss.backward()
+    assert store.index_q.weight.grad is None  # the hard top-k passes no gradient
+    model.zero_grad(set_to_none=True)
+    with IndexerTap(model) as tap:
+        token_loss(model, b, b.n_scored)
+    kl = tap.loss()
+    assert kl.item() > 0
+    kl.backward()
+    assert store.index_q.weight.grad.abs().sum() > 0
+    assert store.q_proj.weight.grad is None  # the main attention is only the teacher

@@ -5,8 +5,8 @@ replaces a built store's class in place, keeping its parameters and names. The l
 applies a family's adapters after building the model; ``save`` writes them and
 ``load`` applies them again, so a saved model gives the same logits.
 
-``clamped_swiglu`` (MiniMax-M3's experts, dense and shared MLPs; gpt-oss's form with
-the halves not interleaved):
+``clamped_swiglu`` (MiniMax-M3's experts, dense and shared MLPs; the unit of gpt-oss,
+arXiv 2508.10925, with the gate and up halves not interleaved):
 
     g = min(gate, limit),  u = clamp(up, -limit, limit)
     act = g * sigmoid(alpha * g) * (u + up_shift)

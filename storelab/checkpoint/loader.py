@@ -107,14 +107,14 @@ def check(tab: dict[str, Src], ours: dict[str, Tensor], shards: Shards, ignored:
         try:
             out = src.make(*_pieces_meta(src, shards))
             got = tuple(out.shape)
-        except RuntimeError as e:
+        except (RuntimeError, ValueError, IndexError) as e:
             got = f"an error ({e})"
         want = tuple(ours[mine].shape)
         if got != want:
             where = ", ".join(f"{n!r} in {shards.where[n]} shape {list(shards.info[n][0])}" for n in src.names)
-            how = f" after {src.what}" if src.what else ""
-            raise CheckpointError(f"mis-shaped tensor {where}: gives {list(got) if isinstance(got, tuple) else got}"
-                                  f"{how}; our {mine!r} needs {list(want)}")
+            made = list(got) if isinstance(got, tuple) else got
+            how = f" (gives {made} after {src.what})" if src.what else ""
+            raise CheckpointError(f"mis-shaped tensor {where}{how}: our {mine!r} needs {list(want)}")
     pats = [re.compile(p) for p in ignored]
     unexpected = [n for n in shards.names() if n not in used and not any(p.search(n) for p in pats)]
     if unexpected:

@@ -35,7 +35,8 @@ def save_model(source: str, out: Path, *, tiny: bool = False, config: bool = Fal
     files = save(model, out, max_shard_bytes=max_shard_bytes)
     n_params = sum(p.numel() for p in model.parameters())
     return {"model": model.cfg.name, "source": source, "out": str(out), "layers": model.cfg.n_layers,
-            "mix": model.cfg.mix(), "parameters": n_params, "adapters": [a["kind"] for a in getattr(model, "adapters", [])],
+            "mix": model.cfg.mix(), "parameters": n_params,
+            "adapters": [a["kind"] for a in getattr(model, "adapters", [])],
             "files": [{"name": f.name, "bytes": f.stat().st_size} for f in files]}
 
 

@@ -46,6 +46,8 @@ def register(app: typer.Typer) -> None:
         eval_every: int = typer.Option(100, "--eval-every"),
         checkpoint_every: int = typer.Option(100, "--checkpoint-every"),
         threads: int = typer.Option(0, "--threads", help="Torch threads per process (0: torch's default)."),
+        indexer_weight: float = typer.Option(0.0, "--indexer-weight", help="Weight of the MSA indexers' "
+                                             "imitation of the main attention (0: off)."),
         task_opt: list[str] = typer.Option(None, "--task-opt", help="Task option key=value (repeatable)."),
         model_opt: list[str] = typer.Option(None, "--model-opt", help="Built-in stack option key=value."),
         fresh: bool = typer.Option(False, "--fresh", help="Ignore a checkpoint in --out and start over."),
@@ -58,7 +60,7 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = TrainConfig(model=model, task=task, task_preset=size, steps=steps, batch_size=batch_size, lr=lr,
                               warmup=warmup, seed=seed, eval_every=eval_every, checkpoint_every=checkpoint_every,
-                              threads=threads, task_options=parse_options(task_opt, "--task-opt"),
+                              threads=threads, indexer_weight=indexer_weight, task_options=parse_options(task_opt, "--task-opt"),
                               model_options=parse_options(model_opt, "--model-opt"))
             dist = Dist.from_env()
             res = run(cfg, out, resume=not fresh, progress=not json_, dist=dist)
@@ -70,7 +72,7 @@ def register(app: typer.Typer) -> None:
             return
         rec = {"model": res.model_config.name, "mix": res.model_config.mix(), "task": res.task.NAME,
                "steps": res.step, "resumed_from": res.resumed_from, "final_loss": res.final_loss,
-               "eval": res.eval, "chance": res.task.chance(), "seconds": res.seconds,
+               "eval": res.eval, "test": res.test, "chance": res.task.chance(), "seconds": res.seconds,
                "processes": dist.world, "out": str(out) if out else None,
                "params": sum(p.numel() for p in res.model.parameters())}
         dist.close()
@@ -82,6 +84,7 @@ def register(app: typer.Typer) -> None:
                 ["final training loss", res.final_loss], ["processes", dist.world], ["seconds", res.seconds],
                 ["chance accuracy", rec["chance"]]]
         rows += [[f"eval {k}", v] for k, v in res.eval.items()]
+        rows += [[f"test (longer) {k}", v] for k, v in res.test.items()]
         if out:
             rows.append(["checkpoint", str(Path(out) / "checkpoint.safetensors")])
         console.print(table("storelab train", ["", "value"], rows))

@@ -32,6 +32,8 @@ def causal_conv1d(x_BTC: Tensor, weight_CW: Tensor, *, tail_BWC: Tensor | None =
         tail_BWC = x_BTC.new_zeros(B, W - 1, C)
     elif tail_BWC.shape != (B, W - 1, C):
         raise ValueError(f"tail_BWC: expected shape {[B, W - 1, C]}, got {list(tail_BWC.shape)}")
+    if T == 0:
+        return x_BTC, tail_BWC
     full_BLC = torch.cat([tail_BWC.to(x_BTC.dtype), x_BTC], dim=1)               # L = T + W - 1
     y = F.conv1d(full_BLC.transpose(1, 2), weight_CW.to(x_BTC.dtype)[:, None, :], groups=C)  # B C T
     y_BTC = y.transpose(1, 2)

@@ -87,7 +87,7 @@ def _recurrent(q, k, v, g, beta, scale, S_BHKV):
         o_t, S_BHKV = recurrent_step(q[:, t], k[:, t], v[:, t], S_BHKV, g=None if g is None else g[:, t],
                                      beta=None if beta is None else beta[:, t], scale=scale)
         o.append(o_t)
-    return torch.stack(o, dim=1), S_BHKV
+    return (torch.stack(o, dim=1) if o else v.new_zeros(v.shape)), S_BHKV
 
 
 # ---------------------------------------------------------------------------- chunked
@@ -121,26 +121,27 @@ def _unit_lower_inverse(A_BCC: Tensor, block: int = 16) -> Tensor:
     (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; then block forward substitution,
     T[r, :r] = -T[r, r] A[r, :r] T[:r, :r] for each block row r.
     """
-    C = A_BCC.shape[-1]
+    shape, C = A_BCC.shape, A_BCC.shape[-1]
+    A = A_BCC.reshape(-1, C, C)
     b = block if C % block == 0 else C
     n = C // b
-    X = torch.diagonal(A_BCC.unflatten(-2, (n, b)).unflatten(-1, (n, b)), dim1=-4, dim2=-2)  # ... b b n
-    X = X.movedim(-1, -3).tril(-1).reshape(-1, b, b)                                       # (... n) b b
-    inv = torch.eye(b, dtype=A_BCC.dtype, device=A_BCC.device) - X
+    X = torch.diagonal(A.view(-1, n, b, n, b), dim1=1, dim2=3)                     # M b b n
+    X = X.permute(0, 3, 1, 2).tril(-1).reshape(-1, b, b)                             # (M n) b b
+    inv = torch.eye(b, dtype=A.dtype, device=A.device) - X
     p = 2
     while p < b:
         X = torch.bmm(X, X)
         inv = torch.baddbmm(inv, inv, X)
         p *= 2
-    inv = inv.view(*A_BCC.shape[:-2], n, b, b)
     if n == 1:
-        return inv.squeeze(-3)
-    T = A_BCC.new_zeros(A_BCC.shape)
-    torch.diagonal(T.unflatten(-2, (n, b)).unflatten(-1, (n, b)), dim1=-4, dim2=-2).copy_(inv.movedim(-3, -1))
+        return inv.view(shape)
+    inv = inv.view(-1, n, b, b)
+    T = A.new_zeros(A.shape)
+    torch.diagonal(T.view(-1, n, b, n, b), dim1=1, dim2=3).copy_(inv.permute(0, 2, 3, 1))
     for r in range(1, n):
         rows = slice(r * b, (r + 1) * b)
-        T[..., rows, : r * b] = torch.matmul(inv[..., r, :, :], A_BCC[..., rows, : r * b] @ T[..., : r * b, : r * b]).neg_()
-    return T
+        T[:, rows, : r * b] = torch.bmm(inv[:, r], torch.bmm(A[:, rows, : r * b], T[:, : r * b, : r * b])).neg_()
+    return T.view(shape)
 
 
 def _sub_chunk(G_NBCK: Tensor) -> int:
@@ -210,8 +211,9 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     ws = _Chunked(B, H, C)
     for t0 in range(0, T, Tg):
         sl = slice(t0, min(T, t0 + Tg))
-        o[:, sl] = _chunk_group(ws, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
-                                None if beta is None else beta[:, sl], scale, S)
+        o_grp = _chunk_group(ws, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
+                             None if beta is None else beta[:, sl], S)
+        torch.mul(o_grp, scale, out=o[:, sl])  # o is linear in q: scale it here, not q (twice) in the group
     return o, S.view(B, H, K, V)
 
 
@@ -252,7 +254,7 @@ class _Chunked:
         return out
 
 
-def _decays(G: Tensor | None):
+def _decays(cz, G: Tensor | None):
     """Decay factors of a group of chunks from the cumulative log decay G [N, BH, C, 1|K].
 
     Returns (f, 1/f, exp(G), exp(G_C - G)); f = exp(G - G_C / 2) is None when some chunk decays by
@@ -265,12 +267,12 @@ def _decays(G: Tensor | None):
     if -G_last.min().item() > 2 * _exp_limit(G.dtype):
         return None, None, G.exp(), (G_last - G).exp_()
     half = (0.5 * G_last).exp_()                                                      # N BH 1 1|K
-    f = (G - 0.5 * G_last).exp_()                                                     # N BH C 1|K
-    inv_f = torch.reciprocal(f)
-    return f, inv_f, f * half, inv_f * half
+    f = torch.sub(G, 0.5 * G_last, out=cz.buf("f", G, *G.shape)).exp_()               # N BH C 1|K
+    inv_f = torch.reciprocal(f, out=cz.buf("inv_f", G, *G.shape))
+    return f, inv_f, torch.mul(f, half, out=cz.buf("eG", G, *G.shape)), torch.mul(inv_f, half, out=cz.buf("kd", G, *G.shape))
 
 
-def _intra_scores(cz, q_src, k_src, G, b_N, scale, f=None, inv_f=None):
+def _intra_scores(cz, q_src, k_src, G, b_N, f=None, inv_f=None):
     """A_qk [i, j] = q_i . k_j * decay(j -> i) for j <= i (zeros above), and A_kk = diag(beta) (same with k_i).
 
     Only A_kk's strictly lower part is meaningful (nothing else is read). The q and k rows go through
@@ -289,21 +291,21 @@ def _intra_scores(cz, q_src, k_src, G, b_N, scale, f=None, inv_f=None):
     fast = f is not None
     if G is not None and not fast and G.shape[-1] > 1:
         k_N = cz.put(k_src, 1.0, "k_raw")
-        P = _scores_per_channel([cz.put(q_src, scale, "q_raw")] + ([k_N] if delta else []), k_N, G)
+        P = _scores_per_channel([cz.put(q_src, 1.0, "q_raw")] + ([k_N] if delta else []), k_N, G)
         return P[0], (P[1].mul_(b_N) if delta else None), k_N
     rows = cz.buf("rows", q_src, N, B * H, R * C, K)                                  # [q; beta k] rows
     if fast:
-        cz.put(q_src, f * scale, out=rows[:, :, :C])
+        cz.put(q_src, f, out=rows[:, :, :C])
         if delta:
             cz.put(k_src, f * b_N, out=rows[:, :, C:])
         k_N, kT = None, cz.put(k_src, inv_f, "k_over_f").transpose(-1, -2)
     else:
-        cz.put(q_src, scale, out=rows[:, :, :C])
+        cz.put(q_src, 1.0, out=rows[:, :, :C])
         if delta:
             cz.put(k_src, b_N, out=rows[:, :, C:])
         k_N = cz.put(k_src, 1.0, "k_raw")
         kT = k_N.transpose(-1, -2)
-    A = torch.matmul(rows, kT).view(N, B * H, R, C, C)
+    A = torch.bmm(rows.view(N * B * H, R * C, K), kT.reshape(N * B * H, K, C)).view(N, B * H, R, C, C)
     if G is not None and not fast:  # per head, beyond the fast range: the pairwise decays directly
         Gs = G[..., 0]
         tril = torch.ones(C, C, dtype=torch.bool, device=G.device).tril_()
@@ -311,36 +313,36 @@ def _intra_scores(cz, q_src, k_src, G, b_N, scale, f=None, inv_f=None):
     return A[:, :, 0].tril_(), (A[:, :, 1] if delta else None), k_N
 
 
-def _chunk_group(cz, q, k, v, g, beta, scale, S_BKV):
-    """Outputs [B, T, H, V] (a strided view into the workspace) of one group of chunks; advances S_BKV."""
+def _chunk_group(cz, q, k, v, g, beta, S_BKV):
+    """Unscaled outputs [B, T, H, V] (a strided view) of one group of chunks; advances S_BKV in place."""
     B, T, H, K = q.shape
     V, C = v.shape[-1], cz.C
     cz.start(T)
     q_src, k_src, v_src = cz.src(q), cz.src(k), cz.src(v)                           # N B H C K|V
     N, BH = cz.N, B * H
     delta = beta is not None
-    G = None if g is None else _to_chunks(g, C).cumsum_(2)                            # N BH C 1|K
+    G = None if g is None else cz.put(cz.src(g if g.dim() == 4 else g[..., None]), 1.0, "G").cumsum_(2)  # N BH C 1|K
     b_N = _to_chunks(beta, C) if delta else None                                      # N BH C 1
-    f, inv_f, eG, k_decay = _decays(G)
-    A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, scale, f, inv_f)        # N BH C C
+    f, inv_f, eG, k_decay = _decays(cz, G)
+    A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, f, inv_f)               # N BH C C (q unscaled)
 
     if delta:
         # UT transform: (I + strict_tril(A_kk))^-1 [diag(beta) V | diag(beta) K exp(G)] = [U | W]
         rhs = cz.buf("rhs", q, N, BH, C, V + K)
         cz.put(v_src, b_N, out=rhs[..., :V])
         cz.put(k_src, b_N if G is None else b_N * eG, out=rhs[..., V:])
-        UW = torch.matmul(_unit_lower_inverse(A_kk), rhs)
+        UW = torch.bmm(_unit_lower_inverse(A_kk).view(N * BH, C, C), rhs.view(N * BH, C, V + K)).view(N, BH, C, V + K)
         U, W = UW[..., :V], UW[..., V:]
         V_new = cz.buf("V_new", q, N, BH, C, V)
     else:
         V_new = cz.put(v_src, 1.0, "V_new")
     if G is not None:
         G_last = G[:, :, -1:]                                                         # N BH 1 1|K
-        q_N = cz.put(q_src, eG * scale, "q")                                          # queries read decayed states
+        q_N = cz.put(q_src, eG, "q")                                                  # queries read decayed states
         k_N = cz.put(k_src, k_decay, "k")                                             # keys decay to the chunk end
         S_decay = G_last.exp().transpose(-1, -2)                                      # N BH 1|K 1
     else:
-        q_N = cz.put(q_src, scale, "q")
+        q_N = cz.put(q_src, 1.0, "q")
         k_N = k_N if k_N is not None else cz.put(k_src, 1.0, "k")
     k_T = k_N.transpose(-1, -2)                                                       # N BH K C
 
@@ -359,9 +361,9 @@ def _chunk_group(cz, q, k, v, g, beta, scale, S_BKV):
             S_i[i + 1].copy_(S_i[i])
         S_i[i + 1].baddbmm_(kT_i[i], Vn_i[i])
     S_BKV.copy_(S_i[N])
-    o = torch.matmul(q_N, S_all[:N]).view(N * BH, C, V)
+    o = torch.bmm(q_N.view(N * BH, C, K), S_all[:N].view(N * BH, K, V))
     o.baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
-    return _from_chunks(o.view(N, BH, C, V), B, T)
+    return _from_chunks(o.view(N, BH, C, V), B, T)  # the caller applies the query scale as it copies
 
 
 # ---------------------------------------------------------------------------- public ops

@@ -22,7 +22,8 @@ Four kinds, one pipeline. For each token x_t:
   RMSNorm(o) * sigmoid(W_gb W_ga x_t).
 
 The write step beta lies in (0, beta_max); beta_max = 1 as in both released models, up to 2 lets
-I - beta k k^T have a negative eigenvalue (essay section 6; arXiv 2411.12537).
+I - beta k k^T have a negative eigenvalue (essay section 6: Olmo Hybrid, arXiv 2604.03444; Complex KDA,
+arXiv 2609.24797).
 
 Parameters (D d_model, H q/k heads, HV value heads (= H except gated_deltanet), K, V head widths,
 C = 2HK + HV*V conv channels, W conv_kernel, r gate_rank):
@@ -30,8 +31,10 @@ C = 2HK + HV*V conv channels, W conv_kernel, r gate_rank):
   deltanet          + D*H                                  (beta)
   gated_deltanet    + D*HV*V + 2*D*HV + 2*HV               (z, beta and decay projections, A_log, dt_bias)
   kda               + D*H + D*r + r*H*K + H*K + H + D*r + r*HV*V   (beta, forget gate, output gate)
-State per layer, whatever the context: HV matrices K x V in fp32, plus the conv tail (W-1) x C in the
-entry dtype; per token that is (HV*K*V*4 + ...) / L bytes, falling as 1/L.
+State per layer, whatever the context L: HV matrices K x V kept in fp32 (as Qwen3-Next keeps them) plus
+the conv tail of W-1 inputs x C channels in the entry dtype, HV*K*V*4 + (W-1)*C*bytes bytes; per token
+that falls as 1/L. ``footprint`` counts kept = read = HV matrices; reading costs 2*HV*K*V flops for
+the query, twice that for the delta rules (the write first reads the prediction S^T k).
 
 Shape legend: B batch, T tokens, D model width, H q/k heads, HV value heads, K key width, V value width.
 """
@@ -263,7 +266,8 @@ class RecurrentStore(nn.Module):
             return -self.A_log.float().exp() * F.softplus(self.a_proj(x_BTD).float() + self.dt_bias)  # B T HV
         if self.kind == "kda":
             B, T, _ = x_BTD.shape
-            f = (self.f_b_proj(self.f_a_proj(x_BTD)).float() + self.dt_bias.float()).view(B, T, self.cfg.n_heads, -1)
+            f = (self.f_b_proj(self.f_a_proj(x_BTD)).float() + self.dt_bias.float()).view(B, T, self.cfg.n_heads,
+                                                                                          self.cfg.head_k_dim)
             rate = self.A_log.float().exp()[:, None]                                          # H 1
             lb = self.cfg.gate_lower_bound
             return lb * torch.sigmoid(rate * f) if lb is not None else -rate * F.softplus(f)    # B T H K

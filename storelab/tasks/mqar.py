@@ -68,12 +68,14 @@ class MQAR(Task):
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "full": {},                                            # Zoology's defaults
-        "small": {"vocab_size": 256, "mix": ((64, 4), (64, 8), (128, 16))},  # minutes on a CPU
-        "tiny": {"vocab_size": 64, "mix": ((32, 4),)},         # seconds on a CPU (tests)
+        "small": {"vocab_size": 256, "mix": ((64, 4), (64, 8), (128, 16)),          # minutes on a CPU
+                  "test_mix": ((128, 8), (256, 16), (256, 32))},
+        "tiny": {"vocab_size": 64, "mix": ((32, 4),), "test_mix": ((64, 4), (64, 8))},  # seconds (tests)
     }
 
     vocab_size: int = 8192
     mix: tuple[tuple[int, int], ...] = MQAR_TRAIN_MIX
+    test_mix: tuple[tuple[int, int], ...] = MQAR_TEST_MIX  # the length-generalisation split
     power_a: float = 0.01
     random_noise: bool = True
 
@@ -81,17 +83,24 @@ class MQAR(Task):
         self.check(self.vocab_size >= 8, "vocab_size", f"must be >= 8, got {self.vocab_size}")
         self.check(len(self.mix) > 0, "mix", "needs at least one (seq_len, pairs)")
         self.check(0 < self.power_a <= 1, "power_a", f"must be in (0, 1], got {self.power_a}")
-        for T, m in self.mix:
-            self.check(m >= 1 and 4 * m <= T, "mix", f"({T}, {m}): need 1 <= pairs and 4 * pairs <= seq_len")
-            self.check(m < self.vocab_size // 2, "mix", f"({T}, {m}): more pairs than keys in vocab {self.vocab_size}")
+        for name in ("mix", "test_mix"):
+            for T, m in getattr(self, name):
+                self.check(m >= 1 and 4 * m <= T, name, f"({T}, {m}): need 1 <= pairs and 4 * pairs <= seq_len")
+                self.check(m < self.vocab_size // 2, name, f"({T}, {m}): more pairs than keys in vocab {self.vocab_size}")
 
-    def sample(self, n: int, seed: int) -> Batch:
+    def sample(self, n: int, seed: int, *, mix: tuple[tuple[int, int], ...] | None = None) -> Batch:
+        """n sequences spread evenly over the (seq_len, pairs) of ``mix`` (default: the training mix)."""
         g = generator(seed)
-        k = len(self.mix)
+        mix = mix or self.mix
+        k = len(mix)
         counts = [n // k + (1 if i < n % k else 0) for i in range(k)]
         parts = [mqar_batch(c, vocab_size=self.vocab_size, seq_len=T, pairs=m, power_a=self.power_a,
-                            random_noise=self.random_noise, g=g) for (T, m), c in zip(self.mix, counts) if c]
+                            random_noise=self.random_noise, g=g) for (T, m), c in zip(mix, counts) if c]
         return pad_cat(parts)
+
+    def sample_test(self, n: int, seed: int) -> Batch:
+        """The length-generalisation split: sequences of ``test_mix``, longer than training's."""
+        return self.sample(n, seed, mix=self.test_mix)
 
     def chance(self) -> float:
         return 1.0 / (self.vocab_size - self.vocab_size // 2)

@@ -61,6 +61,10 @@ class Parity(Task):
     def sample_eval(self, n: int, seed: int) -> Batch:
         return self.sample(n, seed, length=self.eval_len)
 
+    def sample_test(self, n: int, seed: int) -> Batch:
+        """The length-generalisation split: every string ``eval_len`` bits long."""
+        return self.sample_eval(n, seed)
+
     def chance(self) -> float:
         return 0.5
 

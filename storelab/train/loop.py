@@ -17,6 +17,8 @@
   the run directory gets an atomic checkpoint. ``train`` on a directory that holds one
   resumes from it: a run killed at any moment ends exactly where an uninterrupted run
   with the same config ends (the test kills one with SIGKILL).
+* ``indexer_weight > 0`` adds the MSA indexers' imitation loss (``storelab.train.indexer``):
+  the hard top-k passes no gradient to them otherwise.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from storelab.models.model import Model
 from storelab.tasks import IGNORE, Batch, batch_seed, make_task, task_dict
 from storelab.train.checkpoint import CHECKPOINT, read_checkpoint, restore, save_checkpoint
 from storelab.train.distributed import Dist
+from storelab.train.indexer import IndexerTap
 from storelab.train.models import resolve_model
 
 # fields a resumed run may change without breaking the equality with an uninterrupted run
@@ -64,6 +67,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     log_every: int = 10
     threads: int = 0              # torch threads per process (0: leave as is)
+    indexer_weight: float = 0.0   # weight of the MSA indexers' imitation loss (storelab.train.indexer)
 
     def __post_init__(self):
         for n in ("steps", "batch_size", "eval_every", "eval_examples", "checkpoint_every", "log_every"):
@@ -76,6 +80,8 @@ class TrainConfig:
             raise ValueError(f"warmup: must be >= 0, got {self.warmup}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+        if self.indexer_weight < 0:
+            raise ValueError(f"indexer_weight: must be >= 0, got {self.indexer_weight}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
 
@@ -127,13 +133,17 @@ def token_loss(model: Model, batch: Batch, n_scored: int) -> tuple[torch.Tensor,
 
 @torch.no_grad()
 def evaluate(model: Model, task, seed: int, n: int, *, split: str = "eval", dist: Dist | None = None,
-             chunk: int = 64) -> dict[str, float]:
-    """Loss and accuracy on n held-out examples (plus the task's own scores, when it has any)."""
+             chunk: int = 0) -> dict[str, float]:
+    """Loss and accuracy on n held-out examples (plus the task's own scores, when it has any).
+
+    ``split="test"`` uses the task's length-generalisation split (``sample_test``) where it has one.
+    """
     dist = dist or Dist()
     was = model.training
     model.eval()
-    batch = task.sample(n, batch_seed(seed, split, 0)) if split != "test" or not hasattr(task, "sample_test") \
-        else task.sample_test(n, batch_seed(seed, split, 0))
+    sampler = task.sample_test if split == "test" and hasattr(task, "sample_test") else task.sample
+    batch = sampler(n, batch_seed(seed, split, 0))
+    chunk = chunk or max(1, 2**24 // (batch.inputs.shape[1] * task.vocab_size))  # logits of ~64 MB at a time
     lo, hi = dist.shard(n) if n % dist.world == 0 else (0, n) if dist.main else (0, 0)
     total, correct, extra = 0.0, 0, {}
     for s in range(lo, hi, chunk):
@@ -159,6 +169,7 @@ class TrainResult:
     step: int
     final_loss: float                 # training loss of the last step
     eval: dict[str, float]            # the last evaluation
+    test: dict[str, float]            # the length-generalisation split at the end ({} if the task has none)
     history: list[dict[str, Any]]
     seconds: float
     resumed_from: int = 0
@@ -209,9 +220,14 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
         batch = task.sample(cfg.batch_size, batch_seed(cfg.seed, "train", step))
         local = batch.slice(*dist.shard(cfg.batch_size))
         n = batch.n_scored
-        loss, correct, _ = token_loss(model, local, n)
+        with IndexerTap(model, enabled=cfg.indexer_weight > 0) as tap:
+            loss, correct, _ = token_loss(model, local, n)
+        aux = tap.loss()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if aux is not None:  # weighted by this process's share of the global batch
+            (loss + cfg.indexer_weight * aux * len(local) / cfg.batch_size).backward()
+        else:
+            loss.backward()
         dist.all_reduce_grads(params)
         gnorm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.grad_clip)
         opt.step()
@@ -219,11 +235,13 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
         acc = dist.sum(correct) / max(n, 1)
         done = step + 1
         row = {"step": done, "loss": last_loss, "acc": acc, "lr": lr, "grad_norm": float(gnorm)}
+        if aux is not None:
+            row["indexer_kl"] = dist.sum(aux.item() * len(local) / cfg.batch_size)
         if done % cfg.log_every == 0 or done == cfg.steps:
             history.append(row)
         if on_step is not None:
             on_step(done, row)
-        over_time = max_seconds is not None and time.time() - t0 > max_seconds
+        over_time = max_seconds is not None and dist.sum(float(time.time() - t0 > max_seconds)) > 0  # all agree
         if done % cfg.eval_every == 0 or done == cfg.steps or over_time:
             last_eval = evaluate(model, task, cfg.seed, cfg.eval_examples, dist=dist)
             history.append({"step": done, **{f"eval_{k}": v for k, v in last_eval.items()}})
@@ -238,8 +256,11 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
             last_eval = evaluate(model, task, cfg.seed, cfg.eval_examples, dist=dist)
             last_loss = next((h["loss"] for h in reversed(history) if "loss" in h), float("nan"))
     bar.close()
+    test = evaluate(model, task, cfg.seed, cfg.eval_examples, split="test", dist=dist) \
+        if hasattr(task, "sample_test") else {}
     return TrainResult(model=model, model_config=mcfg, task=task, step=min(step + 1, cfg.steps), final_loss=last_loss,
-                       eval=last_eval, history=history, seconds=time.time() - t0, resumed_from=resumed_from)
+                       eval=last_eval, test=test, history=history, seconds=time.time() - t0,
+                       resumed_from=resumed_from)
 
 
 def load_trained(path: str | Path) -> tuple[Model, Any, dict[str, Any]]:

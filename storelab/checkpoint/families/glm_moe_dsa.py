@@ -65,12 +65,13 @@ def to_config(hf: dict):
     if sched is None:
         raise unsupported("indexer_types", types, "no IndexShare schedule (freq, offset) reproduces it")
     freq, offset = sched
-    mlp_types = field(hf, "mlp_layer_types", None) or (
-        ["dense"] * min(field(hf, "first_k_dense_replace", 3), n) + ["sparse"] * max(n - field(hf, "first_k_dense_replace", 3), 0))
+    k_dense = min(field(hf, "first_k_dense_replace", 3), n)
+    mlp_types = field(hf, "mlp_layer_types", None) or ["dense"] * k_dense + ["sparse"] * (n - k_dense)
     layers, last_full = [], None
     for i in range(n):
         token = DSAConfig(d_model=D, n_heads=field(hf, "num_attention_heads"), kv_lora_rank=field(hf, "kv_lora_rank"),
-                          qk_nope_head_dim=field(hf, "qk_nope_head_dim"), qk_rope_head_dim=field(hf, "qk_rope_head_dim"),
+                          qk_nope_head_dim=field(hf, "qk_nope_head_dim"),
+                          qk_rope_head_dim=field(hf, "qk_rope_head_dim"),
                           v_head_dim=field(hf, "v_head_dim"), q_lora_rank=field(hf, "q_lora_rank", None),
                           rope_theta=theta, rope_interleaved=True, norm_eps=1e-6,
                           index_n_heads=field(hf, "index_n_heads"), index_head_dim=field(hf, "index_head_dim"),
@@ -81,7 +82,8 @@ def to_config(hf: dict):
         if mlp_types[i] == "dense":
             channel = FFNConfig(d_model=D, d_ff=field(hf, "intermediate_size"))
         else:
-            channel = MoEConfig(d_model=D, n_experts=field(hf, "n_routed_experts"), top_k=field(hf, "num_experts_per_tok"),
+            channel = MoEConfig(d_model=D, n_experts=field(hf, "n_routed_experts"),
+                                top_k=field(hf, "num_experts_per_tok"),
                                 d_expert=field(hf, "moe_intermediate_size"), router="sigmoid", router_bias=True,
                                 norm_topk_prob=bool(field(hf, "norm_topk_prob", True)),
                                 routed_scaling=float(field(hf, "routed_scaling_factor", 1.0)),

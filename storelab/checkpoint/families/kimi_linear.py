@@ -72,10 +72,12 @@ def to_config(hf: dict):
         if types[i] == "linear_attention":
             token = KDAConfig(d_model=D, n_heads=_first(hf, "linear_num_heads", default=lin.get("num_heads")),
                               head_k_dim=K, head_v_dim=K, gate_rank=K, gate_lower_bound=None,
-                              conv_kernel=_first(hf, "linear_conv_kernel_dim", default=lin.get("short_conv_kernel_size")),
+                              conv_kernel=_first(hf, "linear_conv_kernel_dim",
+                                                 default=lin.get("short_conv_kernel_size")),
                               norm_eps=eps)
         elif types[i] == "full_attention":
-            token = MLAConfig(d_model=D, n_heads=field(hf, "num_attention_heads"), kv_lora_rank=field(hf, "kv_lora_rank"),
+            token = MLAConfig(d_model=D, n_heads=field(hf, "num_attention_heads"),
+                              kv_lora_rank=field(hf, "kv_lora_rank"),
                               qk_nope_head_dim=field(hf, "qk_nope_head_dim"),
                               qk_rope_head_dim=field(hf, "qk_rope_head_dim"), v_head_dim=field(hf, "v_head_dim"),
                               q_lora_rank=hf.get("q_lora_rank"), use_rope=False, norm_eps=1e-6)

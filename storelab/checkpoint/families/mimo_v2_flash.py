@@ -19,7 +19,8 @@ The MTP layers (``model.mtp.*``) are not part of the causal LM and are ignored.
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import base_entries, check_act, either, experts, field, linear, rope, unsupported
+from storelab.checkpoint.families._common import (base_entries, check_act, either, experts, field, linear, rope,
+                                                  unsupported)
 from storelab.checkpoint.table import copy
 
 NAME = "mimo_v2_flash"
@@ -82,7 +83,8 @@ def to_config(hf: dict):
         if mlp_types[i] == "dense":
             channel = FFNConfig(d_model=D, d_ff=field(hf, "intermediate_size"))
         else:
-            channel = MoEConfig(d_model=D, n_experts=field(hf, "n_routed_experts"), top_k=field(hf, "num_experts_per_tok"),
+            channel = MoEConfig(d_model=D, n_experts=field(hf, "n_routed_experts"),
+                                top_k=field(hf, "num_experts_per_tok"),
                                 d_expert=field(hf, "moe_intermediate_size"), router="sigmoid", router_bias=True,
                                 norm_topk_prob=bool(field(hf, "norm_topk_prob", True)),
                                 routed_scaling=float(field(hf, "routed_scaling_factor", 1.0)))

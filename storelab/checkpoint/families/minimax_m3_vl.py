@@ -8,14 +8,16 @@ and projector of the VL checkpoint are left out.
 | blocks.i.norm_token / norm_channel     | 1 + model.layers.i.input_layernorm / post_attention_layernorm |
 | blocks.i.token.{q,k,v,o}_proj          | model.layers.i.self_attn.{q,k,v,o}_proj          |
 | blocks.i.token.{q,k}_norm              | 1 + model.layers.i.self_attn.{q,k}_norm          |
-| blocks.i.token.index_{q,k} (msa)       | model.layers.i.self_attn.indexer.{q,k}_proj      |
-| blocks.i.token.index_{q,k}_norm (msa)  | 1 + model.layers.i.self_attn.indexer.{q,k}_norm  |
-| blocks.i.channel.{gate,up}_proj (dense)| model.layers.i.mlp.gate_up_proj rows [:I], [I:]  |
-| blocks.i.channel.router / choice_bias  | model.layers.i.mlp.gate.weight / .e_score_correction_bias |
+| blocks.i.token.index_{q,k} (msa)       | model.layers.i.self_attn.indexer.{q,k}_proj (release: index_{q,k}_proj) |
+| blocks.i.token.index_{q,k}_norm (msa)  | 1 + model.layers.i.self_attn.indexer.{q,k}_norm (release: index_{q,k}_norm) |
+| blocks.i.channel.{gate,up}_proj (dense)| model.layers.i.mlp.gate_up_proj rows [:I], [I:] (release: gate_proj, up_proj) |
+| blocks.i.channel.router / choice_bias  | model.layers.i.mlp.gate.weight / .e_score_correction_bias (release: block_sparse_moe.gate.weight / .e_score_correction_bias) |
 | blocks.i.channel.gate_up / down        | model.layers.i.mlp.experts.gate_up_proj / down_proj (or per expert w1/w3/w2) |
 | blocks.i.channel.shared_{gate,up,down}_proj | model.layers.i.mlp.shared_experts.gate_up_proj rows / down_proj |
 | norm.weight, lm_head.weight            | 1 + model.norm.weight, lm_head.weight            |
 
+The release's own names (``language_model.model.`` prefix, ``block_sparse_moe``, per-expert
+``w1/w3/w2``, ``index_*``) are read as well as transformers'.
 Every RMSNorm of MiniMax-M3 stores its scale as an offset from one (Gemma's form): we add 1.
 The experts, shared expert and dense MLPs use a clamped SwiGLU with ``swiglu_alpha`` and
 ``up + 1`` (gpt-oss's unit), which our ``moe``/``ffn`` stores do not compute: the
@@ -26,7 +28,7 @@ as transformers 5.23 does; the config's ``rotary_dim`` is not read by transforme
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (base_entries, experts, field, gated_mlp, linear, norm,
+from storelab.checkpoint.families._common import (base_entries, either, experts, field, gated_mlp, linear, norm,
                                                   rope, unsupported)
 from storelab.checkpoint.table import copy
 
@@ -89,7 +91,8 @@ def to_config(hf: dict):
             channel = FFNConfig(d_model=D, d_ff=field(t, "dense_intermediate_size"))
         else:
             S = field(t, "shared_intermediate_size", 0)
-            channel = MoEConfig(d_model=D, n_experts=field(t, "num_local_experts"), top_k=field(t, "num_experts_per_tok"),
+            channel = MoEConfig(d_model=D, n_experts=field(t, "num_local_experts"),
+                                top_k=field(t, "num_experts_per_tok"),
                                 d_expert=field(t, "intermediate_size"), router="sigmoid", router_bias=True,
                                 norm_topk_prob=True, routed_scaling=float(field(t, "routed_scaling_factor", 1.0)),
                                 n_shared=1 if S else 0, d_shared=S or None)
@@ -125,20 +128,23 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
             linear(tab, f"{o}.{p}", f"{a}.{p}")
         tab[f"{o}.q_norm.weight"] = norm(f"{a}.q_norm.weight", True)
         tab[f"{o}.k_norm.weight"] = norm(f"{a}.k_norm.weight", True)
-        if lay.token.KIND == "msa":
-            linear(tab, f"{o}.index_q", f"{a}.indexer.q_proj")
-            linear(tab, f"{o}.index_k", f"{a}.indexer.k_proj")
-            tab[f"{o}.index_q_norm.weight"] = norm(f"{a}.indexer.q_norm.weight", True)
-            tab[f"{o}.index_k_norm.weight"] = norm(f"{a}.indexer.k_norm.weight", True)
-        m, c = f"{pre}layers.{i}.mlp", f"blocks.{i}.channel"
-        ch = lay.channel
+        if lay.token.KIND == "msa":  # transformers' indexer.* or the release's index_*
+            for x in ("q", "k"):
+                linear(tab, f"{o}.index_{x}", either(names, f"{a}.indexer.{x}_proj.weight",
+                                                      f"{a}.index_{x}_proj.weight")[: -len(".weight")])
+                tab[f"{o}.index_{x}_norm.weight"] = norm(either(names, f"{a}.indexer.{x}_norm.weight",
+                                                                f"{a}.index_{x}_norm.weight"), True)
+        c, ch = f"blocks.{i}.channel", lay.channel
         if ch.KIND == "ffn":
-            gated_mlp(tab, (f"{c}.gate_proj", f"{c}.up_proj", f"{c}.down_proj"), m, names, ch.d_ff)
-        else:
-            tab[f"{c}.router.weight"] = copy(f"{m}.gate.weight")
-            tab[f"{c}.choice_bias"] = copy(f"{m}.gate.e_score_correction_bias")
-            experts(tab, c, f"{m}.experts", names, ch.n_experts)
-            if ch.shared_width:
-                gated_mlp(tab, (f"{c}.shared_gate_proj", f"{c}.shared_up_proj", f"{c}.shared_down_proj"),
-                          f"{m}.shared_experts", names, ch.shared_width)
+            gated_mlp(tab, (f"{c}.gate_proj", f"{c}.up_proj", f"{c}.down_proj"), f"{pre}layers.{i}.mlp", names, ch.d_ff)
+            continue
+        m = next((m for m in (f"{pre}layers.{i}.mlp", f"{pre}layers.{i}.block_sparse_moe")
+                  if f"{m}.gate.weight" in names), f"{pre}layers.{i}.mlp")
+        tab[f"{c}.router.weight"] = copy(f"{m}.gate.weight")
+        tab[f"{c}.choice_bias"] = copy(either(names, f"{m}.gate.e_score_correction_bias",
+                                              f"{m}.e_score_correction_bias"))
+        experts(tab, c, f"{m}.experts", names, ch.n_experts)
+        if ch.shared_width:
+            gated_mlp(tab, (f"{c}.shared_gate_proj", f"{c}.shared_up_proj", f"{c}.shared_down_proj"),
+                      f"{m}.shared_experts", names, ch.shared_width)
     return tab

@@ -53,7 +53,8 @@ def config_from_json(m: dict[str, Any]):
     layers = []
     for i, lay in enumerate(m["layers"]):
         slots = {s: _store(lay[s], f"model.layers[{i}].{s}") for s in SLOTS if lay.get(s) is not None}
-        layers.append(LayerConfig(**slots, cache_owner=lay.get("cache_owner"), selection_owner=lay.get("selection_owner")))
+        layers.append(LayerConfig(**slots, cache_owner=lay.get("cache_owner"),
+                                  selection_owner=lay.get("selection_owner")))
     top = {k: v for k, v in m.items() if k not in ("layers", "published")}
     pub = Published(**m["published"]) if m.get("published") else None
     return ModelConfig(**top, layers=layers, published=pub)
