@@ -130,8 +130,11 @@ def test_family_matches_transformers(model_type, saved, tmp_path):
 
 
 def test_supported_lists_every_family():
+    import storelab
+
     for mt in [*FAMILIES, "qwen3_5_moe", "minimax_m3_vl", "storelab"]:
         assert mt in SUPPORTED
+    assert storelab.load is load and storelab.save is save
 
 
 def test_tied_embeddings(tmp_path):
@@ -445,3 +448,23 @@ def test_unsupported_settings_are_named(model_type, change, match, saved, tmp_pa
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=match):
         load(d)
+
+
+def test_fp4_packed_expert_weight(mimo_dir, tmp_path):
+    """DeepSeek-V4's expert format: int8 bytes holding two e2m1 codes, one power-of-two scale
+    (an exponent byte) per 32 values of a row."""
+    d = _copy(mimo_dir, tmp_path / "c")
+    name = "model.layers.1.mlp.experts.0.gate_proj.weight"                  # [32, 64]
+    g = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 16, (32, 64), generator=g)
+    exps = torch.randint(120, 130, (32, 2), generator=g, dtype=torch.uint8)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)
+    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+    want = lut[codes] * (2.0 ** (exps.float() - 127)).repeat_interleave(32, dim=1)
+
+    def edit(t):
+        t[name], t[name + "_scale_inv"] = packed, exps
+
+    _rewrite(d, edit)
+    model = load(d)
+    assert torch.equal(model.blocks[1].channel.gate_up[0, :32], want)

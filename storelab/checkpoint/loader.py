@@ -24,7 +24,7 @@ from torch import Tensor
 
 from storelab.checkpoint.adapters import apply_adapters
 from storelab.checkpoint.families import FAMILIES, family_for
-from storelab.checkpoint.quantized import FP8, dequantize_table
+from storelab.checkpoint.quantized import QUANTIZED, SCALES, dequantize_table
 from storelab.checkpoint.shards import FLOAT_DTYPES, INT_DTYPES, TORCH_DTYPES, CheckpointError, Shards, read_config
 from storelab.checkpoint.table import Src, ours_to_load
 
@@ -99,7 +99,7 @@ def check(tab: dict[str, Src], ours: dict[str, Tensor], shards: Shards, ignored:
                 raise CheckpointError(f"missing tensor {n!r} (needed for our {mine!r}): no shard of {folder} "
                                       f"holds it (files: {', '.join(shards.files)})")
             shape, dt = shards.info[n]
-            ok = INT_DTYPES if src.integer else FLOAT_DTYPES + (FP8 if src.quantized else ())
+            ok = INT_DTYPES if src.integer else FLOAT_DTYPES + (QUANTIZED + SCALES if src.quantized else ())
             if dt not in ok:
                 raise CheckpointError(f"tensor {n!r} in {shards.where[n]}: dtype {dt}, expected "
                                       f"{'an integer' if src.integer else 'a floating-point'} dtype ({', '.join(ok)})")

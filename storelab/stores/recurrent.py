@@ -122,7 +122,7 @@ class LinearAttentionConfig(_RecurrentConfig):
 
     DELTA = False
     CARD = Card(
-        name="linear attention (recurrent state)",
+        name="Linear attention (recurrent state)",
         written_by="each token, by adding an outer product k v^T",
         holds=_HOLDS + "; past about d entries, interference grows as (M/d)^(1/2)",
         reading_costs=_READS,

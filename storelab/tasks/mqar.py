@@ -6,6 +6,8 @@ model must produce its value. Keys come from the lower half of the vocabulary
 (ids 1 .. V/2 - 1), values from the upper half (V/2 .. V - 1). The gap before each
 query is drawn from a power law ``p(g) ~ g^(power_a - 1)`` over the free slots (power
 0.01: most queries come early, a few late), and every other token is random noise.
+``sample_test`` draws the length-generalisation split ``test_mix`` (by default each
+training (seq_len, pairs) at twice the length).
 
 Worked example (vocab 16, seq_len 12, 2 pairs; keys 1..7, values 8..15)::
 
@@ -67,7 +69,7 @@ class MQAR(Task):
     """MQAR over a mix of (seq_len, pairs); each batch draws its examples evenly from the mix."""
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
-        "full": {},                                            # Zoology's defaults
+        "full": {"test_mix": MQAR_TEST_MIX},                   # Zoology's defaults
         "small": {"vocab_size": 256, "mix": ((64, 4), (64, 8), (128, 16)),          # minutes on a CPU
                   "test_mix": ((128, 8), (256, 16), (256, 32))},
         "tiny": {"vocab_size": 64, "mix": ((32, 4),), "test_mix": ((64, 4), (64, 8))},  # seconds (tests)
@@ -75,7 +77,7 @@ class MQAR(Task):
 
     vocab_size: int = 8192
     mix: tuple[tuple[int, int], ...] = MQAR_TRAIN_MIX
-    test_mix: tuple[tuple[int, int], ...] = MQAR_TEST_MIX  # the length-generalisation split
+    test_mix: tuple[tuple[int, int], ...] = ()  # the length-generalisation split; () = each of mix at twice the length
     power_a: float = 0.01
     random_noise: bool = True
 
@@ -83,6 +85,8 @@ class MQAR(Task):
         self.check(self.vocab_size >= 8, "vocab_size", f"must be >= 8, got {self.vocab_size}")
         self.check(len(self.mix) > 0, "mix", "needs at least one (seq_len, pairs)")
         self.check(0 < self.power_a <= 1, "power_a", f"must be in (0, 1], got {self.power_a}")
+        if not self.test_mix:
+            self.test_mix = tuple((2 * T, m) for T, m in self.mix)
         for name in ("mix", "test_mix"):
             for T, m in getattr(self, name):
                 self.check(m >= 1 and 4 * m <= T, name, f"({T}, {m}): need 1 <= pairs and 4 * pairs <= seq_len")

@@ -59,7 +59,8 @@ class RecallBench:
         if model == "window":
             opts["window"] = self.window
         return TrainConfig(model=model, model_options=opts, task="mqar", task_preset="full",
-                           task_options={"vocab_size": self.vocab_size, "mix": [[self.seq_len, pairs]]},
+                           task_options={"vocab_size": self.vocab_size, "mix": [[self.seq_len, pairs]],
+                                         "test_mix": [[2 * self.seq_len, pairs]]},
                            steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup=max(1, self.steps // 10),
                            seed=self.seed, eval_every=self.steps, eval_examples=self.eval_examples)
 
@@ -79,6 +80,7 @@ def run_recall(bench: RecallBench, *, progress: bool = False) -> list[dict]:
                 r = train(bench.config(model, width, pairs))
                 rows.append({"model": model, "d_model": width, "pairs": pairs,
                              "state_bytes": state_bytes(r.model, bench.seq_len), "acc": r.eval["acc"],
+                             "acc_twice_longer": r.test.get("acc"),
                              "loss": r.eval["loss"], "seconds": r.seconds,
                              "params": sum(p.numel() for p in r.model.parameters())})
                 if progress:
