@@ -22,6 +22,7 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/storelab stores
+	$(BIN)/storelab report --out report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -x -p no:cacheprovider
