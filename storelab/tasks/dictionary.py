@@ -50,7 +50,7 @@ class DictionaryLanguage(Task):
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "full": {},
         "small": {"n_languages": 4, "n_keys": 32, "n_values": 32, "pairs_min": 8, "pairs_max": 16, "n_queries": 2},
-        "tiny": {"n_languages": 2, "n_keys": 16, "n_values": 16, "pairs_min": 4, "pairs_max": 8},
+        "tiny": {"n_languages": 2, "n_keys": 16, "n_values": 16, "pairs_min": 4, "pairs_max": 8, "n_queries": 4},
     }
 
     n_languages: int = 4
@@ -159,5 +159,5 @@ class DictionaryLanguage(Task):
 
 
 def tiny_dictionary(**kw) -> DictionaryLanguage:
-    """A CPU-sized version: 2 languages, 16 keys and values, 4 to 8 pairs."""
+    """A CPU-sized version: 2 languages, 16 keys and values, 4 to 8 pairs, 4 questions."""
     return DictionaryLanguage(**{**DictionaryLanguage.PRESETS["tiny"], **kw})
