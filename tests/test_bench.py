@@ -96,7 +96,7 @@ def test_bench_prefill_json():
     if name not in zoo_names():
         pytest.skip(f"{name} has no tiny model yet")
     res = runner.invoke(app, ["bench", "prefill", "--quick", "--json", "--model", name, "--length", "256",
-                              "--speed-length", "128", "--chunk", "64"])
+                              "--speed-length", "256", "--chunk", "64"])
     assert res.exit_code == 0, res.output
     r = json.loads(res.stdout)["prefill"]
     (row,) = r["models"]

@@ -20,8 +20,11 @@ Every state is checked against the store's analytic accounting (``state.nbytes()
 ``footprint(L, dtype="fp32").state_bytes``). Then single-token steps are timed, the context
 lengths interleaved in rounds (see ``timing.compare``). For ``dsa`` the step is also split
 into its parts: the indexer's scoring (index queries, scores over all L, top-k) and the main
-attention's read of the selected entries (``read_selected``), each timed on its own, in
-rounds of their own. The whole step also includes appending the new entry to the cache.
+attention's read of the selected entries (``read_selected``), each timed in rounds of its
+own (the read's k rows then sit in the CPU caches, as the work of the read is what is
+measured), and the read once more in rounds right after the indexer ("read_cold": its rows
+come from memory, scattered over the whole cache at 65,536 tokens). The whole step also
+includes appending the new entry to the cache.
 
 Verdicts: "constant" holds when t(65,536) / t(1,024) <= 1.2; "linear" when the time per
 added entry, (t(65,536) - t(1,024)) / 64,512, is positive and the ratio at least 2.
@@ -170,14 +173,18 @@ def bench_decode(*, contexts: tuple[int, ...] = (1024, 65536), D: int = 512, H: 
                 for part, fn in dsa_parts(module, st, x_step).items():
                     parts[f"{part}@{L}"] = fn
         t = compare(fns, repeats=repeats, warmup=2)
-        if parts:  # the parts in rounds of their own, apart from the whole steps' traffic
-            t.update(compare(parts, repeats=repeats, warmup=2))
+        if parts:
+            # each part in rounds of its own; then the read right after the indexer (cold rows)
+            for part in ("indexer", "read"):
+                t.update(compare({k: f for k, f in parts.items() if k.startswith(part)}, repeats=repeats, warmup=2))
+            cold = compare(parts, repeats=repeats, warmup=2)
+            t.update({f"read_cold@{L}": cold[f"read@{L}"] for L in contexts})
         row.update(available=True, contexts=states,
                    step_ms={L: t[f"step@{L}"].best * 1e3 for L in contexts},
                    timings={k: v.as_dict() for k, v in t.items()})
         row["step_ratio"] = t[f"step@{large}"].best / t[f"step@{small}"].best
         if kind == "dsa":
-            for part in ("indexer", "read"):
+            for part in ("indexer", "read", "read_cold"):
                 row[f"{part}_ms"] = {L: t[f"{part}@{L}"].best * 1e3 for L in contexts}
                 row[f"{part}_ratio"] = t[f"{part}@{large}"].best / t[f"{part}@{small}"].best
             row["targets"] = {

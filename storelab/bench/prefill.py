@@ -17,9 +17,8 @@ shared caches counted once), and with the L x L fp32 matrix the prefill must not
 Speed (``speed_length`` tokens, 16,384 by default): tokens per second of the same chunked
 prefill, ours and transformers' tiny model of the same family (same width, layers and
 vocabulary, the other sizes as in shared/reference/oracles.md) given the same prompt in
-the same chunks with its own cache, one after the other in the same subprocess (each
-timed once after a two-chunk warm-up: a prefill of 16,384 tokens is long enough that one
-timing is stable to a few per cent, and the peers take minutes).
+the same chunks with its own cache, in the same subprocess, alternating (after a
+two-chunk warm-up each); the best of ``repeats`` (2) runs each.
 """
 
 from __future__ import annotations
@@ -84,9 +83,18 @@ def _peak_run(fn) -> dict[str, Any]:
             "peak_above_weights_bytes": (peak_kb - base_kb) * 1024, "held_after_bytes": (after_kb - base_kb) * 1024}
 
 
-def prefill_child(name: str, length: int, chunk: int, peer: bool = False, seed: int = 0) -> dict[str, Any]:
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        fn()
+    return time.perf_counter() - t0
+
+
+def prefill_child(name: str, length: int, chunk: int, peer: bool = False, repeats: int = 1,
+                  seed: int = 0) -> dict[str, Any]:
     """Run in a fresh process: our chunked prefill of ``length`` tokens (time, peak memory above the
-    weights, the cache against the accounting); then, with ``peer``, transformers' on the same prompt."""
+    weights, the cache against the accounting); then, with ``peer``, transformers' on the same prompt.
+    With ``repeats`` > 1 both are timed that many times, alternating; ``seconds`` is the best."""
     from storelab.models.accounting import analytic_state_bytes, count_params
     from storelab.models.model import Model, prefill
     from storelab.zoo import load_zoo
@@ -106,25 +114,40 @@ def prefill_child(name: str, length: int, chunk: int, peer: bool = False, seed: 
              cache_nbytes=sum(st.nbytes() for st in cache), analytic_bytes=sum(analytic.values()),
              analytic_by_kind=analytic)
     out: dict[str, Any] = {"ours": r}
-    del cache, model
+    del cache
+    ours_fn = lambda: prefill(model, prompt, chunk=chunk)  # noqa: E731
+    peer_fn = None
     if peer:
         try:
             family, hf = build_peer(name, cfg)
             with torch.inference_mode():
                 peer_prefill(hf, prompt[:, : min(length, 2 * chunk)], chunk)  # warm-up, and it runs at all
-            p = _peak_run(lambda: peer_prefill(hf, prompt, chunk))
+            peer_fn = lambda: peer_prefill(hf, prompt, chunk)  # noqa: E731
+            p = _peak_run(peer_fn)
             p.pop("out")
             p.update(peer=f"transformers {family}", params=sum(x.numel() for x in hf.parameters()))
             out["peer"] = p
         except Exception as e:  # a missing family, or a model that cannot run chunked on a CPU
             out["peer"] = {"peer": f"unavailable ({type(e).__name__}: {str(e)[:200]})"}
+    for key, fn in (("ours", ours_fn), ("peer", peer_fn)):
+        if key in out:
+            out[key]["all_seconds"] = [out[key].get("seconds")]
+    for _ in range(repeats - 1):
+        out["ours"]["all_seconds"].append(_timed(ours_fn))
+        if peer_fn is not None and "seconds" in out["peer"]:
+            out["peer"]["all_seconds"].append(_timed(peer_fn))
+    for key in ("ours", "peer"):
+        if key in out and out[key].get("seconds") is not None:
+            out[key]["seconds"] = min(out[key]["all_seconds"])
     return out
 
 
-def run_child(name: str, length: int, chunk: int, *, peer: bool, timeout_s: float = 3600) -> dict[str, Any]:
+def run_child(name: str, length: int, chunk: int, *, peer: bool, repeats: int = 1,
+              timeout_s: float = 7200) -> dict[str, Any]:
     """``prefill_child`` in a subprocess (a fresh peak, and nothing else's allocations)."""
     code = ("import json, torch; torch.set_num_threads(%d); from storelab.bench.prefill import prefill_child; "
-            "print(json.dumps(prefill_child(%r, %d, %d, %r)))" % (torch.get_num_threads(), name, length, chunk, peer))
+            "print(json.dumps(prefill_child(%r, %d, %d, %r, %d)))"
+            % (torch.get_num_threads(), name, length, chunk, peer, repeats))
     env = {**os.environ, "USE_HUB_KERNELS": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
     if p.returncode != 0:
@@ -242,7 +265,8 @@ def peer_prefill(model, prompt_BT: torch.Tensor, chunk: int):
 
 
 def bench_prefill(*, models: list[str] | None = None, length: int = 131072, speed_length: int = 16384,
-                  chunk: int | None = None, quick: bool = False, peer: bool = True) -> dict[str, Any]:
+                  chunk: int | None = None, quick: bool = False, peer: bool = True,
+                  repeats: int = 2) -> dict[str, Any]:
     """Memory at ``length`` and speed at ``speed_length`` for each model (see the module docstring).
 
     When the two lengths are equal one run per model gives both (ours, then the peer).
@@ -260,7 +284,8 @@ def bench_prefill(*, models: list[str] | None = None, length: int = 131072, spee
             rows.append(row)
             continue
         try:
-            fast = run_child(name, speed_length, min(chunk, speed_length), peer=peer)
+            fast = run_child(name, speed_length, min(chunk, speed_length), peer=peer,
+                             repeats=1 if quick else repeats)
             row["speed"] = speed_row(fast)
             mem = fast if length == speed_length else run_child(name, length, chunk, peer=False)
             row["memory"] = memory_row(mem["ours"])
@@ -269,5 +294,6 @@ def bench_prefill(*, models: list[str] | None = None, length: int = 131072, spee
         rows.append(row)
     return {"bench": "prefill", "length": length, "speed_length": speed_length, "chunk": chunk,
             "memory_method": "VmHWM - VmRSS after a peak reset (/proc/self/clear_refs), one subprocess per model",
-            "speed_method": "one timed chunked prefill each, ours then the peer, in the same subprocess",
+            "speed_method": f"best of {1 if quick else repeats} chunked prefills each, ours and the peer "
+                            "alternating, in the same subprocess",
             "threads": torch.get_num_threads(), "dtype": "fp32", "models": rows}

@@ -40,7 +40,10 @@ Three evaluations that agree (tests hold them equal):
   exp(G_i - G_j) = exp(G_i - m) exp(m - G_j) with m half the chunk's decay, so the decays ride
   on q and k into one product. Beyond that range GDN forms Gamma pairwise, and KDA (whose Gamma
   is per channel, C x C x K numbers) factors through sub-chunk reference points instead, as in
-  GLA (arXiv 2312.06635), so it stays a matrix product without overflow;
+  GLA (arXiv 2312.06635), so it stays a matrix product without overflow. The default C = 32 was
+  chosen by measurement: on a CPU, at K = V = 64, it ran 20-25 % faster than C = 64 (the C^2 work
+  halves while the products stay large enough to run near the machine's matmul rate) and C = 128
+  was slower still; C = 16 was within noise of 32;
 * ``mode="scan"``: the state sequence by a parallel affine scan (``storelab.ops.scan``).
 
 Shape legend: B batch, T tokens, H heads, K key width, V value width, N chunks, C chunk size.
@@ -211,9 +214,14 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     ws = _Chunked(B, H, C)
     for t0 in range(0, T, Tg):
         sl = slice(t0, min(T, t0 + Tg))
-        o_grp = _chunk_group(ws, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
-                             None if beta is None else beta[:, sl], S)
-        torch.mul(o_grp, scale, out=o[:, sl])  # o is linear in q: scale it here, not q (twice) in the group
+        o_NBCV = _chunk_group(ws, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
+                              None if beta is None else beta[:, sl], S)
+        # o is linear in q: scale it here, not q (twice) in the group, as it moves into [B, T, H, V]
+        N, n_tok = o_NBCV.shape[0], sl.stop - sl.start
+        if N * C == n_tok:  # whole chunks: straight into the output, no intermediate copy
+            torch.mul(o_NBCV.view(N, B, H, C, V).permute(1, 0, 3, 2, 4), scale, out=o[:, sl].view(B, N, C, H, V))
+        else:
+            torch.mul(_from_chunks(o_NBCV, B, n_tok), scale, out=o[:, sl])
     return o, S.view(B, H, K, V)
 
 
@@ -257,19 +265,21 @@ class _Chunked:
 def _decays(cz, G: Tensor | None):
     """Decay factors of a group of chunks from the cumulative log decay G [N, BH, C, 1|K].
 
-    Returns (f, 1/f, exp(G), exp(G_C - G)); f = exp(G - G_C / 2) is None when some chunk decays by
-    more than twice the exp limit (then the scores take their exact slow path). On the fast path the
-    other factors are products of f and exp(G_C / 2), so one exponential serves all of them.
+    Returns (f, 1/f, exp(G_C / 2), exp(G), exp(G_C - G)). On the fast path only the first three are
+    made (None for the others): every decayed copy of q and k is then a product of f or 1/f and
+    exp(G_C / 2), so one exponential serves all of them (see ``_chunk_group``). f = exp(G - G_C / 2)
+    is None when some chunk decays by more than twice the exp limit: the scores then take their exact
+    slow path, which needs exp(G) and exp(G_C - G) (and exp(G_C / 2) is None).
     """
     if G is None:
-        return None, None, None, None
+        return None, None, None, None, None
     G_last = G[:, :, -1:]
     if -G_last.min().item() > 2 * _exp_limit(G.dtype):
-        return None, None, G.exp(), (G_last - G).exp_()
+        return None, None, None, G.exp(), (G_last - G).exp_()
     half = (0.5 * G_last).exp_()                                                      # N BH 1 1|K
     f = torch.sub(G, 0.5 * G_last, out=cz.buf("f", G, *G.shape)).exp_()               # N BH C 1|K
     inv_f = torch.reciprocal(f, out=cz.buf("inv_f", G, *G.shape))
-    return f, inv_f, torch.mul(f, half, out=cz.buf("eG", G, *G.shape)), torch.mul(inv_f, half, out=cz.buf("kd", G, *G.shape))
+    return f, inv_f, half, None, None
 
 
 def _intra_scores(cz, q_src, k_src, G, b_N, f=None, inv_f=None):
@@ -314,7 +324,7 @@ def _intra_scores(cz, q_src, k_src, G, b_N, f=None, inv_f=None):
 
 
 def _chunk_group(cz, q, k, v, g, beta, S_BKV):
-    """Unscaled outputs [B, T, H, V] (a strided view) of one group of chunks; advances S_BKV in place."""
+    """Unscaled outputs [N, B*H, C, V] of one group of chunks (padded rows last); advances S_BKV in place."""
     B, T, H, K = q.shape
     V, C = v.shape[-1], cz.C
     cz.start(T)
@@ -323,20 +333,32 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV):
     delta = beta is not None
     G = None if g is None else cz.put(cz.src(g if g.dim() == 4 else g[..., None]), 1.0, "G").cumsum_(2)  # N BH C 1|K
     b_N = _to_chunks(beta, C) if delta else None                                      # N BH C 1
-    f, inv_f, eG, k_decay = _decays(cz, G)
+    f, inv_f, half, eG, k_decay = _decays(cz, G)
     A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, f, inv_f)               # N BH C C (q unscaled)
+    if half is not None:  # fast path: the score rows hold q f, beta k f and k / f; times exp(G_C / 2) they are
+        # q exp(G), beta k exp(G) and k exp(G_C - G), so these come from contiguous buffers, not from q and k again
+        rows = cz.buf("rows", q, N, BH, (2 if delta else 1) * C, K)                   # the buffers _intra_scores filled
+        k_over_f = cz.buf("k_over_f", q, N, BH, C, K)
 
     if delta:
         # UT transform: (I + strict_tril(A_kk))^-1 [diag(beta) V | diag(beta) K exp(G)] = [U | W]
         rhs = cz.buf("rhs", q, N, BH, C, V + K)
         cz.put(v_src, b_N, out=rhs[..., :V])
-        cz.put(k_src, b_N if G is None else b_N * eG, out=rhs[..., V:])
+        if half is not None:
+            torch.mul(rows[:, :, C:], half, out=rhs[..., V:])
+        else:
+            cz.put(k_src, b_N if G is None else b_N * eG, out=rhs[..., V:])
         UW = torch.bmm(_unit_lower_inverse(A_kk).view(N * BH, C, C), rhs.view(N * BH, C, V + K)).view(N, BH, C, V + K)
         U, W = UW[..., :V], UW[..., V:]
         V_new = cz.buf("V_new", q, N, BH, C, V)
     else:
         V_new = cz.put(v_src, 1.0, "V_new")
-    if G is not None:
+    if half is not None:  # (A_qk and A_kk are already made from these rows: scaling them in place is safe)
+        G_last = G[:, :, -1:]                                                         # N BH 1 1|K
+        q_N = rows[:, :, :C].mul_(half)                                               # q exp(G)
+        k_N = k_over_f.mul_(half)                                                     # k exp(G_C - G)
+        S_decay = G_last.exp().transpose(-1, -2)                                      # N BH 1|K 1
+    elif G is not None:
         G_last = G[:, :, -1:]                                                         # N BH 1 1|K
         q_N = cz.put(q_src, eG, "q")                                                  # queries read decayed states
         k_N = cz.put(k_src, k_decay, "k")                                             # keys decay to the chunk end
@@ -361,9 +383,9 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV):
             S_i[i + 1].copy_(S_i[i])
         S_i[i + 1].baddbmm_(kT_i[i], Vn_i[i])
     S_BKV.copy_(S_i[N])
-    o = torch.bmm(q_N.view(N * BH, C, K), S_all[:N].view(N * BH, K, V))
+    o = torch.bmm(q_N.flatten(0, 1), S_all[:N].view(N * BH, K, V))
     o.baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
-    return _from_chunks(o.view(N, BH, C, V), B, T)  # the caller applies the query scale as it copies
+    return o.view(N, BH, C, V)  # the caller applies the query scale as it moves o into place
 
 
 # ---------------------------------------------------------------------------- public ops
@@ -412,7 +434,7 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, scale: float | None = None,
-                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
+                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 32,
                      mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """Additive outer-product writes, S_t = exp(g_t) S_{t-1} + k_t v_t^T; g [B,T,HV] or None.
 
@@ -424,14 +446,14 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None
 
 
 def delta_rule(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor, scale: float | None = None,
-               initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
+               initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 32,
                mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """DeltaNet: S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T; beta [B,T,HV]."""
     return _run("delta_rule", q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size, mode, False)
 
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor, beta: Tensor, scale: float | None = None,
-                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
+                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 32,
                      mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """Gated DeltaNet: decay by exp(g_t) per head (g [B,T,HV], <= 0), then the delta write."""
     return _run("gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode,
@@ -439,7 +461,7 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor, beta: Tensor
 
 
 def kda(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor, beta: Tensor, scale: float | None = None,
-        initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
+        initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 32,
         mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """Kimi Delta Attention: decay by exp(g_t) per key channel (g [B,T,HV,K], <= 0), then the delta write."""
     return _run("kda", q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode, True)

@@ -40,6 +40,9 @@ ESSAY_KEEP = {"source": "Afendulev et al., arXiv 2609.04434 (Qwen3.5-4B)",
 # -- counterfactual prompts -------------------------------------------------------------------
 def dictionary_pairs(task: DictionaryLanguage, n: int, seed: int) -> list[dict[str, Tensor]]:
     """Prompts A and B that differ only in the value of the first queried key (one batch)."""
+    if task.pairs_max >= task.n_values:
+        raise ValueError(f"pairs_max: the swap needs a value the dictionary does not hold "
+                         f"({task.pairs_max} pairs, {task.n_values} values)")
     b = task.sample(n, seed)
     p0 = int(b.meta["answer_pos"][0, 0])  # prompts are left-padded: every first answer sits here
     prompt_a = b.inputs[:, :p0 + 1].clone()

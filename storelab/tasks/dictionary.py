@@ -49,7 +49,7 @@ N_SPECIAL = 4
 class DictionaryLanguage(Task):
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "full": {},
-        "small": {"n_languages": 4, "n_keys": 32, "n_values": 32, "pairs_min": 8, "pairs_max": 16, "n_queries": 2},
+        "small": {"n_languages": 4, "n_keys": 32, "n_values": 32, "pairs_min": 6, "pairs_max": 12, "n_queries": 4},
         "tiny": {"n_languages": 2, "n_keys": 16, "n_values": 16, "pairs_min": 4, "pairs_max": 8, "n_queries": 4},
     }
 
