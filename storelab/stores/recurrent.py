@@ -69,7 +69,7 @@ class _RecurrentConfig(StoreConfig):
     head_k_dim: int
     head_v_dim: int | None = None     # None = head_k_dim
     conv_kernel: int = 4              # short causal convolution width; 1 = no mixing across tokens
-    chunk_size: int = 64              # tokens per step of the chunkwise-parallel form
+    chunk_size: int = 32              # tokens per step of the chunkwise-parallel form
     norm_eps: float = 1e-6            # output RMSNorm
     mode: str = "chunk"               # "chunk" (fast), "recurrent" (reference loop) or "scan"
 
