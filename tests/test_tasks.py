@@ -99,10 +99,10 @@ def test_dictionary_scores_retrieval_and_compliance_apart():
     t = tiny_dictionary()
     b = t.sample(8, 0)
     logits = torch.zeros(8, b.inputs.shape[1], t.vocab_size)
-    lang, val = b.meta["language"], b.meta["value"][:, 0]
-    wrong_lang = 1 - lang
-    pos = b.meta["answer_pos"][:, 0]
-    logits[torch.arange(8), pos, t.write(wrong_lang, val)] = 1.0  # right value, wrong language
+    for q in range(t.n_queries):
+        lang, val = b.meta["language"], b.meta["value"][:, q]
+        pos = b.meta["answer_pos"][:, q]
+        logits[torch.arange(8), pos, t.write(1 - lang, val)] = 1.0  # right value, wrong language
     s = t.score(logits, b)
     assert s == {"retrieval": 1.0, "compliance": 0.0}
 

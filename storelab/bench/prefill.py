@@ -279,6 +279,8 @@ def bench_prefill(*, models: list[str] | None = None, length: int = 131072, spee
     rows = []
     for name in names:
         row: dict[str, Any] = {"model": name}
+        if not quick:  # progress on stderr: the target lengths take minutes per model
+            print(f"bench prefill: {name} ...", file=sys.stderr, flush=True)
         if name not in have:
             row["error"] = "no tiny model in the zoo yet"
             rows.append(row)

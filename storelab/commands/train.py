@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option("tiny-kimi-k3", "--model", help="tiny-<zoo name>, a model file, or a built-in "
                                   "stack: attention, window, gated_deltanet, kda, hybrid, pattern:KKKA."),
         task: str = typer.Option("mqar", "--task", help="mqar, dictionary, parity, selective_copy."),
-        size: str = typer.Option("small", "--size", help="Task size preset: tiny, small, full (Zoology's)."),
+        size: str = typer.Option("tiny", "--size", help="Task size preset: tiny (seconds to minutes on a CPU), "
+                                 "small, full (Zoology's)."),
         steps: int = typer.Option(1000, "--steps"),
         out: Path = typer.Option(None, "--out", help="Run directory: checkpoints, resumed from when present."),
         batch_size: int = typer.Option(32, "--batch-size", help="Global batch (split over torchrun processes)."),

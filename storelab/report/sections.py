@@ -39,4 +39,5 @@ SECTIONS: list[Section] = [
     Section("capacity", "4. Capacity", _lazy("storelab.report.capacity_section", "capacity_section")),
     Section("examples", "5. The worked examples", _lazy("storelab.report.examples", "worked_examples_section")),
     Section("depth", "6. Depth and parallel evaluation", _lazy("storelab.report.depth_section", "depth_section")),
+    Section("trained", "7. What a trained hybrid keeps where", _lazy("storelab.report.trained_section", "trained_section")),
 ]

@@ -50,7 +50,7 @@ class TrainConfig:
     model: str = "tiny-kimi-k3"
     model_options: dict[str, Any] = field(default_factory=dict)
     task: str = "mqar"
-    task_preset: str = "small"    # a size preset of the task ("tiny", "small", "full")
+    task_preset: str = "tiny"     # a size preset of the task ("tiny", "small", "full")
     task_options: dict[str, Any] = field(default_factory=dict)
     steps: int = 1000
     batch_size: int = 32          # the global batch
@@ -144,7 +144,9 @@ def evaluate(model: Model, task, seed: int, n: int, *, split: str = "eval", dist
     sampler = task.sample_test if split == "test" and hasattr(task, "sample_test") else task.sample
     batch = sampler(n, batch_seed(seed, split, 0))
     chunk = chunk or max(1, 2**24 // (batch.inputs.shape[1] * task.vocab_size))  # logits of ~64 MB at a time
-    lo, hi = dist.shard(n) if n % dist.world == 0 else (0, n) if dist.main else (0, 0)
+    split_up = n % dist.world == 0  # otherwise every process scores all n (and nothing is summed)
+    lo, hi = dist.shard(n) if split_up else (0, n)
+    reduce = dist.sum if split_up else float
     total, correct, extra = 0.0, 0, {}
     for s in range(lo, hi, chunk):
         part = batch.slice(s, min(hi, s + chunk))
@@ -155,9 +157,9 @@ def evaluate(model: Model, task, seed: int, n: int, *, split: str = "eval", dist
                 extra[k] = extra.get(k, 0.0) + v * len(part)
     model.train(was)
     N = batch.n_scored
-    out = {"loss": dist.sum(total) / N, "acc": dist.sum(correct) / N}
+    out = {"loss": reduce(total) / N, "acc": reduce(correct) / N}
     for k, v in extra.items():
-        out[k] = dist.sum(v) / n
+        out[k] = reduce(v) / n
     return out
 
 

@@ -89,6 +89,9 @@ def resolve_model(name: str, vocab_size: int, **options: Any) -> ModelConfig:
                              f"or a .toml/.json file") from None
     d = dict(read_file(path))
     d["vocab_size"] = vocab_size
+    # stores that name the vocabulary themselves (hash-routed experts, Engram) follow the task's
+    d["stores"] = {nm: ({**sd, "vocab_size": vocab_size} if "vocab_size" in sd else sd)
+                   for nm, sd in d.get("stores", {}).items()}
     if trainable_mode() != "chunk":
         d["stores"] = {nm: ({**sd, "mode": trainable_mode()} if sd.get("kind") in RECURRENT_KINDS else sd)
                        for nm, sd in d.get("stores", {}).items()}
