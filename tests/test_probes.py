@@ -111,7 +111,7 @@ def test_forgetting_kda_weight_estimate(dic):
 
 
 def _mhc_model(task, *, identity: bool):
-    m = build("hybrid", task, depth="mhc", n_layers=4)
+    m = build("pattern:KA", task, depth="mhc")
     for blk in m.blocks:
         for mixer in (blk.depth_token, blk.depth_channel):
             N = mixer.cfg.n_streams
@@ -119,6 +119,8 @@ def _mhc_model(task, *, identity: bool):
                 mixer.weight[2 * N:].zero_()          # B no longer depends on the token
                 if identity:
                     mixer.bias[2 * N:] = 30 * torch.eye(N).flatten()
+                else:                                 # a fixed mix far from the identity; streams that differ
+                    mixer.bias[N:] = 3 * torch.randn(N + N * N)
     return m
 
 
