@@ -3,4 +3,10 @@
 Absolute times on a shared machine are noisy; every figure here is paired with a
 measurement taken in the same run (the peer's time, or the machine's own fp32
 matrix-product rate), and the ratio is what a reader should compare.
+
+* ``timing``  - interleaved rounds (``compare``), the matmul yardstick;
+* ``kernels`` - chunked Gated DeltaNet and KDA against transformers' functions, FLOPs counted;
+* ``decode``  - one token's step through each store at 1,024 and 65,536 tokens of context;
+* ``prefill`` - the tiny zoo models' chunked prefill: peak memory against the accounting,
+  tokens per second against transformers' tiny model of the same family.
 """

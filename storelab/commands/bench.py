@@ -82,6 +82,12 @@ def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, 
 
 # -- tables for people ----------------------------------------------------------------------------------
 
+def _round(v: float | None, digits: int = 0) -> float | int | None:
+    if v is None:
+        return None
+    return int(round(v)) if digits == 0 else round(v, digits)
+
+
 def _ok(v: Any) -> str:
     return {True: "yes", False: "NO", None: "n/a"}.get(v, str(v))
 
@@ -128,13 +134,14 @@ def print_tables(res: dict[str, Any]) -> None:
         rows = []
         for m in r["models"]:
             mem, spd = m.get("memory") or {}, m.get("speed") or {}
-            rows.append([m["model"], mem.get("peak_above_weights_mb"), mem.get("analytic_mb"), mem.get("ratio"),
-                         _ok(mem.get("within_10pct")), spd.get("ours_tok_s"), spd.get("peer_tok_s"),
-                         spd.get("speedup"), _ok(spd.get("target")), spd.get("peer") or m.get("error")])
+            peer = (spd.get("peer") or m.get("error") or "").replace("transformers ", "")
+            rows.append([m["model"], _round(mem.get("peak_above_weights_mb"), 1), _round(mem.get("analytic_mb"), 1),
+                         _round(mem.get("ratio"), 2), _ok(mem.get("within_10pct")), _round(spd.get("ours_tok_s")),
+                         _round(spd.get("peer_tok_s")), _round(spd.get("speedup"), 2), _ok(spd.get("target")), peer])
         console.print(table(f"prefill: memory at {r['length']:,} tokens (chunks of {r['chunk']}), "
                             f"speed at {r['speed_length']:,} tokens",
-                            ["model", "peak MB", "analytic MB", "peak/analytic", "within 10%", "ours tok/s",
-                             "peer tok/s", "speedup", ">= 1.5", "peer"], rows))
+                            ["model", "peak MB", "cache MB", "peak/cache", "<= 10%", "ours tok/s",
+                             "peer tok/s", "speedup", ">= 1.5", "peer (transformers)"], rows))
     m = res["machine"]
     console.print(f"{res['date']}  {m['cpus']} CPUs, torch {m['torch']} with {m['torch_threads']} threads"
                   + ("  (--quick sizes: not figures)" if res.get("quick") else ""))
