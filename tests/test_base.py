@@ -59,3 +59,30 @@ def test_stores_json_is_one_document():
     assert isinstance(data, list)
     for row in data:
         assert set(row) == {"name", "written_by", "holds", "reading_costs", "forgets", "source"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", ["causal", "window", "sinks", "empty_rows", "per_head", "none", "mqa"])
+def test_fused_attend_equals_reference(case, dtype):
+    from storelab.ops.attention import attend_reference, window_mask
+
+    g = torch.Generator().manual_seed(0)
+    B, T, L, H, G, K, V = 2, 5, 9, 4, 1 if case == "mqa" else 2, 8, 6
+    q = torch.randn(B, T, H, K, generator=g, dtype=dtype)
+    k = torch.randn(B, L, G, K, generator=g, dtype=dtype)
+    v = torch.randn(B, L, G, V, generator=g, dtype=dtype)
+    mask, sinks = causal_mask(T, L), None
+    if case == "window":
+        mask = window_mask(T, L, 3)
+    if case == "sinks":
+        sinks = torch.randn(H, generator=g, dtype=dtype)
+    if case == "empty_rows":
+        mask = mask.clone()
+        mask[1] = False
+    if case == "per_head":
+        mask = torch.rand(B, H, T, L, generator=g) > 0.4
+    if case == "none":
+        mask = None
+    out = attend(q, k, v, scale=0.37, mask_TL=mask, sinks_H=sinks)
+    ref = attend_reference(q, k, v, scale=0.37, mask_TL=mask, sinks_H=sinks)
+    assert_close(out, ref, 1e-5 if dtype == torch.float32 else 1e-10, f"attend {case}")

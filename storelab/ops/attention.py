@@ -16,9 +16,10 @@ grouped-query heads (Ainslie et al., arXiv 2305.13245) and learned sinks.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["attend", "causal_mask", "window_mask"]
+__all__ = ["attend", "attend_reference", "causal_mask", "window_mask"]
 
 
 def causal_mask(T: int, L: int, device=None) -> Tensor:
@@ -35,8 +36,9 @@ def window_mask(T: int, L: int, window: int, device=None) -> Tensor:
     return (k_pos <= q_pos) & (k_pos > q_pos - window)
 
 
-def attend(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask_TL: Tensor | None = None,
-           sinks_H: Tensor | None = None) -> Tensor:
+def attend_reference(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask_TL: Tensor | None = None,
+                     sinks_H: Tensor | None = None) -> Tensor:
+    """The plain form: materialise the [T, L] scores, softmax with the sink in the denominator."""
     B, T, H, K = q_BTHK.shape
     G = k_BLGK.shape[2]
     if H % G:
@@ -61,3 +63,35 @@ def attend(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask
         p = p[..., :-1]
     out = torch.matmul(p.to(v.dtype), v)                        # B H T V
     return out.transpose(1, 2)                                  # B T H V
+
+
+def attend(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask_TL: Tensor | None = None,
+           sinks_H: Tensor | None = None) -> Tensor:
+    """Same contract as ``attend_reference``, through torch's fused scaled-dot-product kernel.
+
+    A sink is one more key that head h scores at exactly ``sinks_H[h]``, with a zero value:
+    q' = [q, sink_h / scale], k' = [k, 0] and the sink key [0, ..., 0, 1]. Rows of the mask with
+    nothing readable are opened for the kernel and zeroed afterwards, as the reference does.
+    """
+    B, T, H, K = q_BTHK.shape
+    G = k_BLGK.shape[2]
+    if H % G:
+        raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
+    q, k, v = q_BTHK.transpose(1, 2), k_BLGK.transpose(1, 2), v_BLGV.transpose(1, 2)
+    mask = mask_TL
+    if sinks_H is not None:
+        L = k.shape[2]
+        q = torch.cat([q, (sinks_H.to(q.dtype) / scale).view(1, H, 1, 1).expand(B, H, T, 1)], dim=-1)
+        k = torch.cat([F.pad(k, (0, 1)), k.new_zeros(B, G, 1, K + 1)], dim=2)
+        k[:, :, L, K] = 1.0
+        v = torch.cat([v, v.new_zeros(B, G, 1, v.shape[-1])], dim=2)
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_ones(*mask.shape[:-1], 1)], dim=-1)
+    rows = None
+    if mask is not None and not bool(mask.any(-1).all()):
+        rows = mask.any(-1, keepdim=True)
+        mask = mask | ~rows
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=(G != H))
+    if rows is not None:
+        out = out * rows
+    return out.transpose(1, 2)
