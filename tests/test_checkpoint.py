@@ -468,3 +468,22 @@ def test_fp4_packed_expert_weight(mimo_dir, tmp_path):
     _rewrite(d, edit)
     model = load(d)
     assert torch.equal(model.blocks[1].channel.gate_up[0, :32], want)
+
+
+def test_generate_command_with_checkpoint(saved):
+    """``storelab generate --checkpoint``: the transformers model's greedy ids on the command's prompt."""
+    from typer.testing import CliRunner
+
+    from storelab.cli import app
+
+    hf, folder = saved("mimo_v2_flash")
+    res = CliRunner().invoke(app, ["generate", "--checkpoint", str(folder), "--prompt-len", "12", "--new-tokens", "6",
+                                   "--chunk", "5", "--seed", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    prompt_ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(3))  # the command's prompt
+    # (an explicit mask: the prompt may hold the pad id 0, which generate would otherwise mask out)
+    want = hf.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=6,
+                       do_sample=False)[0, 12:].tolist()
+    assert out["tokens"] == want
+    assert all(s["measured_bytes"] == s["analytic_bytes"] for s in out["state"])

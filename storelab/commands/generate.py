@@ -11,8 +11,9 @@ from storelab.commands._output import console, emit_json, err_console, table
 
 
 def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, temperature: float = 0.0,
-                   top_k: int = 0, seed: int = 0, progress=None) -> dict:
-    """Build the model with random weights (fp32), generate, and account the cache it holds."""
+                   top_k: int = 0, seed: int = 0, progress=None, model=None) -> dict:
+    """Build the model with random weights (fp32) unless ``model`` is given (a loaded checkpoint),
+    generate, and account the cache it holds."""
     import torch
 
     from storelab.models.accounting import analytic_state_bytes
@@ -21,7 +22,7 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
     if prompt_len <= 0 or new_tokens < 0:
         raise ValueError(f"prompt_len: must be > 0 and new_tokens >= 0, got {prompt_len}, {new_tokens}")
     torch.manual_seed(seed)
-    model = Model(cfg).eval()
+    model = Model(cfg).eval() if model is None else model
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
     gen = torch.Generator().manual_seed(seed + 1)
     out, cache = generate(model, prompt, new_tokens, chunk=chunk, temperature=temperature, top_k=top_k,
@@ -51,30 +52,40 @@ def register(app: typer.Typer) -> None:
         top_k: int = typer.Option(0, "--top-k", help="Sample among the k most likely (0: all)."),
         seed: int = typer.Option(0, "--seed"),
         config: Path = typer.Option(None, "--config", help="A model file (TOML or JSON) instead of a zoo name."),
+        checkpoint: Path = typer.Option(None, "--checkpoint",
+                                        help="A checkpoint folder (config.json + safetensors): its weights."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
-        """Generate with random weights; report the cache per store kind, measured beside analytic."""
+        """Generate with random weights (or a checkpoint's); report the cache per store kind, measured
+        beside analytic."""
         from rich.progress import Progress
 
         from storelab.models.config import load_model
         from storelab.zoo import load_zoo
 
+        loaded = None
         try:
-            if (model is None) == (config is None):
-                raise ValueError("model: give a zoo model name or --config FILE (one of them)")
-            cfg = load_model(config) if config is not None else load_zoo(model, tiny=tiny)
+            if (model is None) + (config is None) + (checkpoint is None) != 2:
+                raise ValueError("model: give a zoo model name, --config FILE or --checkpoint FOLDER (one of them)")
+            if checkpoint is not None:
+                from storelab.checkpoint import load
+
+                loaded = load(checkpoint, dtype="fp32")
+                cfg = loaded.cfg
+            else:
+                cfg = load_model(config) if config is not None else load_zoo(model, tiny=tiny)
         except ValueError as e:
             err_console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2)
         try:
             if json_:
                 res = run_generation(cfg, prompt_len=prompt_len, new_tokens=new_tokens, chunk=chunk,
-                                     temperature=temperature, top_k=top_k, seed=seed)
+                                     temperature=temperature, top_k=top_k, seed=seed, model=loaded)
             else:
                 with Progress(console=err_console, transient=True) as bar:
                     task = bar.add_task(f"{cfg.name}: prefill {prompt_len}, decode", total=new_tokens)
                     res = run_generation(cfg, prompt_len=prompt_len, new_tokens=new_tokens, chunk=chunk,
-                                         temperature=temperature, top_k=top_k, seed=seed,
+                                         temperature=temperature, top_k=top_k, seed=seed, model=loaded,
                                          progress=lambda n: bar.advance(task, n))
         except ValueError as e:
             err_console.print(f"[red]error:[/red] {e}")
