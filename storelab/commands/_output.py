@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any, Iterable
 
 from rich.console import Console
@@ -21,6 +22,8 @@ def _clean(o: Any) -> Any:
         return {str(k): _clean(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
         return [_clean(v) for v in o]
+    if isinstance(o, Path):
+        return str(o)
     if hasattr(o, "item") and callable(o.item):
         return o.item()
     return o

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from storelab.commands._output import _clean
 from storelab.report.core import Claim, SectionOutcome, Table
 
 CSS = """
@@ -49,20 +50,6 @@ def fmt(v: Any) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
-
-
-def _clean(o: Any) -> Any:
-    if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
-        return None
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "item") and callable(o.item):
-        return o.item()
-    return o
 
 
 def _table_html(t: Table) -> str:
