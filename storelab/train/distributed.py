@@ -83,5 +83,8 @@ class Dist:
             dist.barrier()
 
     def close(self) -> None:
+        # every process reaches the barrier before any tears gloo down: a process that exits
+        # while its peer is still in a collective aborts ("terminate called without an active exception")
         if self.world > 1 and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
