@@ -244,8 +244,12 @@ class ModelConfig:
         stores = {}
         for nm, cfg in names:
             req = _required(type(cfg))
+            defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+            # a None is written only where it is not the default (KDA's gate_lower_bound=None means
+            # Kimi Linear's softplus gate, not the default bound); JSON keeps it as null
             stores[nm] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.to_dict().items()
-                          if v is not None and not (k in INHERITED and k in req and v == getattr(self, k))
+                          if not (v is None and defaults.get(k, None) is None)
+                          and not (k in INHERITED and k in req and v == getattr(self, k))
                           and not (k == LAYER_INDEX and nm in implicit)}
         out["stores"] = stores
         out["layers"] = [{"at": compact_indices(idx, self.n_layers), key: val} for (key, val), idx in groups.items()]
