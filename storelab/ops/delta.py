@@ -418,7 +418,9 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
     scale = K ** -0.5 if scale is None else scale
     S0 = None if initial_state is None else initial_state.to(dt)
-    if mode == "chunk":
+    if mode == "chunk" and T == 1:  # one decoded token: the per-token step is the whole algorithm
+        o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
+    elif mode == "chunk":
         if g is not None:  # a step keeping less than e^-limit is already zero in this dtype; keeps factors finite
             g = g.clamp(min=-_exp_limit(dt))
         o, S = _chunked(q, k, v, g, beta, scale, S0, min(chunk_size, max(T, 1)))  # no padding below a chunk
