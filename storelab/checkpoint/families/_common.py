@@ -155,3 +155,22 @@ def submodule_path(store_cfg, class_name: str) -> str | None:
     with torch.device("meta"):
         mod = store_cfg.build()
     return next((n for n, m in mod.named_modules() if type(m).__name__ == class_name), None)
+
+
+def model_config(hf: dict, text: dict, *, name: str, title: str, d_model: int, layers: list, norm_eps: float,
+                 context: int | None = None):
+    """The storelab ModelConfig every family ends with: vocabulary and context from the text config
+    ``text`` (the whole config, or a VL checkpoint's text part), tied embeddings from ``hf``."""
+    from storelab.models.config import ModelConfig
+
+    return ModelConfig(name=name, title=title, d_model=d_model, vocab_size=field(text, "vocab_size"), layers=layers,
+                       norm_eps=norm_eps, tie_embeddings=bool(field(hf, "tie_word_embeddings", False)),
+                       context=int(field(text, "max_position_embeddings", 0)) if context is None else int(context))
+
+
+def layer_prefix(names: set[str], extra: tuple[tuple[str, str], ...] = ()) -> tuple[str, str]:
+    """(layer prefix, LM head name): the text model, a VL model's language part, or ``extra`` layouts."""
+    for pre, head in (("model.", "lm_head.weight"), ("model.language_model.", "lm_head.weight")) + extra:
+        if f"{pre}embed_tokens.weight" in names:
+            return pre, head
+    return "model.", "lm_head.weight"

@@ -25,7 +25,8 @@ have no storelab store yet and are refused; so is YaRN on the compressed RoPE. T
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (beyond_layers, check_act, either, experts, field, linear, rope,
+from storelab.checkpoint.families._common import (layer_prefix, model_config,
+                                                  beyond_layers, check_act, either, experts, field, linear, rope,
                                                   unsupported)
 from storelab.checkpoint.table import Src, copy
 
@@ -68,7 +69,7 @@ def normalized(hf: dict) -> dict:
 
 
 def to_config(hf: dict):
-    from storelab.models.config import LayerConfig, ModelConfig
+    from storelab.models.config import LayerConfig
     from storelab.stores.compressed import CSAConfig, HCAConfig
     from storelab.stores.depth import MHCConfig
     from storelab.stores.moe import MoEConfig
@@ -114,10 +115,8 @@ def to_config(hf: dict):
         else:
             channel = MoEConfig(router_bias=True, **moe)
         layers.append(LayerConfig(token=token, channel=channel, depth=depth))
-    return ModelConfig(name="deepseek-v4", title="DeepSeek-V4 (checkpoint)", d_model=D,
-                       vocab_size=field(hf, "vocab_size"), layers=layers, norm_eps=eps,
-                       tie_embeddings=bool(field(hf, "tie_word_embeddings", False)),
-                       context=int(field(hf, "max_position_embeddings", 0)))
+    return model_config(hf, hf, name="deepseek-v4", title="DeepSeek-V4 (checkpoint)", d_model=D, layers=layers,
+                        norm_eps=eps)
 
 
 def _ape(name: str, stride: int, series: int) -> Src:

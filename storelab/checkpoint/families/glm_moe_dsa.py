@@ -22,7 +22,8 @@ layer (``model.layers.<n>``) is ignored. Both RoPEs (MLA and indexer) are interl
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (base_entries, beyond_layers, check_act, field, gated_mlp, linear,
+from storelab.checkpoint.families._common import (layer_prefix, model_config,
+                                                  base_entries, beyond_layers, check_act, field, gated_mlp, linear,
                                                   mla_entries, rope, routed_moe, share_schedule, submodule_path,
                                                   unsupported)
 from storelab.checkpoint.table import copy
@@ -42,7 +43,7 @@ def grouped_routing_check(hf: dict) -> None:
 
 
 def to_config(hf: dict):
-    from storelab.models.config import LayerConfig, ModelConfig
+    from storelab.models.config import LayerConfig
     from storelab.stores.depth import ResidualConfig
     from storelab.stores.dsa import DSAConfig
     from storelab.stores.ffn import FFNConfig
@@ -90,10 +91,8 @@ def to_config(hf: dict):
                                 n_shared=field(hf, "n_shared_experts", 0), d_shared=field(hf, "moe_intermediate_size"))
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D),
                                   selection_owner=None if token.runs_indexer else last_full))
-    return ModelConfig(name="glm-moe-dsa", title="GLM-MoE-DSA (checkpoint)", d_model=D,
-                       vocab_size=field(hf, "vocab_size"), layers=layers, norm_eps=field(hf, "rms_norm_eps", 1e-5),
-                       tie_embeddings=bool(field(hf, "tie_word_embeddings", False)),
-                       context=int(field(hf, "max_position_embeddings", 0)))
+    return model_config(hf, hf, name="glm-moe-dsa", title="GLM-MoE-DSA (checkpoint)", d_model=D, layers=layers,
+                        norm_eps=field(hf, "rms_norm_eps", 1e-5))
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from storelab.checkpoint.families._common import (base_entries, check_act, field, gated_mlp, linear,
+from storelab.checkpoint.families._common import (layer_prefix, model_config,
+                                                  base_entries, check_act, field, gated_mlp, linear,
                                                   mla_entries, routed_moe, unsupported)
 from storelab.checkpoint.table import Src, copy
 
@@ -44,7 +45,7 @@ def _first(hf: dict, *keys, default=None):
 
 
 def to_config(hf: dict):
-    from storelab.models.config import LayerConfig, ModelConfig
+    from storelab.models.config import LayerConfig
     from storelab.stores.depth import ResidualConfig
     from storelab.stores.ffn import FFNConfig
     from storelab.stores.mla import MLAConfig
@@ -94,10 +95,8 @@ def to_config(hf: dict):
                                 n_shared=_first(hf, "num_shared_experts", "n_shared_experts", default=0),
                                 d_shared=field(hf, "moe_intermediate_size"))
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
-    return ModelConfig(name="kimi-linear", title="Kimi Linear (checkpoint)", d_model=D,
-                       vocab_size=field(hf, "vocab_size"), layers=layers, norm_eps=eps,
-                       tie_embeddings=bool(field(hf, "tie_word_embeddings", False)),
-                       context=int(_first(hf, "model_max_length", "max_position_embeddings", default=0)))
+    return model_config(hf, hf, name="kimi-linear", title="Kimi Linear (checkpoint)", d_model=D, layers=layers,
+                        norm_eps=eps, context=_first(hf, "model_max_length", "max_position_embeddings", default=0))
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:

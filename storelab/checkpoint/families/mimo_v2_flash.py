@@ -19,7 +19,8 @@ The MTP layers (``model.mtp.*``) are not part of the causal LM and are ignored.
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (base_entries, check_act, either, experts, field, linear, rope,
+from storelab.checkpoint.families._common import (layer_prefix, model_config,
+                                                  base_entries, check_act, either, experts, field, linear, rope,
                                                   unsupported)
 from storelab.checkpoint.table import copy
 
@@ -46,7 +47,7 @@ def normalized(hf: dict) -> dict:
 
 
 def to_config(hf: dict):
-    from storelab.models.config import LayerConfig, ModelConfig
+    from storelab.models.config import LayerConfig
     from storelab.stores.attention import AttentionConfig, WindowConfig
     from storelab.stores.depth import ResidualConfig
     from storelab.stores.ffn import FFNConfig
@@ -89,10 +90,8 @@ def to_config(hf: dict):
                                 norm_topk_prob=bool(field(hf, "norm_topk_prob", True)),
                                 routed_scaling=float(field(hf, "routed_scaling_factor", 1.0)))
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
-    return ModelConfig(name="mimo-v2-flash", title="MiMo-V2-Flash (checkpoint)", d_model=D,
-                       vocab_size=field(hf, "vocab_size"), layers=layers, norm_eps=eps,
-                       tie_embeddings=bool(field(hf, "tie_word_embeddings", False)),
-                       context=int(field(hf, "max_position_embeddings", 0)))
+    return model_config(hf, hf, name="mimo-v2-flash", title="MiMo-V2-Flash (checkpoint)", d_model=D, layers=layers,
+                        norm_eps=eps)
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:

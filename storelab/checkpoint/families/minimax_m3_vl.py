@@ -28,7 +28,8 @@ as transformers 5.23 does; the config's ``rotary_dim`` is not read by transforme
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (base_entries, either, experts, field, gated_mlp, linear, norm,
+from storelab.checkpoint.families._common import (layer_prefix, model_config,
+                                                  base_entries, either, experts, field, gated_mlp, linear, norm,
                                                   rope, unsupported)
 from storelab.checkpoint.table import copy
 
@@ -59,7 +60,7 @@ def text_config(hf: dict) -> dict:
 
 
 def to_config(hf: dict):
-    from storelab.models.config import LayerConfig, ModelConfig
+    from storelab.models.config import LayerConfig
     from storelab.stores.attention import AttentionConfig
     from storelab.stores.depth import ResidualConfig
     from storelab.stores.ffn import FFNConfig
@@ -97,10 +98,8 @@ def to_config(hf: dict):
                                 norm_topk_prob=True, routed_scaling=float(field(t, "routed_scaling_factor", 1.0)),
                                 n_shared=1 if S else 0, d_shared=S or None)
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
-    return ModelConfig(name="minimax-m3", title="MiniMax-M3 text (checkpoint)", d_model=D,
-                       vocab_size=field(t, "vocab_size"), layers=layers, norm_eps=eps,
-                       tie_embeddings=bool(field(hf, "tie_word_embeddings", False)),
-                       context=int(field(t, "max_position_embeddings", 0)))
+    return model_config(hf, t, name="minimax-m3", title="MiniMax-M3 text (checkpoint)", d_model=D, layers=layers,
+                        norm_eps=eps)
 
 
 def adapters(hf: dict, cfg) -> list[dict]:
@@ -109,17 +108,9 @@ def adapters(hf: dict, cfg) -> list[dict]:
              "limit": field(t, "swiglu_limit", None), "up_shift": 1.0, "layers": list(range(cfg.n_layers))}]
 
 
-def _prefix(names: set[str]) -> tuple[str, str]:
-    """(layer prefix, LM head name): the text model, the VL model, or the original VL checkpoint."""
-    for pre, head in (("model.", "lm_head.weight"), ("model.language_model.", "lm_head.weight"),
-                      ("language_model.model.", "language_model.lm_head.weight")):
-        if f"{pre}embed_tokens.weight" in names:
-            return pre, head
-    return "model.", "lm_head.weight"
-
-
 def table(hf: dict, cfg, names: set[str]) -> dict:
-    pre, head = _prefix(names)
+    original_vl = (("language_model.model.", "language_model.lm_head.weight"),)
+    pre, head = layer_prefix(names, original_vl)
     tab: dict = {}
     base_entries(tab, cfg, prefix=pre, head=head, offset=True)
     for i, lay in enumerate(cfg.layers):

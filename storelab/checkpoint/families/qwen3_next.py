@@ -24,7 +24,8 @@ RoPE for text (its three position streams are equal). The vision tower and MTP l
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (base_entries, check_act, experts, field, gated_mlp, linear, norm,
+from storelab.checkpoint.families._common import (layer_prefix, model_config,
+                                                  base_entries, check_act, experts, field, gated_mlp, linear, norm,
                                                   rope, unsupported)
 from storelab.checkpoint.table import Src, copy
 
@@ -51,7 +52,7 @@ def _is_moe(t: dict, i: int) -> bool:
 
 
 def to_config(hf: dict):
-    from storelab.models.config import LayerConfig, ModelConfig
+    from storelab.models.config import LayerConfig
     from storelab.stores.attention import AttentionConfig
     from storelab.stores.depth import ResidualConfig
     from storelab.stores.ffn import FFNConfig
@@ -89,10 +90,8 @@ def to_config(hf: dict):
         else:
             channel = FFNConfig(d_model=D, d_ff=field(t, "intermediate_size"))
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
-    return ModelConfig(name=t.get("model_type", "qwen3-next").replace("_", "-"), title="Qwen3-Next (checkpoint)",
-                       d_model=D, vocab_size=field(t, "vocab_size"), layers=layers, norm_eps=eps,
-                       tie_embeddings=bool(field(hf, "tie_word_embeddings", False)),
-                       context=int(field(t, "max_position_embeddings", 0)))
+    return model_config(hf, t, name=t.get("model_type", "qwen3-next").replace("_", "-"),
+                        title="Qwen3-Next (checkpoint)", d_model=D, layers=layers, norm_eps=eps)
 
 
 def _grouped(name: str, H: int, sizes: list[int], part: int) -> Src:
@@ -105,15 +104,8 @@ def _grouped(name: str, H: int, sizes: list[int], part: int) -> Src:
     return Src((name,), take, f"piece {part} of each key head's {sizes} rows")
 
 
-def _prefix(names: set[str]) -> tuple[str, str]:
-    for pre, head in (("model.", "lm_head.weight"), ("model.language_model.", "lm_head.weight")):
-        if f"{pre}embed_tokens.weight" in names:
-            return pre, head
-    return "model.", "lm_head.weight"
-
-
 def table(hf: dict, cfg, names: set[str]) -> dict:
-    pre, head = _prefix(names)
+    pre, head = layer_prefix(names)
     tab: dict = {}
     base_entries(tab, cfg, prefix=pre, head=head, offset=True)
     for i, lay in enumerate(cfg.layers):
