@@ -13,6 +13,9 @@ H heads, K key width, V value width, D model width.
 
 from __future__ import annotations
 
+import contextvars
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -22,6 +25,99 @@ from torch import Tensor
 def tensor_bytes(*tensors: Tensor | None) -> int:
     """Bytes held by the given tensors (None counts zero)."""
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+# -- growing caches without a copy per call -------------------------------------------------------
+#
+# A cache that keeps an entry per token (or per m tokens) appends rows along dim 1. Growing it with
+# torch.cat copies the whole cache on every call and holds two copies for a moment; over a long
+# prefill that is quadratic work and twice the memory. Instead the rows live in a preallocated
+# buffer and the state's field is a view of its filled rows (so ``nbytes()`` still counts exactly
+# what is kept). The capacity comes from a hint: ``upcoming(n)`` says that n more tokens will
+# follow this call (``prefill`` and ``generate`` know), and a buffer that must grow reserves room
+# for them; without a hint it grows by GROWTH, amortising the copies.
+
+GROWTH = 1.25
+_UPCOMING: contextvars.ContextVar[int] = contextvars.ContextVar("storelab_upcoming_tokens", default=0)
+
+
+@contextmanager
+def upcoming(tokens: int):
+    """Within the block, caches that grow reserve room for ``tokens`` more tokens after this call."""
+    tok = _UPCOMING.set(max(0, int(tokens)))
+    try:
+        yield
+    finally:
+        _UPCOMING.reset(tok)
+
+
+def append_rows(state: "State", names: tuple[str, ...], new: tuple[Tensor, ...], *,
+                tokens_per_row: int = 1) -> tuple[Tensor, ...]:
+    """Append ``new[i]`` (rows along dim 1) to the field ``names[i]`` of ``state``; return the filled views.
+
+    The fields of one call share one buffer, side by side on the last axis, so a reader can take
+    them together (``joined_rows``) without a copy. ``tokens_per_row``: a compressed cache keeps
+    one row per that many tokens, which sizes the reservation.
+    """
+    views = [getattr(state, n) for n in names]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in new):
+        # training: a buffer written in place would break autograd's saved tensors; concatenate
+        out = tuple(t if v is None else torch.cat([v, t], dim=1) for v, t in zip(views, new))
+        for n, t in zip(names, out):
+            setattr(state, n, t)
+        state.__dict__.get("_rows", {}).pop(names, None)
+        return out
+    n_new = new[0].shape[1]
+    rec = state.__dict__.get("_rows", {}).get(names)
+    n_old = 0 if views[0] is None else views[0].shape[1]
+    widths = [t.shape[-1] for t in new]
+    fits = (rec is not None and views[0] is not None and rec["filled"] == n_old
+            and views[0].data_ptr() == rec["buf"].data_ptr() and rec["buf"].shape[1] >= n_old + n_new
+            and rec["buf"].dtype == new[0].dtype and rec["buf"].shape[:1] + rec["buf"].shape[2:-1]
+            == new[0].shape[:1] + new[0].shape[2:-1] and rec["widths"] == widths)
+    if not fits:
+        need = n_old + n_new
+        cap = need + math.ceil(_UPCOMING.get() / tokens_per_row)
+        if cap == need and rec is not None:
+            cap = max(need, math.ceil(rec["buf"].shape[1] * GROWTH))
+        shape = list(new[0].shape)
+        shape[1], shape[-1] = cap, sum(widths)
+        buf = new[0].new_empty(shape)
+        if n_old:
+            off = 0
+            for v, w in zip(views, widths):
+                buf[:, :n_old, ..., off:off + w].copy_(v)
+                off += w
+        rec = {"buf": buf, "filled": n_old, "widths": widths}
+        state.__dict__.setdefault("_rows", {})[names] = rec
+    buf, end = rec["buf"], n_old + n_new
+    out, off = [], 0
+    for n, t, w in zip(names, new, widths):
+        buf[:, n_old:end, ..., off:off + w].copy_(t)
+        view = buf[:, :end, ..., off:off + w]
+        setattr(state, n, view)
+        out.append(view)
+        off += w
+    rec["filled"] = end
+    return tuple(out)
+
+
+def joined_rows(state: "State", names: tuple[str, ...]) -> Tensor | None:
+    """The fields ``names`` side by side, [B, L, ..., sum of widths], as a view when they share a
+    buffer (they do after ``append_rows(state, names, ...)``), else concatenated."""
+    views = [getattr(state, n) for n in names]
+    if views[0] is None:
+        return None
+    rec = state.__dict__.get("_rows", {}).get(names)
+    L = views[0].shape[1]
+    if rec is not None and rec["filled"] == L and views[0].data_ptr() == rec["buf"].data_ptr():
+        return rec["buf"][:, :L]
+    return torch.cat(views, dim=-1)
+
+
+def reserved_bytes(state: "State") -> int:
+    """Bytes of the buffers behind the state's row fields (capacity, filled or not)."""
+    return sum(r["buf"].numel() * r["buf"].element_size() for r in state.__dict__.get("_rows", {}).values())
 
 
 @dataclass
@@ -59,13 +155,8 @@ class KVCache(State):
         return 0 if self.k is None else self.k.shape[1]
 
     def append(self, k_BTHK: Tensor, v_BTHV: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this call's entries; return everything kept (old then new)."""
-        if self.k is None:
-            self.k, self.v = k_BTHK, v_BTHV
-        else:
-            self.k = torch.cat([self.k, k_BTHK], dim=1)
-            self.v = torch.cat([self.v, v_BTHV], dim=1)
-        return self.k, self.v
+        """Write this call's entries; return everything kept (old then new), views of the cache."""
+        return append_rows(self, ("k",), (k_BTHK,))[0], append_rows(self, ("v",), (v_BTHV,))[0]
 
 
 @dataclass

@@ -77,6 +77,9 @@ class SharedLatentCache(SelectionCache):
     def append(self, latent_BTC: Tensor, k_rope_BTR: Tensor) -> tuple[Tensor, Tensor]:
         return self.owner.latent, self.owner.k_rope
 
+    def joined(self) -> Tensor | None:
+        return self.owner.joined()
+
     def append_index(self, k_BTK: Tensor) -> Tensor:
         if self.owner.index_k is None:
             raise ValueError("cache_owner: the owner layer keeps no index keys for this reader's indexer")

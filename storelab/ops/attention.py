@@ -11,6 +11,19 @@ grouped-query heads (Ainslie et al., arXiv 2305.13245) and learned sinks.
   entry with no value: the head may attend to "nothing"), as in gpt-oss and MiMo.
 
 ``causal_mask(T, L)`` is the usual mask for T new queries after L - T older entries.
+
+``attend_causal(q_BTHK, k_BLGK, v_BLGV, *, scale, sinks_H=None)`` is ``attend`` with that
+causal mask, computed without it: the T queries read the L - T older entries with no mask
+and their own T entries with a square causal mask, each part through torch's fused
+(flash) CPU kernel, which returns the log-sum-exp of each row; the parts (and the sink,
+a part whose value is zero) are merged by their log-sum-exps,
+
+    o = sum_i exp(lse_i - lse) o_i,   lse = log sum_i exp(lse_i)
+
+(the merge of blockwise softmax, Milakov & Gimelshein, arXiv 1805.02867; FlashAttention,
+arXiv 2205.14135). Nothing of size [T, L] is built, and the kernel skips the blocks above
+the diagonal. The kernel wants one head width for keys and values; when they differ the
+narrower side is zero-padded, ``KEY_BLOCK`` cache rows at a time, so the copy stays small.
 """
 
 from __future__ import annotations
@@ -19,7 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["attend", "attend_reference", "causal_mask", "window_mask"]
+__all__ = ["attend", "attend_causal", "attend_causal_blocks", "attend_reference", "causal_mask", "window_mask"]
+
+KEY_BLOCK = 8192
 
 
 def causal_mask(T: int, L: int, device=None) -> Tensor:
@@ -95,3 +110,76 @@ def attend(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask
     if rows is not None:
         out = out * rows
     return out.transpose(1, 2)
+
+
+def _flash_op():
+    ops = getattr(torch.ops, "aten", None)
+    return getattr(ops, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _part(q_BHTX: Tensor, k_BGLK: Tensor, v_BGLV: Tensor, *, scale: float, causal: bool, width: int) \
+        -> tuple[Tensor, Tensor]:
+    """One part through the flash kernel: (output [B, H, T, V], log-sum-exp [B, H, T], fp32).
+    ``width`` is the common head width the kernel is given (q is already padded to it)."""
+    K, V = k_BGLK.shape[-1], v_BGLV.shape[-1]
+    if K < width:
+        k_BGLK = F.pad(k_BGLK, (0, width - K))
+    if V < width:
+        v_BGLV = F.pad(v_BGLV, (0, width - V))
+    o, lse = _flash_op()(q_BHTX, k_BGLK, v_BGLV, 0.0, causal, scale=scale)
+    return o[..., :V], lse
+
+
+def attend_causal(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float,
+                  sinks_H: Tensor | None = None) -> Tensor:
+    """``attend(q, k, v, mask_TL=causal_mask(T, L), ...)`` without the mask (see the module docstring).
+
+    The T queries sit at the last T of the L positions; k and v may be strided views (of a cache
+    buffer): they are read in place.
+    """
+    B, T, H, K = q_BTHK.shape
+    L, G, V = k_BLGK.shape[1], k_BLGK.shape[2], v_BLGV.shape[-1]
+    if _flash_op() is None or q_BTHK.device.type != "cpu" or torch.is_grad_enabled() and (
+            q_BTHK.requires_grad or k_BLGK.requires_grad or v_BLGV.requires_grad):
+        if H % G:
+            raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
+        return attend(q_BTHK, k_BLGK, v_BLGV, scale=scale, mask_TL=causal_mask(T, L, q_BTHK.device), sinks_H=sinks_H)
+    return attend_causal_blocks(q_BTHK, lambda s, e: (k_BLGK[:, s:e], v_BLGV[:, s:e]), L, G=G, V=V, scale=scale,
+                                sinks_H=sinks_H, block=L if K == V else KEY_BLOCK)
+
+
+def attend_causal_blocks(q_BTHK: Tensor, kv, L: int, *, G: int, V: int, scale: float,
+                         sinks_H: Tensor | None = None, block: int = KEY_BLOCK) -> Tensor:
+    """Causal attention whose keys and values are produced ``block`` rows at a time:
+    ``kv(s, e)`` returns (k [B, e - s, G, K], v [B, e - s, G, V]) for positions s..e-1 (MLA's
+    naive read expands its latent cache this way, never all at once). Inference only."""
+    B, T, H, K = q_BTHK.shape
+    if H % G:
+        raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
+    if L < T:
+        raise ValueError(f"k: {L} entries cannot hold the {T} queries' own")
+    width = max(K, V)
+    q = q_BTHK.transpose(1, 2)
+    if K < width:
+        q = F.pad(q, (0, width - K))
+
+    def part(s: int, e: int, causal: bool) -> tuple[Tensor, Tensor]:
+        k, v = kv(s, e)
+        return _part(q, k.transpose(1, 2), v.transpose(1, 2), scale=scale, causal=causal, width=width)
+
+    block = max(1, block)
+    L0 = L - T if T > 1 else L  # one query reads everything: no causal part
+    parts = [part(s, min(L0, s + block), False) for s in range(0, L0, block)]
+    if T > 1:
+        parts.append(part(L0, L, True))
+    if len(parts) == 1 and sinks_H is None:
+        return parts[0][0].transpose(1, 2)
+    lses = [lse for _, lse in parts]
+    if sinks_H is not None:
+        lses.append(sinks_H.float().view(1, H, 1).expand(B, H, T))
+    lse = torch.logsumexp(torch.stack(lses), dim=0)
+    out = None
+    for o, l_ in parts:
+        w = torch.exp(l_ - lse)[..., None]
+        out = o.float() * w if out is None else out.addcmul_(o.float(), w)
+    return out.to(q_BTHK.dtype).transpose(1, 2)

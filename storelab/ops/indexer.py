@@ -23,6 +23,11 @@ head counts.
 * ``block_pool(scores_BTL, *, block, n_blocks)`` -> (pos_BTP, valid_BTP): the
   positions of the ``n_blocks`` blocks of ``block`` consecutive positions with the
   highest block-max score (P = n_blocks * block, fewer when fewer blocks exist);
+* ``top_positions_streamed(score_fn, L, k, block=...)`` -> what ``top_positions`` gives on
+  the full [B, T, L] scores, with the scores made ``block`` positions at a time by
+  ``score_fn(s, e)`` and a running top-k kept between blocks: the scores are never whole
+  (a long prefill's indexer would otherwise hold T * L of them); ``pool_block`` /
+  ``n_pool_blocks`` also keep a running top of aligned block maxima (``block_pool``'s pool);
 * ``indexer_distill_loss(scores_BTL, target_BTL)``: the top-k passes no gradient,
   so the indexer is trained to imitate the main attention: KL(target || softmax(I))
   with target the main attention's weights averaged over heads (DeepSeek-V3.2's
@@ -38,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["index_scores", "index_scores_at", "top_positions", "selection_mask", "block_pool", "indexer_distill_loss"]
+__all__ = ["index_scores", "index_scores_at", "top_positions", "selection_mask", "block_pool", "indexer_distill_loss",
+           "top_positions_streamed", "running_top"]
 
 
 def index_scores(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, *, scale: float,
@@ -131,3 +137,62 @@ def indexer_distill_loss(scores_BTL: Tensor, target_BTL: Tensor) -> Tensor:
     t = target_BTL.float()
     kl_BTL = torch.where(t > 0, t * (torch.log(t.clamp_min(1e-30)) - logq_BTL), torch.zeros_like(t))
     return kl_BTL.sum(-1).mean()
+
+
+def running_top(best_v: Tensor | None, best_p: Tensor | None, v_BTn: Tensor, p_BTn: Tensor, k: int) \
+        -> tuple[Tensor, Tensor]:
+    """Merge a block of scores into a running top-k; ties go to the earlier position.
+
+    ``best_p`` (and every block after it) must hold later positions than those before, and the
+    running top is kept in position order, so among equal scores the first k in that order win:
+    the k-th largest value ``vk`` is found (``topk``, O(n)), every score above it is kept, and the
+    earliest of those equal to it fill the rest (a cumulative count), with no sort.
+    """
+    if best_v is not None:
+        v_BTn, p_BTn = torch.cat([best_v, v_BTn], dim=-1), torch.cat([best_p, p_BTn], dim=-1)
+    n = v_BTn.shape[-1]
+    if n <= k:
+        return v_BTn, p_BTn
+    vk = torch.topk(v_BTn, k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    gt, eq = v_BTn > vk, v_BTn == vk
+    room = k - gt.sum(-1, keepdim=True)
+    keep = gt | (eq & (eq.cumsum(-1) <= room))
+    j = keep.nonzero()[:, -1].view(*v_BTn.shape[:-1], k)  # row-major: position order within each row
+    return v_BTn.gather(-1, j), p_BTn.gather(-1, j)
+
+
+def top_positions_streamed(score_fn, L: int, k: int, *, block: int, pool_block: int = 0, n_pool_blocks: int = 0,
+                           query_pos_T: Tensor | None = None):
+    """``top_positions`` (and with ``n_pool_blocks`` also ``block_pool``) of scores never held whole.
+
+    ``score_fn(s, e)`` returns the [B, T, e - s] scores of positions s..e-1 (-inf where a query
+    may not read). Returns (idx_BTk, valid_BTk), plus (pos_BTP, valid_BTP) of the pool when
+    ``n_pool_blocks`` > 0; then ``block`` must be a multiple of ``pool_block`` and
+    ``query_pos_T`` gives each query's position (what it may read: positions <= its own).
+    """
+    if k <= 0:
+        raise ValueError(f"k: must be > 0, got {k}")
+    pooled = n_pool_blocks > 0
+    if pooled and (pool_block <= 0 or block % pool_block):
+        raise ValueError(f"block: {block} must be a multiple of pool_block {pool_block}")
+    bv = bp = pv = pp = None
+    for s in range(0, L, block):
+        e = min(L, s + block)
+        v_BTn = score_fn(s, e)
+        B, T, n = v_BTn.shape
+        pos = torch.arange(s, e, device=v_BTn.device).expand(B, T, n)
+        bv, bp = running_top(bv, bp, v_BTn, pos, k)
+        if pooled:
+            nb = -(-n // pool_block)
+            padded = F.pad(v_BTn, (0, nb * pool_block - n), value=float("-inf"))
+            m_BTnb = padded.view(B, T, nb, pool_block).amax(-1)
+            bidx = torch.arange(s // pool_block, s // pool_block + nb, device=v_BTn.device).expand(B, T, nb)
+            pv, pp = running_top(pv, pp, m_BTnb, bidx, n_pool_blocks)
+    order = torch.sort(bv, dim=-1, descending=True, stable=True).indices  # positions ascending: ties earlier
+    vals, idx = bv.gather(-1, order), bp.gather(-1, order)
+    if not pooled:
+        return idx, torch.isfinite(vals)
+    offs = torch.arange(pool_block, device=pp.device)
+    pos_BTP = (pp[..., None] * pool_block + offs).flatten(-2)   # block indices kept ascending
+    valid_BTP = pos_BTP <= query_pos_T.view(1, -1, 1)
+    return idx, torch.isfinite(vals), pos_BTP.clamp_max(L - 1), valid_BTP

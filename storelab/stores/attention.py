@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from storelab.ops.attention import attend, causal_mask, window_mask
+from storelab.ops.attention import attend, attend_causal, window_mask
 from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
 from storelab.state import KVCache, WindowCache
@@ -228,9 +228,7 @@ class Attention(nn.Module):
         T = x_BTD.shape[1]
         q_BTHK, k_BTGK, v_BTGV, gate = self.project(x_BTD, self.positions(state.seen, T, x_BTD.device))
         k_BLGK, v_BLGV = state.append(k_BTGK, v_BTGV)
-        L = k_BLGK.shape[1]
-        o_BTHV = attend(q_BTHK, k_BLGK, v_BLGV, scale=self.cfg.scale, mask_TL=causal_mask(T, L, x_BTD.device),
-                        sinks_H=self.sinks)
+        o_BTHV = attend_causal(q_BTHK, k_BLGK, v_BLGV, scale=self.cfg.scale, sinks_H=self.sinks)
         state.seen += T
         return self.finish(o_BTHV, gate), state
 

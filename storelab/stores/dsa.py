@@ -63,14 +63,17 @@ import torch
 from torch import Tensor, nn
 
 from storelab.ops.attention import causal_mask
-from storelab.ops.indexer import (block_pool, index_scores, index_scores_at, indexer_distill_loss, selection_mask,
-                                  top_positions)
+from storelab.ops.indexer import (index_scores, index_scores_at, indexer_distill_loss, selection_mask, top_positions,
+                                  top_positions_streamed)
 from storelab.ops.rope import apply_rope
+from storelab.state import append_rows
 from storelab.stores.base import Card, Footprint, ParamCount, check_input, register
 from storelab.stores.mla import MLA, LatentCache, LatentFields, entry_bytes
 
 # submodule names in transformers' DeepseekV32Indexer / GlmMoeDsaIndexer -> ours (LightningIndexer)
 HF_INDEXER_NAMES = {"wq_b": "q_up", "wk": "k_proj", "k_norm": "k_norm", "weights_proj": "head_weights"}
+
+SCORE_BUDGET = 1 << 21  # index logits held at once while scoring a long context (8 MiB in fp32)
 
 SELECTION_CARD = dict(
     written_by="each token of the context",
@@ -125,8 +128,7 @@ class SelectionCache(LatentCache):
     share: SelectionShare | None = None
 
     def append_index(self, k_BTK: Tensor) -> Tensor:
-        self.index_k = k_BTK if self.index_k is None else torch.cat([self.index_k, k_BTK], dim=1)
-        return self.index_k
+        return append_rows(self, ("index_k",), (k_BTK,))[0]
 
 
 @dataclass
@@ -229,13 +231,23 @@ class Selector(nn.Module):
             pos_BTk = pool_BTP.gather(-1, j_BTk)
             share.publish(seen=seen, T=T, pos_BTk=pos_BTk, valid_BTk=valid_BTk)
             return pos_BTk, valid_BTk, pool_valid_BTP.sum(-1)
-        scores_BTL = index_scores(q_BTHK, k_idx_BLK, w_BTH, scale=self.indexer.scale,
-                                  mask_TL=causal_mask(T, L, x_BTD.device))
-        pos_BTk, valid_BTk = top_positions(scores_BTL, self.k)
+        scale, H = self.indexer.scale, q_BTHK.shape[2]
+
+        def score_fn(s: int, e: int) -> Tensor:  # positions s..e-1; the last T are the queries' own
+            mask = causal_mask(T, L, x_BTD.device)[:, s:e] if e > L - T else None
+            return index_scores(q_BTHK, k_idx_BLK[:, s:e], w_BTH, scale=scale, mask_TL=mask)
+
+        # the scores are made a block of positions at a time (at most about SCORE_BUDGET logits held)
+        unit = self.pool_block if self.role == "root" else 1
+        block = max(unit, SCORE_BUDGET // max(1, B * T * H) // unit * unit)
         pool = {}
         if self.role == "root":
-            pool_BTP, pool_valid_BTP = block_pool(scores_BTL, block=self.pool_block, n_blocks=self.pool_blocks)
+            pos_BTk, valid_BTk, pool_BTP, pool_valid_BTP = top_positions_streamed(
+                score_fn, L, self.k, block=block, pool_block=self.pool_block, n_pool_blocks=self.pool_blocks,
+                query_pos_T=positions_T)
             pool = dict(pool_BTP=pool_BTP, pool_valid_BTP=pool_valid_BTP)
+        else:
+            pos_BTk, valid_BTk = top_positions_streamed(score_fn, L, self.k, block=block)
         share.publish(seen=seen, T=T, pos_BTk=pos_BTk, valid_BTk=valid_BTk, **pool)
         return pos_BTk, valid_BTk, (positions_T + 1).expand(B, T)
 

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from storelab.ops.attention import attend, causal_mask
+from storelab.ops.attention import attend, attend_causal, attend_causal_blocks, causal_mask
 from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
-from storelab.state import State
+from storelab.state import State, append_rows, joined_rows
 from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 GATHER_BUDGET = 1 << 24  # numbers gathered at once by a selective read
@@ -64,13 +64,12 @@ class LatentCache(State):
         return 0 if self.latent is None else self.latent.shape[1]
 
     def append(self, latent_BTC: Tensor, k_rope_BTR: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this call's entries; return everything kept (old then new)."""
-        if self.latent is None:
-            self.latent, self.k_rope = latent_BTC, k_rope_BTR
-        else:
-            self.latent = torch.cat([self.latent, latent_BTC], dim=1)
-            self.k_rope = torch.cat([self.k_rope, k_rope_BTR], dim=1)
-        return self.latent, self.k_rope
+        """Write this call's entries; return everything kept (old then new), views of one buffer."""
+        return append_rows(self, ("latent", "k_rope"), (latent_BTC, k_rope_BTR))
+
+    def joined(self) -> Tensor | None:
+        """[latent ; k_rope] per entry, [B, L, C + R]: the absorbed read's key (a view, no copy)."""
+        return joined_rows(self, ("latent", "k_rope"))
 
 
 @dataclass(kw_only=True)
@@ -189,6 +188,7 @@ class MLA(nn.Module):
         self.kv_up = nn.Linear(C, H * (cfg.qk_nope_head_dim + V), bias=False)  # per head [W_uk ; W_uv]
         self.out = nn.Linear(H * V, D, bias=False)
         self.gate = nn.Linear(D, H * V, bias=False) if cfg.output_gate else None
+        self.absorbed = absorbed
         self._read = self._read_absorbed if absorbed else self._read_naive
 
     # -- pieces shared with the selection stores ---------------------------------
@@ -233,14 +233,37 @@ class MLA(nn.Module):
     def read_dense(self, p: Projection, latent_BLC: Tensor, k_rope_BLR: Tensor, mask_TL: Tensor) -> Tensor:
         return self._read(p, latent_BLC, k_rope_BLR, mask_TL)
 
-    def _read_naive(self, p: Projection, latent_BLC: Tensor, k_rope_BLR: Tensor, mask_TL: Tensor) -> Tensor:
+    def read_causal(self, p: Projection, latent_BLC: Tensor, k_rope_BLR: Tensor, key_BLX: Tensor | None = None) \
+            -> Tensor:
+        """Each of the T new queries (the last T of the L entries) reads every entry up to its own,
+        with no [T, L] mask. ``key_BLX``: [latent ; k_rope] when the cache holds it joined."""
+        c = self.cfg
+        T, L = p.latent_BTC.shape[1], latent_BLC.shape[1]
+        if torch.is_grad_enabled() and latent_BLC.requires_grad:  # training: the plain masked form
+            return self.read_dense(p, latent_BLC, k_rope_BLR, causal_mask(T, L, latent_BLC.device))
+        if self.absorbed:
+            if key_BLX is None:
+                key_BLX = torch.cat([latent_BLC, k_rope_BLR], dim=-1)
+            o_BTHC = attend_causal(self.absorbed_query(p), key_BLX[:, :, None, :], latent_BLC[:, :, None, :],
+                                   scale=c.scale)
+            return self.values_from_latent(o_BTHC)
+        q_BTHK = torch.cat([p.q_nope_BTHN, p.q_rope_BTHR], dim=-1)
+        return attend_causal_blocks(q_BTHK, lambda s, e: self._expand(latent_BLC[:, s:e], k_rope_BLR[:, s:e]), L,
+                                    G=c.n_heads, V=c.v_head_dim, scale=c.scale)
+
+    def _expand(self, latent_BLC: Tensor, k_rope_BLR: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-head keys and values of the given entries (the naive form's up-projection)."""
         c = self.cfg
         B, L, _ = latent_BLC.shape
         kv_BLHX = self.kv_up(latent_BLC).view(B, L, c.n_heads, c.qk_nope_head_dim + c.v_head_dim)
         k_nope_BLHN, v_BLHV = kv_BLHX.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
         k_BLHK = torch.cat([k_nope_BLHN, k_rope_BLR[:, :, None, :].expand(-1, -1, c.n_heads, -1)], dim=-1)
+        return k_BLHK, v_BLHV
+
+    def _read_naive(self, p: Projection, latent_BLC: Tensor, k_rope_BLR: Tensor, mask_TL: Tensor) -> Tensor:
+        k_BLHK, v_BLHV = self._expand(latent_BLC, k_rope_BLR)
         q_BTHK = torch.cat([p.q_nope_BTHN, p.q_rope_BTHR], dim=-1)
-        return attend(q_BTHK, k_BLHK, v_BLHV, scale=c.scale, mask_TL=mask_TL)
+        return attend(q_BTHK, k_BLHK, v_BLHV, scale=self.cfg.scale, mask_TL=mask_TL)
 
     def _read_absorbed(self, p: Projection, latent_BLC: Tensor, k_rope_BLR: Tensor, mask_TL: Tensor) -> Tensor:
         # one shared key/value head: key [latent ; k_rope], value latent
@@ -293,5 +316,5 @@ class MLA(nn.Module):
         p = self.project(x_BTD, positions_T)
         latent_BLC, k_rope_BLR = state.append(p.latent_BTC, p.k_rope_BTR)
         state.seen += T
-        o_BTHV = self.read_dense(p, latent_BLC, k_rope_BLR, causal_mask(T, latent_BLC.shape[1], x_BTD.device))
+        o_BTHV = self.read_causal(p, latent_BLC, k_rope_BLR, state.joined())
         return self.finish(o_BTHV, x_BTD), state
