@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["attend", "attend_causal", "attend_causal_blocks", "attend_reference", "causal_mask", "window_mask"]
+__all__ = ["attend", "attend_causal", "attend_causal_blocks", "attend_lse", "merge_parts", "attend_reference", "causal_mask", "window_mask"]
 
 KEY_BLOCK = 8192
 
@@ -183,3 +183,60 @@ def attend_causal_blocks(q_BTHK: Tensor, kv, L: int, *, G: int, V: int, scale: f
         w = torch.exp(l_ - lse)[..., None]
         out = o.float() * w if out is None else out.addcmul_(o.float(), w)
     return out.to(q_BTHK.dtype).transpose(1, 2)
+
+
+def attend_lse(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask_TL: Tensor | None = None,
+               causal: bool = False) -> tuple[Tensor, Tensor]:
+    """One part of a blockwise softmax: (output [B, T, H, V], log-sum-exp [B, H, T] in fp32).
+
+    Without a mask (``causal``: the square causal mask, T == L) it runs the fused kernel and
+    reads k and v in place. With ``mask_TL`` ([T, L], or [B, T, L] / [B, H, T, L]) it builds the
+    scores of this part, so keep masked parts small (a window, a gathered selection). A row
+    with nothing readable has lse = -inf and output 0: it adds nothing when merged.
+    Parts over disjoint entries combine with ``merge_parts``.
+    """
+    B, T, H, K = q_BTHK.shape
+    L, G, V = k_BLGK.shape[1], k_BLGK.shape[2], v_BLGV.shape[-1]
+    if H % G:
+        raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
+    if L == 0:
+        return q_BTHK.new_zeros(B, T, H, V), q_BTHK.new_full((B, H, T), float("-inf"), dtype=torch.float32)
+    fused = _flash_op() is not None and q_BTHK.device.type == "cpu" and not (torch.is_grad_enabled() and (
+        q_BTHK.requires_grad or k_BLGK.requires_grad or v_BLGV.requires_grad))
+    if mask_TL is None and fused:
+        width = max(K, V)
+        q = q_BTHK.transpose(1, 2)
+        if K < width:
+            q = F.pad(q, (0, width - K))
+        o, lse = _part(q, k_BLGK.transpose(1, 2), v_BLGV.transpose(1, 2), scale=scale, causal=causal, width=width)
+        return o.transpose(1, 2), lse
+    if causal:
+        mask_TL = causal_mask(T, L, q_BTHK.device)
+    rep = H // G
+    q = q_BTHK.transpose(1, 2)
+    k = k_BLGK.transpose(1, 2).repeat_interleave(rep, dim=1)
+    v = v_BLGV.transpose(1, 2).repeat_interleave(rep, dim=1)
+    logits = torch.matmul(q, k.transpose(-1, -2)).float() * scale          # B H T L
+    if mask_TL is not None:
+        m = mask_TL if mask_TL.dim() == 4 else (mask_TL[:, None] if mask_TL.dim() == 3 else mask_TL)
+        logits = logits.masked_fill(~m, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)                                   # B H T
+    p = torch.exp(logits - lse.clamp_min(-1e30)[..., None])
+    out = torch.matmul(p.to(v.dtype), v)
+    return out.transpose(1, 2), lse
+
+
+def merge_parts(parts: list[tuple[Tensor, Tensor]], *, sinks_H: Tensor | None = None) -> Tensor:
+    """Combine ``attend_lse`` parts (outputs [B, T, H, V], lse [B, H, T]) over disjoint entries into
+    one softmax: o = sum_i exp(lse_i - lse) o_i; a sink adds exp(sink_h) to the denominator."""
+    o0, l0 = parts[0]
+    B, T, H, _ = o0.shape
+    lses = [lse for _, lse in parts]
+    if sinks_H is not None:
+        lses.append(sinks_H.float().view(1, H, 1).expand(B, H, T))
+    lse = torch.logsumexp(torch.stack(lses), dim=0).clamp_min(-1e30)       # B H T; -inf rows stay zero
+    out = None
+    for o, l_ in parts:
+        w = torch.exp(l_ - lse).transpose(1, 2)[..., None]                  # B T H 1
+        out = o.float() * w if out is None else out.addcmul_(o.float(), w)
+    return out.to(o0.dtype)
