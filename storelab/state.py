@@ -51,6 +51,11 @@ def upcoming(tokens: int):
         _UPCOMING.reset(tok)
 
 
+def upcoming_tokens() -> int:
+    """The tokens the enclosing ``upcoming`` block says will follow this call (0 outside one)."""
+    return _UPCOMING.get()
+
+
 def append_rows(state: "State", names: tuple[str, ...], new: tuple[Tensor, ...], *,
                 tokens_per_row: int = 1) -> tuple[Tensor, ...]:
     """Append ``new[i]`` (rows along dim 1) to the field ``names[i]`` of ``state``; return the filled views.

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from storelab.models.config import LayerConfig, ModelConfig
 from storelab.ops.norm import RMSNorm
-from storelab.state import State, tensor_bytes
+from storelab.state import State, tensor_bytes, upcoming, upcoming_tokens
 from storelab.stores.dsa import SelectionCache, link_selection_states
 
 
@@ -186,12 +186,14 @@ class Model(nn.Module):
         return ds
 
     def forward(self, token_ids_BT: Tensor, cache: list[LayerState] | None = None, *,
-                decode_from: int = 0) -> tuple[Tensor, list[LayerState]]:
+                decode_from: int = 0, keep_logits: int = 0) -> tuple[Tensor, list[LayerState]]:
         """Logits for the tokens that reach the LM head, and the updated cache.
 
         ``decode_from`` (encoder-decoder only): the first token of this call, counted
         within the call, that also passes through the decoder layers; the logits
         cover those tokens only. Decoder-only models ignore it.
+        ``keep_logits``: n > 0 computes the logits of the last n of those tokens only
+        (a prefill needs the last one; the LM head is then a vector, not a [T, vocab] matrix).
         """
         if token_ids_BT.dim() != 2:
             raise ValueError(f"token_ids: expected shape [B, T], got {list(token_ids_BT.shape)}")
@@ -209,6 +211,8 @@ class Model(nn.Module):
             B = token_ids_BT.shape[0]
             return self.lm_head.weight.new_zeros(B, 0, self.cfg.vocab_size), cache
         h_BTD = self.depth_head(ds)
+        if keep_logits:
+            h_BTD = h_BTD[:, -keep_logits:]
         return self.lm_head(self.norm(h_BTD)), cache
 
     def _encoder_to_decoder(self, ds, cache, ids_BT, decode_from):
@@ -267,7 +271,8 @@ def prefill(model: Model, prompt_BT: Tensor, *, chunk: int = 0, cache: list[Laye
     for s in range(0, T, chunk):
         e = min(T, s + chunk)
         dfrom = min(e - s, max(0, tail_start - s))
-        out, cache = model(prompt_BT[:, s:e], cache, decode_from=dfrom)
+        with upcoming(T - e + upcoming_tokens()):  # caches reserve room for the rest of the prompt (and more)
+            out, cache = model(prompt_BT[:, s:e], cache, decode_from=dfrom, keep_logits=1)
         if out.shape[1]:
             logits = out[:, -1]
         if on_chunk is not None:
@@ -280,7 +285,8 @@ def generate(model: Model, prompt_BT: Tensor, new_tokens: int, *, chunk: int = 0
              top_k: int = 0, generator: torch.Generator | None = None,
              on_token: Callable[[int], None] | None = None) -> tuple[Tensor, list[LayerState]]:
     """Greedy (``temperature == 0``) or sampled generation; returns the new token ids [B, K] and the cache."""
-    logits_BV, cache = prefill(model, prompt_BT, chunk=chunk)
+    with upcoming(max(0, new_tokens - 1)):  # the generated tokens will follow the prompt into the caches
+        logits_BV, cache = prefill(model, prompt_BT, chunk=chunk)
     out = []
     for _ in range(new_tokens):
         nxt_B1 = pick(logits_BV, temperature=temperature, top_k=top_k, generator=generator)
@@ -289,7 +295,8 @@ def generate(model: Model, prompt_BT: Tensor, new_tokens: int, *, chunk: int = 0
             on_token(1)
         if len(out) == new_tokens:
             break
-        step, cache = model(nxt_B1, cache)
+        with upcoming(new_tokens - len(out) - 1):
+            step, cache = model(nxt_B1, cache)
         logits_BV = step[:, -1]
     return torch.cat(out, dim=1) if out else prompt_BT[:, :0], cache
 

@@ -169,19 +169,24 @@ def attend_causal_blocks(q_BTHK: Tensor, kv, L: int, *, G: int, V: int, scale: f
 
     block = max(1, block)
     L0 = L - T if T > 1 else L  # one query reads everything: no causal part
-    parts = [part(s, min(L0, s + block), False) for s in range(0, L0, block)]
+    spans = [(s, min(L0, s + block), False) for s in range(0, L0, block)]
     if T > 1:
-        parts.append(part(L0, L, True))
-    if len(parts) == 1 and sinks_H is None:
-        return parts[0][0].transpose(1, 2)
-    lses = [lse for _, lse in parts]
-    if sinks_H is not None:
-        lses.append(sinks_H.float().view(1, H, 1).expand(B, H, T))
-    lse = torch.logsumexp(torch.stack(lses), dim=0)
-    out = None
-    for o, l_ in parts:
-        w = torch.exp(l_ - lse)[..., None]
-        out = o.float() * w if out is None else out.addcmul_(o.float(), w)
+        spans.append((L0, L, True))
+    if len(spans) == 1 and sinks_H is None:
+        return part(*spans[0])[0].transpose(1, 2)
+    # a running merge: one part at a time, so what is held does not grow with L
+    out = lse = None
+    if sinks_H is not None:  # the sink: a part with log-sum-exp sink_h and a zero output
+        lse = sinks_H.float().view(1, H, 1).expand(B, H, T).contiguous()
+        out = q.new_zeros(B, H, T, V, dtype=torch.float32)
+    for span in spans:
+        o, l_ = part(*span)
+        if out is None:
+            out, lse = o.float(), l_
+            continue
+        new = torch.logaddexp(lse, l_)
+        out = out.mul_(torch.exp(lse - new)[..., None]).addcmul_(o.float(), torch.exp(l_ - new)[..., None])
+        lse = new
     return out.to(q_BTHK.dtype).transpose(1, 2)
 
 

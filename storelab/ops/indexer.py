@@ -59,7 +59,7 @@ def index_scores(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, *, scale: float,
 
 
 def index_scores_at(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, pos_BTP: Tensor, valid_BTP: Tensor, *,
-                    scale: float, max_gather: int = 1 << 24) -> Tensor:
+                    scale: float, max_gather: int = 1 << 20) -> Tensor:
     """The same score, computed only at positions ``pos_BTP`` (invalid ones are -inf).
 
     Each query gathers its own P index keys, so the work is T * P, not T * L;
@@ -153,11 +153,17 @@ def running_top(best_v: Tensor | None, best_p: Tensor | None, v_BTn: Tensor, p_B
     n = v_BTn.shape[-1]
     if n <= k:
         return v_BTn, p_BTn
-    vk = torch.topk(v_BTn, k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
-    gt, eq = v_BTn > vk, v_BTn == vk
-    room = k - gt.sum(-1, keepdim=True)
-    keep = gt | (eq & (eq.cumsum(-1) <= room))
-    j = keep.nonzero()[:, -1].view(*v_BTn.shape[:-1], k)  # row-major: position order within each row
+    top = torch.topk(v_BTn, k, dim=-1, sorted=False)
+    vk = top.values.amin(-1, keepdim=True)
+    ties = (v_BTn == vk).sum(-1, keepdim=True)
+    if bool((ties == (top.values == vk).sum(-1, keepdim=True)).all()):
+        # no row has more entries equal to its k-th value than topk kept: topk's set is the answer
+        j = top.indices.sort(dim=-1).values
+    else:
+        gt, eq = v_BTn > vk, v_BTn == vk
+        room = k - gt.sum(-1, keepdim=True)
+        keep = gt | (eq & (eq.to(torch.int32).cumsum(-1, dtype=torch.int32) <= room))
+        j = keep.nonzero()[:, -1].view(*v_BTn.shape[:-1], k)  # row-major: position order within each row
     return v_BTn.gather(-1, j), p_BTn.gather(-1, j)
 
 

@@ -73,7 +73,7 @@ from storelab.stores.mla import MLA, LatentCache, LatentFields, entry_bytes
 # submodule names in transformers' DeepseekV32Indexer / GlmMoeDsaIndexer -> ours (LightningIndexer)
 HF_INDEXER_NAMES = {"wq_b": "q_up", "wk": "k_proj", "k_norm": "k_norm", "weights_proj": "head_weights"}
 
-SCORE_BUDGET = 1 << 21  # index logits held at once while scoring a long context (8 MiB in fp32)
+SCORE_BUDGET = 1 << 18  # index logits held at once while scoring a long context (1 MiB in fp32)
 
 SELECTION_CARD = dict(
     written_by="each token of the context",
@@ -234,7 +234,9 @@ class Selector(nn.Module):
         scale, H = self.indexer.scale, q_BTHK.shape[2]
 
         def score_fn(s: int, e: int) -> Tensor:  # positions s..e-1; the last T are the queries' own
-            mask = causal_mask(T, L, x_BTD.device)[:, s:e] if e > L - T else None
+            mask = None
+            if e > L - T:  # the block reaches the queries' own positions: position <= query position
+                mask = torch.arange(s, e, device=x_BTD.device)[None, :] <= positions_T[:, None]
             return index_scores(q_BTHK, k_idx_BLK[:, s:e], w_BTH, scale=scale, mask_TL=mask)
 
         # the scores are made a block of positions at a time (at most about SCORE_BUDGET logits held)

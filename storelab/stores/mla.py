@@ -38,7 +38,7 @@ from storelab.ops.rope import apply_rope
 from storelab.state import State, append_rows, joined_rows
 from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
-GATHER_BUDGET = 1 << 24  # numbers gathered at once by a selective read
+GATHER_BUDGET = 1 << 20  # numbers gathered at once by a selective read (4 MiB in fp32)
 
 # submodule names in transformers' DeepseekV3Attention / KimiLinearAttention / GlmMoeDsaAttention -> ours
 HF_NAMES = {"q_proj": "q_proj", "q_a_proj": "q_down", "q_a_layernorm": "q_norm", "q_b_proj": "q_up",
