@@ -2,7 +2,8 @@
 
 Two measurements per model.
 
-Memory (``length`` tokens, 131,072 by default). Each model runs in a fresh subprocess:
+Memory (``length`` tokens, 131,072 by default, in chunks of ``memory_chunk``, 256 by default).
+Each model runs in a fresh subprocess:
 build the tiny model with random weights, warm up on two chunks, then reset the
 process's peak resident set (writing "5" to ``/proc/self/clear_refs`` resets VmHWM) and
 read the resident set as the baseline (weights, prompt, interpreter, thread pools);
@@ -35,6 +36,11 @@ import torch
 MEMORY_TOLERANCE = 0.10
 SPEED_TARGET = 1.5
 DEFAULT_CHUNK = 1024
+# The memory run reads in chunks of 256: above the caches a prefill holds one chunk's activations
+# (the hidden states, the MoE's routed copies, a recurrent chunk's workspace, attention's outputs),
+# which scale with the chunk, not the context; for the tiny models' small caches (24 MB for
+# kimi-k3 at 131,072 tokens) those of a 1,024-token chunk alone are about 5 MB.
+DEFAULT_MEMORY_CHUNK = 256
 
 # our zoo model -> the transformers family it is measured against
 PEER_FAMILY = {
@@ -265,17 +271,19 @@ def peer_prefill(model, prompt_BT: torch.Tensor, chunk: int):
 
 
 def bench_prefill(*, models: list[str] | None = None, length: int = 131072, speed_length: int = 16384,
-                  chunk: int | None = None, quick: bool = False, peer: bool = True,
+                  chunk: int | None = None, memory_chunk: int | None = None, quick: bool = False, peer: bool = True,
                   repeats: int = 2) -> dict[str, Any]:
-    """Memory at ``length`` and speed at ``speed_length`` for each model (see the module docstring).
+    """Memory at ``length`` (chunks of ``memory_chunk``) and speed at ``speed_length`` (chunks of
+    ``chunk``) for each model (see the module docstring).
 
-    When the two lengths are equal one run per model gives both (ours, then the peer).
+    When the two lengths and the two chunks are equal one run per model gives both (ours, then the peer).
     """
     from storelab.zoo import SEVEN, zoo_names
 
     have = set(zoo_names())
     names = models or list(SEVEN)
     chunk = chunk or (min(DEFAULT_CHUNK, max(1, speed_length // 4)) if quick else DEFAULT_CHUNK)
+    memory_chunk = memory_chunk or (min(DEFAULT_MEMORY_CHUNK, max(1, length // 4)) if quick else DEFAULT_MEMORY_CHUNK)
     rows = []
     for name in names:
         row: dict[str, Any] = {"model": name}
@@ -289,12 +297,14 @@ def bench_prefill(*, models: list[str] | None = None, length: int = 131072, spee
             fast = run_child(name, speed_length, min(chunk, speed_length), peer=peer,
                              repeats=1 if quick else repeats)
             row["speed"] = speed_row(fast)
-            mem = fast if length == speed_length else run_child(name, length, chunk, peer=False)
+            same = length == speed_length and memory_chunk == chunk
+            mem = fast if same else run_child(name, length, memory_chunk, peer=False)
             row["memory"] = memory_row(mem["ours"])
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)
     return {"bench": "prefill", "length": length, "speed_length": speed_length, "chunk": chunk,
+            "memory_chunk": memory_chunk,
             "memory_method": "VmHWM - VmRSS after a peak reset (/proc/self/clear_refs), one subprocess per model",
             "speed_method": f"best of {1 if quick else repeats} chunked prefills each, ours and the peer "
                             "alternating, in the same subprocess",

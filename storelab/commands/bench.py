@@ -43,7 +43,7 @@ def machine() -> dict[str, Any]:
 
 def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, models: list[str] | None = None,
                 length: int | None = None, speed_length: int | None = None, chunk: int | None = None,
-                peer: bool = True) -> dict[str, Any]:
+                peer: bool = True, memory_chunk: int | None = None) -> dict[str, Any]:
     """Run the chosen benches; one dict keyed by bench name, plus the machine and the date."""
     if which not in WHICH:
         raise ValueError(f"which: must be one of {', '.join(WHICH)}, got {which!r}")
@@ -76,7 +76,8 @@ def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, 
                 kw["length"] = length
             if speed_length:
                 kw["speed_length"] = speed_length
-            out[name] = bench_prefill(models=models or None, chunk=chunk, quick=quick, peer=peer, **kw)
+            out[name] = bench_prefill(models=models or None, chunk=chunk, memory_chunk=memory_chunk, quick=quick,
+                                      peer=peer, **kw)
     return out
 
 
@@ -138,8 +139,8 @@ def print_tables(res: dict[str, Any]) -> None:
             rows.append([m["model"], _round(mem.get("peak_above_weights_mb"), 1), _round(mem.get("analytic_mb"), 1),
                          _round(mem.get("ratio"), 2), _ok(mem.get("within_10pct")), _round(spd.get("ours_tok_s")),
                          _round(spd.get("peer_tok_s")), _round(spd.get("speedup"), 2), _ok(spd.get("target")), peer])
-        console.print(table(f"prefill: memory at {r['length']:,} tokens (chunks of {r['chunk']}), "
-                            f"speed at {r['speed_length']:,} tokens",
+        console.print(table(f"prefill: memory at {r['length']:,} tokens (chunks of {r.get('memory_chunk', r['chunk'])}), "
+                            f"speed at {r['speed_length']:,} tokens (chunks of {r['chunk']})",
                             ["model", "peak MB", "cache MB", "peak/cache", "<= 10%", "ours tok/s",
                              "peer tok/s", "speedup", ">= 1.5", "peer (transformers)"], rows))
     m = res["machine"]
@@ -158,7 +159,9 @@ def register(app: typer.Typer) -> None:
                                    "(0: 131,072; 4,096 with `all`)."),
         speed_length: int = typer.Option(0, "--speed-length", help="prefill: prompt length timed "
                                          "(0: 16,384; 4,096 with `all`)."),
-        chunk: int = typer.Option(0, "--chunk", help="prefill: tokens per call (0: the bench's default)."),
+        chunk: int = typer.Option(0, "--chunk", help="prefill: tokens per call of the speed run (0: 1,024)."),
+        memory_chunk: int = typer.Option(0, "--memory-chunk", help="prefill: tokens per call of the memory "
+                                         "run (0: 256)."),
         no_peer: bool = typer.Option(False, "--no-peer", help="prefill: skip the transformers models."),
         threads: int = typer.Option(0, "--threads", help="torch threads (0: torch's default, one per core)."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
@@ -172,7 +175,8 @@ def register(app: typer.Typer) -> None:
 
             torch.set_num_threads(threads)
         res = run_benches(which, quick=quick, repeats=repeats or None, models=models, length=length or None,
-                          speed_length=speed_length or None, chunk=chunk or None, peer=not no_peer)
+                          speed_length=speed_length or None, chunk=chunk or None, peer=not no_peer,
+                          memory_chunk=memory_chunk or None)
         if json_:
             emit_json(res)
         else:
