@@ -51,8 +51,18 @@ def index_scores(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, *, scale: float,
                  mask_TL: Tensor | None = None) -> Tensor:
     """I[b, t, s] = sum_h w[b,t,h] relu(scale q[b,t,h] . k[b,s]); masked entries are -inf."""
     dt = torch.promote_types(q_BTHK.dtype, torch.float32)
-    logits_BTHL = torch.einsum("bthk,blk->bthl", q_BTHK.to(dt), k_BLK.to(dt)) * scale
-    scores_BTL = torch.einsum("bth,bthl->btl", w_BTH.to(dt), F.relu(logits_BTHL))
+    if torch.is_grad_enabled() and (q_BTHK.requires_grad or k_BLK.requires_grad or w_BTH.requires_grad):
+        logits_BTHL = torch.einsum("bthk,blk->bthl", q_BTHK.to(dt), k_BLK.to(dt)) * scale
+        scores_BTL = torch.einsum("bth,bthl->btl", w_BTH.to(dt), F.relu(logits_BTHL))
+    else:  # inference: the scale folded into q, ReLU in place, the heads summed one by one
+        B, T, H, _ = q_BTHK.shape
+        q_BXK = (q_BTHK.to(dt) * scale).transpose(1, 2).reshape(B, H * T, -1)   # heads folded into the rows
+        logits_BHTL = torch.bmm(q_BXK, k_BLK.to(dt).transpose(1, 2)).view(B, H, T, -1)
+        logits_BHTL.relu_()
+        w_BHT1 = w_BTH.to(dt).transpose(1, 2)[..., None]
+        scores_BTL = logits_BHTL[:, 0] * w_BHT1[:, 0]
+        for h in range(1, logits_BHTL.shape[1]):
+            scores_BTL.addcmul_(logits_BHTL[:, h], w_BHT1[:, h])
     if mask_TL is not None:
         scores_BTL = scores_BTL.masked_fill(~mask_TL, float("-inf"))
     return scores_BTL
@@ -139,32 +149,49 @@ def indexer_distill_loss(scores_BTL: Tensor, target_BTL: Tensor) -> Tensor:
     return kl_BTL.sum(-1).mean()
 
 
-def running_top(best_v: Tensor | None, best_p: Tensor | None, v_BTn: Tensor, p_BTn: Tensor, k: int) \
+def _top_in_order(v_BTn: Tensor, k: int) -> Tensor:
+    """Indices (ascending) of the k best of each row, ties to the lower index; n > k.
+
+    The k-th largest value ``vk`` is found with ``topk`` (O(n)); where a row has more entries
+    equal to ``vk`` than topk kept, the entries above ``vk`` and the earliest of those equal
+    to it are taken instead (a cumulative count), with no sort of the row.
+    """
+    top = torch.topk(v_BTn, k, dim=-1, sorted=False)
+    vk = top.values.amin(-1, keepdim=True)
+    j = top.indices.sort(dim=-1).values
+    tied = ((v_BTn == vk).sum(-1) > (top.values == vk).sum(-1)).nonzero(as_tuple=True)
+    if tied[0].numel():
+        v_rn, vk_r = v_BTn[tied], vk[tied]
+        gt, eq = v_rn > vk_r, v_rn == vk_r
+        room = k - gt.sum(-1, keepdim=True)
+        keep = gt | (eq & (eq.to(torch.int32).cumsum(-1, dtype=torch.int32) <= room))
+        j[tied] = keep.nonzero()[:, -1].view(-1, k)  # row-major: position order within each row
+    return j
+
+
+def running_top(best_v: Tensor | None, best_p: Tensor | None, v_BTn: Tensor, p_BTn: Tensor | int, k: int) \
         -> tuple[Tensor, Tensor]:
     """Merge a block of scores into a running top-k; ties go to the earlier position.
 
-    ``best_p`` (and every block after it) must hold later positions than those before, and the
-    running top is kept in position order, so among equal scores the first k in that order win:
-    the k-th largest value ``vk`` is found (``topk``, O(n)), every score above it is kept, and the
-    earliest of those equal to it fill the rest (a cumulative count), with no sort.
+    ``p_BTn``: the block's positions (a tensor, or the int first position of consecutive ones);
+    they must be later than ``best_p``'s. The running top is kept in position order. The block's
+    own top-k is taken first (an entry it drops has k of its own that beat it), then merged with
+    the running one, so nothing of the block's size is concatenated or copied.
     """
-    if best_v is not None:
-        v_BTn, p_BTn = torch.cat([best_v, v_BTn], dim=-1), torch.cat([best_p, p_BTn], dim=-1)
     n = v_BTn.shape[-1]
-    if n <= k:
+    if n > k:
+        j = _top_in_order(v_BTn, k)
+        v_BTn = v_BTn.gather(-1, j)
+        p_BTn = j + p_BTn if isinstance(p_BTn, int) else p_BTn.gather(-1, j)
+    elif isinstance(p_BTn, int):
+        p_BTn = torch.arange(p_BTn, p_BTn + n, device=v_BTn.device).expand(v_BTn.shape)
+    if best_v is None:
         return v_BTn, p_BTn
-    top = torch.topk(v_BTn, k, dim=-1, sorted=False)
-    vk = top.values.amin(-1, keepdim=True)
-    ties = (v_BTn == vk).sum(-1, keepdim=True)
-    if bool((ties == (top.values == vk).sum(-1, keepdim=True)).all()):
-        # no row has more entries equal to its k-th value than topk kept: topk's set is the answer
-        j = top.indices.sort(dim=-1).values
-    else:
-        gt, eq = v_BTn > vk, v_BTn == vk
-        room = k - gt.sum(-1, keepdim=True)
-        keep = gt | (eq & (eq.to(torch.int32).cumsum(-1, dtype=torch.int32) <= room))
-        j = keep.nonzero()[:, -1].view(*v_BTn.shape[:-1], k)  # row-major: position order within each row
-    return v_BTn.gather(-1, j), p_BTn.gather(-1, j)
+    v, p = torch.cat([best_v, v_BTn], dim=-1), torch.cat([best_p, p_BTn], dim=-1)
+    if v.shape[-1] <= k:
+        return v, p
+    j = _top_in_order(v, k)
+    return v.gather(-1, j), p.gather(-1, j)
 
 
 def top_positions_streamed(score_fn, L: int, k: int, *, block: int, pool_block: int = 0, n_pool_blocks: int = 0,
@@ -186,14 +213,12 @@ def top_positions_streamed(score_fn, L: int, k: int, *, block: int, pool_block: 
         e = min(L, s + block)
         v_BTn = score_fn(s, e)
         B, T, n = v_BTn.shape
-        pos = torch.arange(s, e, device=v_BTn.device).expand(B, T, n)
-        bv, bp = running_top(bv, bp, v_BTn, pos, k)
+        bv, bp = running_top(bv, bp, v_BTn, s, k)
         if pooled:
             nb = -(-n // pool_block)
             padded = F.pad(v_BTn, (0, nb * pool_block - n), value=float("-inf"))
             m_BTnb = padded.view(B, T, nb, pool_block).amax(-1)
-            bidx = torch.arange(s // pool_block, s // pool_block + nb, device=v_BTn.device).expand(B, T, nb)
-            pv, pp = running_top(pv, pp, m_BTnb, bidx, n_pool_blocks)
+            pv, pp = running_top(pv, pp, m_BTnb, s // pool_block, n_pool_blocks)
     order = torch.sort(bv, dim=-1, descending=True, stable=True).indices  # positions ascending: ties earlier
     vals, idx = bv.gather(-1, order), bp.gather(-1, order)
     if not pooled:
