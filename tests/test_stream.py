@@ -237,3 +237,25 @@ def test_prefill_reserves_each_cache_once():
         full, _ = model(prompt)
     chunked, _ = prefill(model, prompt, chunk=16)
     assert_close(chunked, full[:, -1], 1e-4)
+
+
+def test_generate_reserves_prompt_and_new_tokens():
+    from storelab.models.model import generate
+
+    cfg = load_zoo("mimo-v2.6-pro", tiny=True)
+    torch.manual_seed(0)
+    model = Model(cfg).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, 40))
+    ids, cache = generate(model, prompt, 9, chunk=16)
+    full = [st.token for st in cache if isinstance(st.token, KVCache)]
+    assert full
+    for st in full:  # 40 prompt tokens and the 8 generated ones fed back: one buffer, filled exactly
+        assert st.entries == 48 and reserved_bytes(st) == st.nbytes()
+    # the same ids as a plain loop without any reservation
+    with torch.no_grad():
+        logits, c2 = model(prompt)
+        out = [logits[:, -1:].argmax(-1)]
+        for _ in range(8):
+            step, c2 = model(out[-1], c2)
+            out.append(step[:, -1:].argmax(-1))
+    assert torch.equal(ids, torch.cat(out, 1))
