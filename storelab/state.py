@@ -160,8 +160,36 @@ class KVCache(State):
         return 0 if self.k is None else self.k.shape[1]
 
     def append(self, k_BTHK: Tensor, v_BTHV: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this call's entries; return everything kept (old then new), views of the cache."""
-        return append_rows(self, ("k",), (k_BTHK,))[0], append_rows(self, ("v",), (v_BTHV,))[0]
+        """Write this call's entries; return everything kept (old then new), views of the cache.
+
+        Keys and values share one buffer per row, the wider one last: [v | k] when K >= V,
+        [k | v] otherwise, so ``same_width`` can hand both out at the wider width without a copy.
+        """
+        if k_BTHK.shape[-1] >= v_BTHV.shape[-1]:
+            append_rows(self, ("v", "k"), (v_BTHV, k_BTHK))
+        else:
+            append_rows(self, ("k", "v"), (k_BTHK, v_BTHV))
+        return self.k, self.v
+
+    def same_width(self) -> tuple[Tensor, Tensor]:
+        """Keys and values as views of one width W = max(K, V) (what a fused kernel wants).
+
+        The narrower one runs on into its neighbour's columns: with K >= V the values view is
+        [v | the first K - V key channels] (the output's extra columns are dropped), with V > K
+        the keys view is [k | the first V - K value channels] (the query is zero-padded, so they
+        score nothing). Without a shared buffer (a cache built by hand) the narrower is padded.
+        """
+        K, V = self.k.shape[-1], self.v.shape[-1]
+        names = ("v", "k") if K >= V else ("k", "v")
+        j = joined_rows(self, names)
+        rec = self.__dict__.get("_rows", {}).get(names)
+        if rec is None or j.data_ptr() != rec["buf"].data_ptr():
+            W = max(K, V)
+            pad = lambda t: torch.nn.functional.pad(t, (0, W - t.shape[-1]))  # noqa: E731
+            return pad(self.k), pad(self.v)
+        if K >= V:
+            return j[..., V:V + K], j[..., :K]
+        return j[..., :V], j[..., K:K + V]
 
 
 @dataclass

@@ -61,11 +61,13 @@ def store_specs(D: int = 512, H: int = 8, K: int = 64, *, window: int = 128, top
     ]
 
 
+SPARE_ROWS = 8  # cache rows reserved past the context for the timed steps
+
 # -- states a prefill of L tokens leaves ---------------------------------------------------------
 
 def written_state(module: torch.nn.Module, kind: str, x_BLD: torch.Tensor, *, chunk: int = PREFILL_CHUNK):
     """The state after the store has seen ``x_BLD`` (see the module docstring for how)."""
-    from storelab.state import KVCache, WindowCache
+    from storelab.state import KVCache, WindowCache, upcoming
     from storelab.stores.dsa import SelectionCache
 
     B, L, _ = x_BLD.shape
@@ -74,7 +76,11 @@ def written_state(module: torch.nn.Module, kind: str, x_BLD: torch.Tensor, *, ch
     with torch.inference_mode():
         if kind == "attention":
             ks, vs = zip(*[module.project(x_BLD[:, i:j], pos(i, j))[1:3] for i, j in spans])
-            return KVCache(seen=L, k=torch.cat(ks, 1), v=torch.cat(vs, 1))
+            state = KVCache()
+            with upcoming(SPARE_ROWS):  # room for the timed steps: a step writes in place
+                state.append(torch.cat(ks, 1), torch.cat(vs, 1))
+            state.seen = L
+            return state
         if kind == "window":
             W = module.cfg.window
             state = WindowCache(window=W)
@@ -89,8 +95,12 @@ def written_state(module: torch.nn.Module, kind: str, x_BLD: torch.Tensor, *, ch
                 p = module.mla.project(x_BLD[:, i:j], pos(i, j))
                 lat.append(p.latent_BTC), rope.append(p.k_rope_BTR)
                 idx.append(module.indexer.keys(x_BLD[:, i:j], pos(i, j)))
-            return SelectionCache(seen=L, latent=torch.cat(lat, 1), k_rope=torch.cat(rope, 1),
-                                  index_k=torch.cat(idx, 1))
+            state = SelectionCache()
+            with upcoming(SPARE_ROWS):
+                state.append(torch.cat(lat, 1), torch.cat(rope, 1))
+                state.append_index(torch.cat(idx, 1))
+            state.seen = L
+            return state
         state = None
         for i, j in spans:
             _, state = module(x_BLD[:, i:j], state)
@@ -98,10 +108,20 @@ def written_state(module: torch.nn.Module, kind: str, x_BLD: torch.Tensor, *, ch
 
 
 def _clone(state):
-    """A copy whose tensors the timed steps may replace or grow without touching the original."""
+    """A copy whose tensors the timed steps may replace or grow without touching the original.
+
+    The copy shares the original's cache buffers and writes its step's row just past the
+    original's rows (as a real decode step does, in place); the original's views never reach
+    that row, and the timed steps run one after another, so each overwrites the last one's.
+    """
     import copy
 
-    return copy.copy(state)
+    c = copy.copy(state)
+    rows = state.__dict__.get("_rows")
+    if rows:
+        c.__dict__["_rows"] = {names: {**rec, "filled": getattr(state, names[0]).shape[1]}
+                               for names, rec in rows.items()}
+    return c
 
 
 # -- the parts of a selection store's step ---------------------------------------------------------

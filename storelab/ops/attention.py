@@ -131,13 +131,20 @@ def _part(q_BHTX: Tensor, k_BGLK: Tensor, v_BGLV: Tensor, *, scale: float, causa
 
 
 def attend_causal(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float,
-                  sinks_H: Tensor | None = None) -> Tensor:
+                  sinks_H: Tensor | None = None, v_dim: int | None = None) -> Tensor:
     """``attend(q, k, v, mask_TL=causal_mask(T, L), ...)`` without the mask (see the module docstring).
 
     The T queries sit at the last T of the L positions; k and v may be strided views (of a cache
-    buffer): they are read in place.
+    buffer): they are read in place. ``v_dim``: only the first v_dim value channels are values
+    (the rest ride along to give keys and values one width, ``KVCache.same_width``); the output
+    keeps those. Keys wider than the query score the query's channels only.
     """
+    if v_dim is not None and v_dim < v_BLGV.shape[-1]:
+        return attend_causal(q_BTHK, k_BLGK, v_BLGV, scale=scale, sinks_H=sinks_H)[..., :v_dim]
     B, T, H, K = q_BTHK.shape
+    if k_BLGK.shape[-1] > K:  # the query scores its own K channels: zero-pad it to the keys' width
+        q_BTHK = F.pad(q_BTHK, (0, k_BLGK.shape[-1] - K))
+        K = k_BLGK.shape[-1]
     L, G, V = k_BLGK.shape[1], k_BLGK.shape[2], v_BLGV.shape[-1]
     if _flash_op() is None or q_BTHK.device.type != "cpu" or torch.is_grad_enabled() and (
             q_BTHK.requires_grad or k_BLGK.requires_grad or v_BLGV.requires_grad):
@@ -145,7 +152,7 @@ def attend_causal(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: floa
             raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
         return attend(q_BTHK, k_BLGK, v_BLGV, scale=scale, mask_TL=causal_mask(T, L, q_BTHK.device), sinks_H=sinks_H)
     return attend_causal_blocks(q_BTHK, lambda s, e: (k_BLGK[:, s:e], v_BLGV[:, s:e]), L, G=G, V=V, scale=scale,
-                                sinks_H=sinks_H, block=L if K == V else KEY_BLOCK)
+                                sinks_H=sinks_H, block=L if K == V else KEY_BLOCK)  # else: padded block by block
 
 
 def attend_causal_blocks(q_BTHK: Tensor, kv, L: int, *, G: int, V: int, scale: float,

@@ -227,8 +227,10 @@ class Attention(nn.Module):
         state = KVCache() if state is None else state
         T = x_BTD.shape[1]
         q_BTHK, k_BTGK, v_BTGV, gate = self.project(x_BTD, self.positions(state.seen, T, x_BTD.device))
-        k_BLGK, v_BLGV = state.append(k_BTGK, v_BTGV)
-        o_BTHV = attend_causal(q_BTHK, k_BLGK, v_BLGV, scale=self.cfg.scale, sinks_H=self.sinks)
+        state.append(k_BTGK, v_BTGV)
+        k_BLGW, v_BLGW = state.same_width()  # views of the cache, no copy
+        o_BTHV = attend_causal(q_BTHK, k_BLGW, v_BLGW, scale=self.cfg.scale, sinks_H=self.sinks,
+                               v_dim=self.cfg.v_head_dim)
         state.seen += T
         return self.finish(o_BTHV, gate), state
 

@@ -244,8 +244,9 @@ class MLA(nn.Module):
         if self.absorbed:
             if key_BLX is None:
                 key_BLX = torch.cat([latent_BLC, k_rope_BLR], dim=-1)
-            o_BTHC = attend_causal(self.absorbed_query(p), key_BLX[:, :, None, :], latent_BLC[:, :, None, :],
-                                   scale=c.scale)
+            # the key [latent ; k_rope] is also the value: its first C channels are the latent
+            o_BTHC = attend_causal(self.absorbed_query(p), key_BLX[:, :, None, :], key_BLX[:, :, None, :],
+                                   scale=c.scale, v_dim=c.kv_lora_rank)
             return self.values_from_latent(o_BTHC)
         q_BTHK = torch.cat([p.q_nope_BTHN, p.q_rope_BTHR], dim=-1)
         return attend_causal_blocks(q_BTHK, lambda s, e: self._expand(latent_BLC[:, s:e], k_rope_BLR[:, s:e]), L,
