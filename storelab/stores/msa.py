@@ -15,7 +15,8 @@ shares a key/value head reads only the positions of its selected blocks (``store
 
 Hard top-k: no gradient reaches the index branch through the selection (MiniMax trains it by
 imitating the main attention; not done here). The selection equals transformers'
-``MiniMaxM3VLIndexer`` and the masked attention its eager path with ``build_block_mask``.
+``MiniMaxM3VLIndexer`` and the masked attention its eager path with ``build_block_mask`` (among
+exactly equal block scores the earlier block wins; ``topk`` leaves that order unspecified).
 
 Update rule: cache <- cache ++ [(k_t, v_t, k_idx_t)]; y_t = softmax over the selected positions.
 Parameters: those of ``attention`` (see storelab.stores.attention) + index projections
@@ -26,8 +27,10 @@ min(L, top_blocks * block_size) per group. MiniMax-M3: blocks of 128, 16 of them
 
 After each forward the module keeps ``last_blocks`` ([B, G, T, k] block ids, -1 = none) and
 ``last_read_counts`` ([B, G, T], positions each group of each query read) for inspection.
-A long chunk is scored ``query_block`` (1024) queries at a time, each slice against the keys up
-to its last query, which bounds the [T, L] score tensor without changing any selection.
+Nothing of size [T, L] is built: the index scores are made a run of blocks at a time and
+merged into a running top of blocks (``select_blocks_streamed``), and each query gathers only its
+selected blocks' keys and values (``attend_blocks``). A long chunk is taken ``query_block`` (1024)
+queries at a time, each slice scoring the keys up to its last query; no selection changes.
 
 Shape legend: B batch, T new tokens, L kept, H query heads, G key/value groups, K key width,
 V value width, I index width, D model width.
@@ -41,11 +44,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from storelab.ops.attention import attend
-from storelab.ops.msa import block_mask, block_scores, select_blocks
+from storelab.ops.msa import attend_blocks, select_blocks_streamed
 from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
-from storelab.state import KVCache
+from storelab.state import KVCache, append_rows
 from storelab.stores.attention import Attention, AttentionConfig
 from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, check_input, register
 
@@ -59,8 +61,8 @@ class MsaCache(KVCache):
     idx_k: Tensor | None = None
 
     def append_index(self, idx_k_BTI: Tensor) -> Tensor:
-        self.idx_k = idx_k_BTI if self.idx_k is None else torch.cat([self.idx_k, idx_k_BTI], dim=1)
-        return self.idx_k
+        """Write this call's index keys; return all kept (a view of the growing buffer, no copy)."""
+        return append_rows(self, ("idx_k",), (idx_k_BTI,))[0]
 
 
 @register("msa")
@@ -156,26 +158,17 @@ class BlockSparseAttention(Attention):
         k_BLGK, v_BLGV = state.append(k_BTGK, v_BTGV)
         ik_BLI = state.append_index(ik_BTI)
         outs, blocks, counts = [], [], []
-        for i in range(0, T, self.query_block):  # slices of queries bound the [T, L] score memory
+        for i in range(0, T, self.query_block):
             j = min(T, i + self.query_block)
             L = state.seen + j  # keys up to the slice's last query
-            o, b, n = self._read(q_BTHK[:, i:j], iq_BTGI[:, i:j], pos_T[i:j], k_BLGK[:, :L], v_BLGV[:, :L],
-                                 ik_BLI[:, :L])
-            outs.append(o), blocks.append(b), counts.append(n)
+            blocks_BGTk = select_blocks_streamed(
+                iq_BTGI[:, i:j], ik_BLI[:, :L], positions_T=pos_T[i:j], block_size=c.block_size,
+                top_blocks=c.top_blocks, local_blocks=c.local_blocks, include_first_block=c.include_first_block)
+            o_BTHV, read_BGT = attend_blocks(q_BTHK[:, i:j], k_BLGK, v_BLGV, blocks_BGTk, positions_T=pos_T[i:j],
+                                             block_size=c.block_size, scale=c.scale, sinks_H=self.sinks)
+            outs.append(o_BTHV), blocks.append(blocks_BGTk), counts.append(read_BGT)
         width = max(b.shape[-1] for b in blocks)
         self.last_blocks = torch.cat([nn.functional.pad(b, (0, width - b.shape[-1]), value=-1) for b in blocks], 2)
         self.last_read_counts = torch.cat(counts, dim=-1)
         state.seen += T
         return self.finish(torch.cat(outs, dim=1), gate), state
-
-    def _read(self, q_BTHK, iq_BTGI, pos_T, k_BLGK, v_BLGV, ik_BLI):
-        """Select each group's blocks for these queries and attend to the selected positions."""
-        c = self.cfg
-        scores_BGTN = block_scores(iq_BTGI, ik_BLI, positions_T=pos_T, block_size=c.block_size)
-        blocks_BGTk = select_blocks(scores_BGTN, positions_T=pos_T, block_size=c.block_size,
-                                    top_blocks=c.top_blocks, local_blocks=c.local_blocks,
-                                    include_first_block=c.include_first_block)
-        read_BGTL = block_mask(blocks_BGTk, positions_T=pos_T, length=k_BLGK.shape[1], block_size=c.block_size)
-        mask_BHTL = read_BGTL.repeat_interleave(c.n_heads // c.n_kv_heads, dim=1)
-        o_BTHV = attend(q_BTHK, k_BLGK, v_BLGV, scale=c.scale, mask_TL=mask_BHTL, sinks_H=self.sinks)
-        return o_BTHV, blocks_BGTk, read_BGTL.sum(-1)
