@@ -238,13 +238,13 @@ class Attention(nn.Module):
 class WindowAttention(Attention):
     """Sliding-window attention: each query reads the W earlier tokens and itself.
 
-    A long chunk is processed ``query_block`` queries at a time (default max(W, 256)), each slice
+    A long chunk is processed ``query_block`` queries at a time (default max(W, 64)), each slice
     reading the window before it, so prefill costs O(T (W + query_block)) instead of O(T^2).
     """
 
     def __init__(self, cfg: WindowConfig):
         super().__init__(cfg)
-        self.query_block = max(cfg.window, 256)
+        self.query_block = max(cfg.window, 64)
 
     def forward(self, x_BTD: Tensor, state: WindowCache | None = None, *, token_ids: Tensor | None = None):
         check_input(x_BTD, self.cfg.d_model)
