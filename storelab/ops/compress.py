@@ -24,7 +24,11 @@ C channels, P slots in a pool (``pool``), N entries, H heads, K head width.
 * ``readable_entries(q_pos_T, n_entries, stride)`` - causal mask [T, N].
 * ``index_scores(q_BTHK, k_BNK, w_BTH, *, scale)`` - lightning-indexer scores
   ``sum_h w_h ReLU(q_h . k) * scale`` (DeepSeek Sparse Attention's indexer).
-* ``select_topk(scores_BTN, readable_TN, k)`` - bool mask of the k best readable entries.
+* ``select_topk(scores_BTN, readable_TN, k)`` - bool mask of the k best readable entries
+  (the reference form: it holds every query's scores over every entry).
+* ``select_topk_streamed(q_BTHK, keys, w_BTH, *, seen, n_entries, stride, k, scale, block, queries)``
+  - the same choice as positions, the scores made ``queries`` by ``block`` at a time and merged
+  into a running top-k (``storelab.ops.indexer.running_top``), so no [T, N] tensor is held.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["pool_entries", "pool_entries_reference", "readable_entries", "index_scores", "select_topk"]
+from storelab.ops.indexer import top_positions_streamed
+
+__all__ = ["pool_entries", "pool_entries_reference", "readable_entries", "index_scores", "select_topk",
+           "select_topk_streamed"]
 
 
 def _span(kv_BTSC: Tensor, z_BTSC: Tensor, *, pool: int, stride: int, start: int, first: int):
@@ -109,8 +116,9 @@ def readable_entries(q_pos_T: Tensor, n_entries: int, stride: int) -> Tensor:
 
 def index_scores(q_BTHK: Tensor, k_BNK: Tensor, w_BTH: Tensor, *, scale: float) -> Tensor:
     """[B, T, N] lightning-indexer scores: sum over index heads of w_h * ReLU(q_h . k) * scale."""
-    s_BTHN = torch.einsum("bthk,bnk->bthn", q_BTHK.float(), k_BNK.float())
-    return (torch.relu(s_BTHN) * scale * w_BTH.float()[..., None]).sum(dim=2)
+    # one expression: each [B, T, H, N] temporary is freed as the next is made (two live at most)
+    return (torch.relu(torch.einsum("bthk,bnk->bthn", q_BTHK.float(), k_BNK.float())) * scale
+            * w_BTH.float()[..., None]).sum(dim=2)
 
 
 def select_topk(scores_BTN: Tensor, readable_TN: Tensor, k: int) -> Tensor:
@@ -126,3 +134,35 @@ def select_topk(scores_BTN: Tensor, readable_TN: Tensor, k: int) -> Tensor:
     idx = masked.sort(dim=-1, descending=True, stable=True).indices[..., :k]
     chosen.scatter_(-1, idx, True)
     return chosen & readable_TN
+
+
+def select_topk_streamed(q_BTHK: Tensor, keys, w_BTH: Tensor, *, seen: int, n_entries: int, stride: int, k: int,
+                         scale: float, block: int, queries: int) -> tuple[Tensor, Tensor]:
+    """``select_topk(index_scores(q, k_all, w), readable_entries(pos, N, stride), k)`` as positions.
+
+    The T queries sit at positions ``seen ..``; ``keys(s, e)`` returns the index keys of entries
+    s..e-1, [B, e - s, K]. ``queries`` queries at a time, scores are made ``block`` entries at a
+    time, unreadable ones -inf (only blocks past the entries complete before the pass's first
+    query hold any), and merged into a running top-k that keeps the older entry on a tie, as the
+    stable sort does. Few queries by wide blocks: the top-k's cost per query row is paid once
+    per block. Returns (idx_BTk, valid_BTk), k' = min(k, N) columns best first; ``valid`` is
+    False where fewer than k entries are readable, which ``select_topk`` leaves unchosen.
+    """
+    T = q_BTHK.shape[1]
+    picks = []
+    for a in range(0, T, max(1, queries)):
+        b = min(T, a + max(1, queries))
+        pos_T = torch.arange(seen + a, seen + b, device=q_BTHK.device)
+        complete = (seen + a) // stride
+
+        def score_fn(s: int, e: int) -> Tensor:
+            scores_BTn = index_scores(q_BTHK[:, a:b], keys(s, e), w_BTH[:, a:b], scale=scale)
+            if e > complete:
+                readable_Tn = (torch.arange(s, e, device=pos_T.device)[None, :] + 1) * stride <= pos_T[:, None] + 1
+                scores_BTn = scores_BTn.masked_fill(~readable_Tn, float("-inf"))
+            return scores_BTn
+
+        picks.append(top_positions_streamed(score_fn, n_entries, k, block=max(1, block)))
+    if len(picks) == 1:
+        return picks[0]
+    return torch.cat([i for i, _ in picks], dim=1), torch.cat([v for _, v in picks], dim=1)

@@ -62,8 +62,24 @@ its last call read: the old window, then the call's own entries) lets a reader's
 queries in a long chunk see entries the owner's trimmed window no longer keeps; it is the
 tensor ``window_kv`` is a view of, so it costs no memory, and ``nbytes`` leaves it out.
 
+Streaming (a long prompt read in chunks; DeepSeek-V4's 1M context). The owner's state is
+updated in place: entries and index keys grow in buffers it keeps (``append_rows``, one
+row per ``stride`` tokens, room reserved from the ``upcoming`` hint), so no call copies
+the cache. The read is one softmax written as parts over disjoint entries merged by
+their log-sum-exps with the sinks (``merge_parts``; blockwise softmax, arXiv 1805.02867),
+and never holds a [T, N] tensor: every query gathers its own window rows (and, CSA, its
+selected entries) into one small masked part, the queries folded into the batch; HCA
+reads the entries complete before the call in one unmasked fused part, in place (in
+blocks of rows when a cache format must be decoded), and those completed inside the call
+in a small masked part. CSA's indexer scores a few queries by a block of entries at a
+time into a running top-k (``select_topk_streamed``), with the tie rule of the stable
+sort. Every transient is bounded by ``SCORE_BUDGET`` / ``READ_BUDGET`` and the chunk; the
+read mask of ``step`` is built only when asked for.
+
 Shape legend: B batch, T tokens in this call, N pooled entries, L entries read
-(window then pooled), H query heads, K/C head width, S projection series, D d_model.
+(window then pooled), H query heads, K/C head width, S projection series, D d_model,
+r stored row width, J rows one query gathers, X queries folded into the batch, Y query-head
+rows (the heads on the query axis, t-major).
 """
 
 from __future__ import annotations
@@ -73,15 +89,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from storelab.ops.attention import attend, window_mask
-from storelab.ops.compress import index_scores, pool_entries, readable_entries, select_topk
+from storelab.ops.attention import attend_lse, merge_parts, window_mask
+from storelab.ops.compress import pool_entries, readable_entries, select_topk_streamed
+from storelab.ops.indexer import selection_mask
 from storelab.ops.norm import RMSNorm, rms_norm
 from storelab.ops.quant import FORMATS, decode_entries, encode_entries, entry_bytes
 from storelab.ops.rope import apply_rope
-from storelab.state import State, tensor_bytes
+from storelab.state import State, append_rows, tensor_bytes
 from storelab.stores.base import Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "SharedCompressedCache"]
+
+SCORE_BUDGET = 1 << 17  # indexer logits made at once (a few queries by one block of entries)
+SCORE_BLOCK = 1024      # entries per block of the indexer's running top-k (its cost per query row amortised)
+READ_BUDGET = 1 << 17   # numbers of one masked part, one gathered selection or one decoded block
 
 
 @dataclass
@@ -341,16 +362,19 @@ class CompressedAttention(nn.Module):
 
     def forward(self, x_BTD: Tensor, state: State | None = None, *, token_ids: Tensor | None = None,
                 shared: CompressedCache | None = None):
-        y_BTD, state, _ = self.step(x_BTD, state, shared=shared)
+        y_BTD, state, _ = self.step(x_BTD, state, shared=shared, want_mask=False)
         return y_BTD, state
 
-    def step(self, x_BTD: Tensor, state: State | None = None, *, shared: CompressedCache | None = None):
+    def step(self, x_BTD: Tensor, state: State | None = None, *, shared: CompressedCache | None = None,
+             want_mask: bool = True):
         """Like ``forward``, and also returns the read mask [B, T, W' + N]: which of the window
-        entries (the first W', oldest first) and pooled entries each query read."""
+        entries (the first W', oldest first) and pooled entries each query read. The mask is
+        [T, L]-sized, so it is built only with ``want_mask`` (None otherwise); the read never
+        builds it. An owner's ``state`` is updated in place and returned."""
         cfg = self.cfg
         check_input(x_BTD, cfg.d_model, "x_BTD")
         B, T, _ = x_BTD.shape
-        H, C, R, dt = cfg.n_heads, cfg.head_dim, cfg.rope_dim, x_BTD.dtype
+        H, C, dt = cfg.n_heads, cfg.head_dim, x_BTD.dtype
         if shared is None:
             if isinstance(state, SharedCompressedCache):
                 raise ValueError("shared: a reader layer's state needs the owner's cache passed as shared=")
@@ -364,56 +388,150 @@ class CompressedAttention(nn.Module):
 
         q_res = self.q_a_norm(self.q_a(x_BTD))
         q_BTHK = self._rope(rms_norm(self.q_b(q_res).view(B, T, H, C), None, cfg.eps), pos_T)
-        win_BLC = self._decode(cache.read_window, C, R, dt)
-        n_win = win_BLC.shape[1]
-        ent_BNC = self._decode(cache.pooled, C, R, dt)
-        N = ent_BNC.shape[1]
-        readable_TN = readable_entries(pos_T, N, cfg.stride)
-
-        if cfg.indexed:
-            IH, IC = cfg.index_heads, cfg.index_head_dim
-            ik_BNK = self._decode(cache.index_keys, IC, 0, dt)
-            iq_BTHK = self._rope(self.index_q(q_res).view(B, T, IH, IC), pos_T)
-            w_BTH = self.index_weights(x_BTD) * IH ** -0.5
-            scores_BTN = index_scores(iq_BTHK, ik_BNK, w_BTH, scale=IC ** -0.5)
-            chosen_BTN = select_topk(scores_BTN, readable_TN, cfg.index_topk)
-        else:
-            chosen_BTN = readable_TN.expand(B, T, N)
-
-        mask_BTL = torch.cat([window_mask(T, n_win, cfg.window, device=x_BTD.device).expand(B, T, n_win),
-                              chosen_BTN], dim=-1)
-        kv_BL1C = torch.cat([win_BLC, ent_BNC], dim=1)[:, :, None]
-        o_BTHK = attend(q_BTHK, kv_BL1C, kv_BL1C, scale=C ** -0.5, mask_TL=mask_BTL[:, None], sinks_H=self.sinks)
+        picks = self._select(x_BTD, q_res, cache, pos_T) if cfg.indexed else None
+        o_BTHK = self._read(q_BTHK, cache, picks)
         o_BTHK = self._rope(o_BTHK, -pos_T)              # undo the rotation the values carry
         o_BTGI = o_BTHK.reshape(B, T, cfg.o_groups, -1)
         y_BTD = self.o_b(torch.einsum("btgi,goi->btgo", o_BTGI, self.o_a.to(dt)).flatten(2))
+        mask_BTL = self._read_mask(B, cache, pos_T, picks) if want_mask else None
         return y_BTD, new_state, mask_BTL
 
+    # -- the read ----------------------------------------------------------------------
+    def _select(self, x_BTD: Tensor, q_res: Tensor, cache: CompressedCache, pos_T: Tensor):
+        """CSA's indexer: each query's top ``index_topk`` readable entries, (idx_BTk, valid_BTk),
+        scored ``SCORE_BUDGET`` logits at a time (blocks of ``SCORE_BLOCK`` entries); None while
+        there are no entries."""
+        cfg = self.cfg
+        B, T, _ = x_BTD.shape
+        IH, IC, N = cfg.index_heads, cfg.index_head_dim, cache.entries
+        if N == 0:
+            return None
+        iq_BTHK = self._rope(self.index_q(q_res).view(B, T, IH, IC), pos_T)
+        w_BTH = self.index_weights(x_BTD) * IH ** -0.5
+        keys = lambda s, e: self._decode(cache.index_keys[:, s:e], IC, 0, x_BTD.dtype)  # noqa: E731
+        block = min(N, SCORE_BLOCK)
+        return select_topk_streamed(iq_BTHK, keys, w_BTH, seen=int(pos_T[0]), n_entries=N, stride=cfg.stride,
+                                    k=cfg.index_topk, scale=IC ** -0.5, block=block,
+                                    queries=SCORE_BUDGET // (B * IH * block))
+
+    def _read(self, q_BTHK: Tensor, cache: CompressedCache, picks) -> Tensor:
+        """One softmax (with the sinks) over each query's window entries and pooled entries, as
+        parts over disjoint entries merged by log-sum-exp, a chunk of queries at a time. Every
+        query gathers its own window (and, CSA, its selected entries): one masked part, the
+        queries folded into the batch. HCA: the entries complete before this call are read by
+        every query, one unmasked part over them in place; those completed inside the call are
+        a small masked part per query chunk."""
+        cfg = self.cfg
+        B, T, H, C = q_BTHK.shape
+        seen = cache.seen - T
+        n_done = min(cache.entries, seen // cfg.stride)   # complete before the first query
+        old = None if cfg.indexed or n_done == 0 else self._attend_rows(q_BTHK, cache.pooled[:, :n_done])
+        k = 0 if picks is None else picks[0].shape[-1]
+        n_new = 0 if cfg.indexed else T // cfg.stride + 1
+        per_query = B * (H * (cfg.window + k + n_new) + (cfg.window + k) * C)   # logits and gathered numbers
+        step = max(1, READ_BUDGET // per_query)
+        outs = []
+        for a in range(0, T, step):
+            b = min(T, a + step)
+            sel = None if picks is None else (picks[0][:, a:b], picks[1][:, a:b])
+            parts = [self._gathered_part(q_BTHK[:, a:b], cache, T, a, sel)]
+            if old is not None:
+                parts.append((old[0][:, a:b], old[1][:, :, a:b]))
+            n_hi = min(cache.entries, (seen + b) // cfg.stride)
+            if not cfg.indexed and n_hi > n_done:
+                parts.append(self._new_entries_part(q_BTHK[:, a:b], cache.pooled[:, n_done:n_hi], seen + a, n_done))
+            outs.append(merge_parts(parts, sinks_H=self.sinks))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+    def _attend_rows(self, q_BTHK: Tensor, rows_BNr: Tensor) -> tuple[Tensor, Tensor]:
+        """Unmasked part over stored rows: in place without a cache format, else decoded
+        ``READ_BUDGET`` numbers at a time (the parts folded by log-sum-exp as they come)."""
+        cfg = self.cfg
+        B, _, H, C = q_BTHK.shape
+        scale = C ** -0.5
+        if cfg.cache_format is None:
+            kv_BN1C = rows_BNr[:, :, None]
+            return attend_lse(q_BTHK, kv_BN1C, kv_BN1C, scale=scale)
+        block = max(1, READ_BUDGET // (B * C))
+        run = None
+        for s in range(0, rows_BNr.shape[1], block):
+            kv_BN1C = self._decode(rows_BNr[:, s:s + block], C, cfg.rope_dim, q_BTHK.dtype)[:, :, None]
+            part = attend_lse(q_BTHK, kv_BN1C, kv_BN1C, scale=scale)
+            run = part if run is None else (merge_parts([run, part]), torch.logaddexp(run[1], part[1]))
+        return run
+
+    def _gathered_part(self, q_BTHK: Tensor, cache: CompressedCache, T_call: int, a: int, sel):
+        """Queries a.. of the call (of ``T_call``) over their own window entries (from
+        ``read_window``: the own entry and the ``window - 1`` before it) and, for CSA, their
+        selected pooled entries ``sel`` = (idx_BTk, valid_BTk): each query's rows gathered, the
+        queries folded into the batch."""
+        cfg = self.cfg
+        B, T, H, C = q_BTHK.shape
+        dev = q_BTHK.device
+        own_T = torch.arange(a, a + T, device=dev) + cache.read_window.shape[1] - T_call
+        idx_TW = own_T[:, None] + torch.arange(1 - cfg.window, 1, device=dev)
+        rows_BTJr = cache.read_window[:, idx_TW.clamp_min(0)]
+        valid_BTJ = (idx_TW >= 0).expand(B, T, cfg.window)
+        if sel is not None:
+            b_idx = torch.arange(B, device=dev)[:, None, None]
+            rows_BTJr = torch.cat([rows_BTJr, cache.pooled[b_idx, sel[0]]], dim=2)
+            valid_BTJ = torch.cat([valid_BTJ, sel[1]], dim=-1)
+        J = rows_BTJr.shape[2]
+        kv_XJ1C = self._decode(rows_BTJr, C, cfg.rope_dim, q_BTHK.dtype).reshape(B * T, J, 1, C)
+        # one KV head: the H heads of a query go on the query axis, so nothing is repeated per head
+        o_XH1C, lse_X1H = attend_lse(q_BTHK.reshape(B * T, H, 1, C), kv_XJ1C, kv_XJ1C, scale=C ** -0.5,
+                                     mask_TL=valid_BTJ.reshape(B * T, 1, J))
+        return o_XH1C.reshape(B, T, H, C), lse_X1H.reshape(B, T, H).transpose(1, 2)
+
+    def _new_entries_part(self, q_BTHK: Tensor, rows_BNr: Tensor, first_pos: int, first_entry: int):
+        """HCA: queries at ``first_pos ..`` over entries ``first_entry ..`` completed inside the
+        call, each readable once its last token has arrived."""
+        cfg = self.cfg
+        B, T, H, C = q_BTHK.shape
+        pos_T = torch.arange(first_pos, first_pos + T, device=q_BTHK.device)
+        w_N = torch.arange(first_entry, first_entry + rows_BNr.shape[1], device=q_BTHK.device)
+        readable_TN = (w_N[None, :] + 1) * cfg.stride <= pos_T[:, None] + 1
+        kv_BN1C = self._decode(rows_BNr, C, cfg.rope_dim, q_BTHK.dtype)[:, :, None]
+        # the heads on the query axis (rows t-major), as in _gathered_part
+        o_BY1C, lse_B1Y = attend_lse(q_BTHK.reshape(B, T * H, 1, C), kv_BN1C, kv_BN1C, scale=C ** -0.5,
+                                     mask_TL=readable_TN.repeat_interleave(H, dim=0))
+        return o_BY1C.reshape(B, T, H, C), lse_B1Y.reshape(B, T, H).transpose(1, 2)
+
+    def _read_mask(self, B: int, cache: CompressedCache, pos_T: Tensor, picks) -> Tensor:
+        """[B, T, W' + N]: the window entries, then the pooled entries each query read."""
+        cfg = self.cfg
+        T, n_win, N = pos_T.shape[0], cache.read_window.shape[1], cache.entries
+        win_BTW = window_mask(T, n_win, cfg.window, device=pos_T.device).expand(B, T, n_win)
+        if not cfg.indexed:
+            chosen_BTN = readable_entries(pos_T, N, cfg.stride).expand(B, T, N)
+        elif picks is None:
+            chosen_BTN = torch.zeros(B, T, N, dtype=torch.bool, device=pos_T.device)
+        else:
+            chosen_BTN = selection_mask(picks[0], picks[1], N)
+        return torch.cat([win_BTW, chosen_BTN], dim=-1)
+
+    # -- the write ---------------------------------------------------------------------
     def _write(self, x_BTD: Tensor, st: CompressedCache) -> CompressedCache:
-        """The owner's write: this call's own entries join the window and completed pools
-        become entries, all through the cache format. Returns the new cache."""
+        """The owner's write, in place: this call's own entries join the window and completed
+        pools become entries, all through the cache format. Entries and index keys grow in
+        buffers kept by ``st`` (``append_rows``, one row per ``stride`` tokens): no copy of the
+        cache per call."""
         cfg = self.cfg
         T, R, seen = x_BTD.shape[1], cfg.rope_dim, st.seen
         pos_T = torch.arange(seen, seen + T, device=x_BTD.device)
         kv_BTC = self._rope(self.kv_norm(self.kv_proj(x_BTD))[:, :, None], pos_T)[:, :, 0]
         window_rows = self._encode(kv_BTC, R)
         if st.window_kv is not None:
-            window_rows = torch.cat([st.window_kv, window_rows], dim=1)
+            window_rows = torch.cat([st.window_kv, window_rows], dim=1)   # at most window + T rows
 
-        new, tail_kv, tail_z = self._pool(self.pooler, x_BTD, st.tail_kv, st.tail_z, seen)
-        pooled_rows = self._encode(new, R)
-        if st.pooled is not None:
-            pooled_rows = torch.cat([st.pooled, pooled_rows], dim=1)
-
-        index_rows = tail_ikv = tail_iz = None
+        new, st.tail_kv, st.tail_z = self._pool(self.pooler, x_BTD, st.tail_kv, st.tail_z, seen)
+        append_rows(st, ("pooled",), (self._encode(new, R),), tokens_per_row=cfg.stride)
         if cfg.indexed:
-            inew, tail_ikv, tail_iz = self._pool(self.index_pooler, x_BTD, st.tail_index_kv, st.tail_index_z, seen)
-            index_rows = self._encode(inew, 0)
-            if st.index_keys is not None:
-                index_rows = torch.cat([st.index_keys, index_rows], dim=1)
-        return CompressedCache(
-            seen=seen + T, pooled=pooled_rows, index_keys=index_rows, window_kv=window_rows[:, -cfg.window:],
-            tail_kv=tail_kv, tail_z=tail_z, tail_index_kv=tail_ikv, tail_index_z=tail_iz, read_window=window_rows)
+            inew, st.tail_index_kv, st.tail_index_z = self._pool(self.index_pooler, x_BTD, st.tail_index_kv,
+                                                                 st.tail_index_z, seen)
+            append_rows(st, ("index_keys",), (self._encode(inew, 0),), tokens_per_row=cfg.stride)
+        st.seen, st.window_kv, st.read_window = seen + T, window_rows[:, -cfg.window:], window_rows
+        return st
 
     def _check_shared(self, shared: CompressedCache, state: State | None, T: int) -> CompressedCache:
         """The owner's cache must hold this call's entries, in this layer's layout."""
