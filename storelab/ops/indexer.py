@@ -159,7 +159,8 @@ def _top_in_order(v_BTn: Tensor, k: int) -> Tensor:
     top = torch.topk(v_BTn, k, dim=-1, sorted=False)
     vk = top.values.amin(-1, keepdim=True)
     j = top.indices.sort(dim=-1).values
-    tied = ((v_BTn == vk).sum(-1) > (top.values == vk).sum(-1)).nonzero(as_tuple=True)
+    tied = (torch.count_nonzero(v_BTn == vk, dim=-1) > torch.count_nonzero(top.values == vk, dim=-1)).nonzero(
+        as_tuple=True)
     if tied[0].numel():
         v_rn, vk_r = v_BTn[tied], vk[tied]
         gt, eq = v_rn > vk_r, v_rn == vk_r

@@ -73,7 +73,7 @@ from storelab.stores.mla import MLA, LatentCache, LatentFields, entry_bytes
 # submodule names in transformers' DeepseekV32Indexer / GlmMoeDsaIndexer -> ours (LightningIndexer)
 HF_INDEXER_NAMES = {"wq_b": "q_up", "wk": "k_proj", "k_norm": "k_norm", "weights_proj": "head_weights"}
 
-SCORE_BUDGET = 1 << 19  # index logits held at once while scoring a long context (2 MiB in fp32)
+SCORE_BUDGET = 1 << 18  # index logits held at once while scoring a long context (1 MiB in fp32)
 
 SELECTION_CARD = dict(
     written_by="each token of the context",
