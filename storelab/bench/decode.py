@@ -129,7 +129,8 @@ def _clone(state):
 def dsa_parts(module, state, x_B1D: torch.Tensor) -> dict[str, Callable[[], object]]:
     """Callables for the indexer's scoring and the main attention's read of one new token."""
     from storelab.ops.attention import causal_mask
-    from storelab.ops.indexer import index_scores, top_positions
+    from storelab.ops.indexer import index_scores, top_positions, top_positions_streamed
+    from storelab.stores.dsa import SCORE_BUDGET
 
     L = state.seen + 1
     positions = torch.arange(state.seen, L)
@@ -140,9 +141,17 @@ def dsa_parts(module, state, x_B1D: torch.Tensor) -> dict[str, Callable[[], obje
     mask = causal_mask(1, L)
     ix = module.indexer
 
-    def score():
+    def score():  # what the store runs: scores a block at a time, a running top-k
         q, w = ix.queries(x_B1D, p.q_src_BTQ, positions)
-        return top_positions(index_scores(q, index_k, w, scale=ix.scale, mask_TL=mask), module.cfg.index_topk)
+        fn = lambda s, e: index_scores(q, index_k[:, s:e], w, scale=ix.scale)  # noqa: E731 (one query: all visible)
+        block = max(1, SCORE_BUDGET // q.shape[2])
+        return top_positions_streamed(fn, L, module.cfg.index_topk, block=block)
+
+    with torch.inference_mode():  # the same choice as the plain form: every score, one sort
+        q, w = ix.queries(x_B1D, p.q_src_BTQ, positions)
+        plain = top_positions(index_scores(q, index_k, w, scale=ix.scale, mask_TL=mask), module.cfg.index_topk)
+        if not torch.equal(score()[0], plain[0]):
+            raise AssertionError("dsa: the streamed indexer chose other entries than the plain form")
 
     with torch.inference_mode():
         pos_BTk, valid_BTk = score()
