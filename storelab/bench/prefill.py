@@ -4,9 +4,12 @@ Two measurements per model.
 
 Memory (``length`` tokens, 131,072 by default, in chunks of ``memory_chunk``, 256 by default).
 Each model runs in a fresh subprocess:
-build the tiny model with random weights, warm up on two chunks, then reset the
-process's peak resident set (writing "5" to ``/proc/self/clear_refs`` resets VmHWM) and
-read the resident set as the baseline (weights, prompt, interpreter, thread pools);
+build the tiny model with random weights, warm up on 8,192 tokens (thread pools, lazy
+kernels, every store's long-context paths), hand the memory the allocator kept from the
+warm-up back to the system (glibc ``malloc_trim``: otherwise the run would reuse it unseen
+and one chunk's working set would not count), then reset the process's peak resident set
+(writing "5" to ``/proc/self/clear_refs`` resets VmHWM) and read the resident set as the
+baseline (weights, prompt, interpreter, thread pools);
 prefill the whole prompt chunk by chunk with ``storelab.models.prefill``; read VmHWM.
 ``peak above weights = VmHWM - baseline``: every byte the prefill itself held at its
 worst moment (the cache, plus one chunk's activations, plus any copy made while the
@@ -41,6 +44,7 @@ DEFAULT_CHUNK = 1024
 # which scale with the chunk, not the context; for the tiny models' small caches (24 MB for
 # kimi-k3 at 131,072 tokens) those of a 1,024-token chunk alone are about 5 MB.
 DEFAULT_MEMORY_CHUNK = 256
+WARMUP_TOKENS = 8192
 
 # our zoo model -> the transformers family it is measured against
 PEER_FAMILY = {
@@ -73,11 +77,22 @@ def _reset_peak() -> bool:
         return False
 
 
+def _trim() -> None:
+    """glibc's malloc_trim(0): return freed heap memory to the system (no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _peak_run(fn) -> dict[str, Any]:
     """Run ``fn()`` once after a peak reset; seconds, baseline, peak and what stays held (bytes)."""
     import gc
 
     gc.collect()
+    _trim()  # hand what the allocator kept from earlier work back, so the run cannot reuse it unseen
     reset = _reset_peak()
     base_kb = _status_kb("VmRSS")
     t0 = time.perf_counter()
@@ -110,7 +125,9 @@ def prefill_child(name: str, length: int, chunk: int, peer: bool = False, repeat
     model = Model(cfg).eval()
     prompt = torch.randint(0, cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed))
     with torch.inference_mode():
-        prefill(model, prompt[:, : min(length, 2 * chunk)], chunk=chunk)  # warm-up: pools, lazy kernels
+        # warm-up: thread pools, lazy kernels and the allocator's first blocks, over enough tokens
+        # that every path of every store has run (a compressed cache's multi-block reads, say)
+        prefill(model, prompt[:, : min(length, max(2 * chunk, WARMUP_TOKENS))], chunk=chunk)
     r = _peak_run(lambda: prefill(model, prompt, chunk=chunk)[1])
     cache = r.pop("out")
     seen = [st.seen or length for st in cache]
