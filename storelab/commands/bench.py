@@ -139,7 +139,8 @@ def print_tables(res: dict[str, Any]) -> None:
             rows.append([m["model"], _round(mem.get("peak_above_weights_mb"), 1), _round(mem.get("analytic_mb"), 1),
                          _round(mem.get("ratio"), 2), _ok(mem.get("within_10pct")), _round(spd.get("ours_tok_s")),
                          _round(spd.get("peer_tok_s")), _round(spd.get("speedup"), 2), _ok(spd.get("target")), peer])
-        console.print(table(f"prefill: memory at {r['length']:,} tokens (chunks of {r.get('memory_chunk', r['chunk'])}), "
+        mem_chunk = r.get("memory_chunk", r["chunk"])
+        console.print(table(f"prefill: memory at {r['length']:,} tokens (chunks of {mem_chunk}), "
                             f"speed at {r['speed_length']:,} tokens (chunks of {r['chunk']})",
                             ["model", "peak MB", "cache MB", "peak/cache", "<= 10%", "ours tok/s",
                              "peer tok/s", "speedup", ">= 1.5", "peer (transformers)"], rows))

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["attend", "attend_causal", "attend_causal_blocks", "attend_lse", "merge_parts", "attend_reference", "causal_mask", "window_mask"]
+__all__ = ["attend", "attend_causal", "attend_causal_blocks", "attend_lse", "merge_parts", "attend_reference",
+           "causal_mask", "window_mask"]
 
 KEY_BLOCK = 8192
 
@@ -117,6 +118,12 @@ def _flash_op():
     return getattr(ops, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
+def _fused(*tensors: Tensor) -> bool:
+    """The fused CPU kernel may run: it exists, the tensors are on the CPU, and no gradient is wanted."""
+    return _flash_op() is not None and tensors[0].device.type == "cpu" and not (
+        torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
 def _part(q_BHTX: Tensor, k_BGLK: Tensor, v_BGLV: Tensor, *, scale: float, causal: bool, width: int) \
         -> tuple[Tensor, Tensor]:
     """One part through the flash kernel: (output [B, H, T, V], log-sum-exp [B, H, T], fp32).
@@ -146,8 +153,7 @@ def attend_causal(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: floa
         q_BTHK = F.pad(q_BTHK, (0, k_BLGK.shape[-1] - K))
         K = k_BLGK.shape[-1]
     L, G, V = k_BLGK.shape[1], k_BLGK.shape[2], v_BLGV.shape[-1]
-    if _flash_op() is None or q_BTHK.device.type != "cpu" or torch.is_grad_enabled() and (
-            q_BTHK.requires_grad or k_BLGK.requires_grad or v_BLGV.requires_grad):
+    if not _fused(q_BTHK, k_BLGK, v_BLGV):
         if H % G:
             raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
         return attend(q_BTHK, k_BLGK, v_BLGV, scale=scale, mask_TL=causal_mask(T, L, q_BTHK.device), sinks_H=sinks_H)
@@ -181,20 +187,8 @@ def attend_causal_blocks(q_BTHK: Tensor, kv, L: int, *, G: int, V: int, scale: f
         spans.append((L0, L, True))
     if len(spans) == 1 and sinks_H is None:
         return part(*spans[0])[0].transpose(1, 2)
-    # a running merge: one part at a time, so what is held does not grow with L
-    out = lse = None
-    if sinks_H is not None:  # the sink: a part with log-sum-exp sink_h and a zero output
-        lse = sinks_H.float().view(1, H, 1).expand(B, H, T).contiguous()
-        out = q.new_zeros(B, H, T, V, dtype=torch.float32)
-    for span in spans:
-        o, l_ = part(*span)
-        if out is None:
-            out, lse = o.float(), l_
-            continue
-        new = torch.logaddexp(lse, l_)
-        out = out.mul_(torch.exp(lse - new)[..., None]).addcmul_(o.float(), torch.exp(l_ - new)[..., None])
-        lse = new
-    return out.to(q_BTHK.dtype).transpose(1, 2)
+    parts = ((o.transpose(1, 2), lse) for o, lse in (part(*span) for span in spans))  # made one at a time
+    return merge_parts(parts, sinks_H=sinks_H).to(q_BTHK.dtype)
 
 
 def attend_lse(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask_TL: Tensor | None = None,
@@ -213,9 +207,7 @@ def attend_lse(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, 
         raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
     if L == 0:
         return q_BTHK.new_zeros(B, T, H, V), q_BTHK.new_full((B, H, T), float("-inf"), dtype=torch.float32)
-    fused = _flash_op() is not None and q_BTHK.device.type == "cpu" and not (torch.is_grad_enabled() and (
-        q_BTHK.requires_grad or k_BLGK.requires_grad or v_BLGV.requires_grad))
-    if mask_TL is None and fused:
+    if mask_TL is None and _fused(q_BTHK, k_BLGK, v_BLGV):
         width = max(K, V)
         q = q_BTHK.transpose(1, 2)
         if K < width:
@@ -238,17 +230,29 @@ def attend_lse(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, 
     return out.transpose(1, 2), lse
 
 
-def merge_parts(parts: list[tuple[Tensor, Tensor]], *, sinks_H: Tensor | None = None) -> Tensor:
+def merge_parts(parts, *, sinks_H: Tensor | None = None, keep_lse: bool = False):
     """Combine ``attend_lse`` parts (outputs [B, T, H, V], lse [B, H, T]) over disjoint entries into
-    one softmax: o = sum_i exp(lse_i - lse) o_i; a sink adds exp(sink_h) to the denominator."""
-    o0, l0 = parts[0]
-    B, T, H, _ = o0.shape
-    lses = [lse for _, lse in parts]
-    if sinks_H is not None:
-        lses.append(sinks_H.float().view(1, H, 1).expand(B, H, T))
-    lse = torch.logsumexp(torch.stack(lses), dim=0).clamp_min(-1e30)       # B H T; -inf rows stay zero
-    out = None
+    one softmax: o = sum_i exp(lse_i - lse) o_i; a sink adds exp(sink_h) to the denominator.
+
+    The merge runs: ``parts`` may be a generator, and only the running output and log-sum-exp are
+    held, so merging many key blocks costs no more memory than one. ``keep_lse``: also return the
+    merged log-sum-exp (a part to merge again later). Rows nothing reads stay zero.
+    """
+    out = lse = None
+    dtype = None
     for o, l_ in parts:
-        w = torch.exp(l_ - lse).transpose(1, 2)[..., None]                  # B T H 1
-        out = o.float() * w if out is None else out.addcmul_(o.float(), w)
-    return out.to(o0.dtype)
+        if out is None:
+            out, lse, dtype = o.to(torch.float32, copy=True), l_, o.dtype
+            continue
+        new = torch.logaddexp(lse, l_).clamp_min(-1e30)
+        out.mul_(torch.exp(lse - new).transpose(1, 2)[..., None])
+        out.addcmul_(o.float(), torch.exp(l_ - new).transpose(1, 2)[..., None])
+        lse = new
+    if out is None:
+        raise ValueError("parts: nothing to merge")
+    if sinks_H is not None:
+        B, T, H, _ = out.shape
+        new = torch.logaddexp(lse, sinks_H.float().view(1, H, 1).expand(B, H, T)).clamp_min(-1e30)
+        out.mul_(torch.exp(lse - new).transpose(1, 2)[..., None])
+        lse = new
+    return (out.to(dtype), lse) if keep_lse else out.to(dtype)

@@ -453,12 +453,12 @@ class CompressedAttention(nn.Module):
             kv_BN1C = rows_BNr[:, :, None]
             return attend_lse(q_BTHK, kv_BN1C, kv_BN1C, scale=scale)
         block = max(1, READ_BUDGET // (B * C))
-        run = None
-        for s in range(0, rows_BNr.shape[1], block):
+
+        def part(s: int) -> tuple[Tensor, Tensor]:
             kv_BN1C = self._decode(rows_BNr[:, s:s + block], C, cfg.rope_dim, q_BTHK.dtype)[:, :, None]
-            part = attend_lse(q_BTHK, kv_BN1C, kv_BN1C, scale=scale)
-            run = part if run is None else (merge_parts([run, part]), torch.logaddexp(run[1], part[1]))
-        return run
+            return attend_lse(q_BTHK, kv_BN1C, kv_BN1C, scale=scale)
+
+        return merge_parts((part(s) for s in range(0, rows_BNr.shape[1], block)), keep_lse=True)
 
     def _gathered_part(self, q_BTHK: Tensor, cache: CompressedCache, T_call: int, a: int, sel):
         """Queries a.. of the call (of ``T_call``) over their own window entries (from
