@@ -72,6 +72,10 @@ def append_rows(state: "State", names: tuple[str, ...], new: tuple[Tensor, ...],
             setattr(state, n, t)
         state.__dict__.get("_rows", {}).pop(names, None)
         return out
+    for n, v, t in zip(names, views, new):
+        if v is not None and (v.shape[:1] + v.shape[2:] != t.shape[:1] + t.shape[2:] or v.dtype != t.dtype):
+            raise ValueError(f"state.{n}: holds rows of shape {list(v.shape[:1] + v.shape[2:])} ({v.dtype}), "
+                             f"got {list(t.shape[:1] + t.shape[2:])} ({t.dtype}) to append (batch and widths must match)")
     n_new = new[0].shape[1]
     rec = state.__dict__.get("_rows", {}).get(names)
     n_old = 0 if views[0] is None else views[0].shape[1]

@@ -259,3 +259,11 @@ def test_generate_reserves_prompt_and_new_tokens():
             step, c2 = model(out[-1], c2)
             out.append(step[:, -1:].argmax(-1))
     assert torch.equal(ids, torch.cat(out, 1))
+
+
+def test_append_rows_refuses_rows_of_another_shape_and_keeps_the_cache():
+    st = KVCache()
+    st.append(torch.ones(1, 3, 2, 4), torch.ones(1, 3, 2, 4))
+    with pytest.raises(ValueError, match=r"state\.(k|v): holds rows of shape \[1, 2, 4\]"):
+        st.append(torch.ones(2, 1, 2, 4), torch.ones(2, 1, 2, 4))
+    assert st.entries == 3 and torch.equal(st.k, torch.ones(1, 3, 2, 4))
