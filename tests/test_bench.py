@@ -109,6 +109,18 @@ def test_bench_prefill_json():
     assert spd["ours_tok_s"] > 0 and "peer_tok_s" in spd and "speedup" in spd
 
 
+def test_bench_prefill_memory_chunk_is_its_own_run():
+    """--memory-chunk reads the memory prompt in its own chunks, in a run apart from the timed one."""
+    res = runner.invoke(app, ["bench", "prefill", "--quick", "--json", "--no-peer", "--model", "kimi-k3",
+                              "--length", "256", "--speed-length", "256", "--chunk", "64", "--memory-chunk", "32"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout)["prefill"]
+    (row,) = r["models"]
+    assert (r["chunk"], r["memory_chunk"]) == (64, 32)
+    assert row["memory"]["chunk"] == 32 and row["speed"]["chunk"] == 64
+    assert row["memory"]["cache_matches_analytic"]
+
+
 # -- bf16 end to end, recurrent states in fp32 --------------------------------------------------------
 
 @pytest.mark.parametrize("op", ["gated_delta_rule", "kda"])
