@@ -129,6 +129,51 @@ def reserved_bytes(state: "State") -> int:
     return sum(r["buf"].numel() * r["buf"].element_size() for r in state.__dict__.get("_rows", {}).values())
 
 
+def _tensors(obj, path: str, seen: set[int]):
+    """(path, tensor) for every tensor reachable from ``obj`` through fields, lists, tuples and dicts."""
+    if isinstance(obj, Tensor):
+        yield path, obj
+        return
+    if obj is None or isinstance(obj, (int, float, str, bool)) or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, (list, tuple)):
+        for i, x in enumerate(obj):
+            yield from _tensors(x, f"{path}[{i}]", seen)
+    elif isinstance(obj, dict):
+        for k, x in obj.items():
+            yield from _tensors(x, f"{path}.{k}", seen)
+    elif hasattr(obj, "__dict__"):
+        for k, x in vars(obj).items():
+            yield from _tensors(x, f"{path}.{k}", seen)
+
+
+def held_bytes(obj) -> int:
+    """Bytes of the distinct tensor storages a state (or a list of them, a cache) keeps alive:
+    what it really holds, including buffer room not yet filled and any storage a view pins."""
+    storages = {}
+    for _, t in _tensors(obj, "", set()):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+    return sum(storages.values())
+
+
+def loose_views(obj) -> list[str]:
+    """Tensors of a state that pin a larger storage no tensor of the state owns whole: a small
+    piece (a tail, the last rows) sliced from a call's big activation and kept as a view, which
+    keeps the whole activation alive. A row buffer (``append_rows``) owns its storage, so the
+    views of its filled rows are fine. Empty when the state holds nothing it does not count."""
+    by_storage: dict[int, list[tuple[str, Tensor]]] = {}
+    for path, t in _tensors(obj, "state", set()):
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append((path, t))
+    loose = []
+    for ts in by_storage.values():
+        size = ts[0][1].untyped_storage().nbytes()
+        if size and all(t.numel() * t.element_size() < size for _, t in ts):
+            loose += [f"{p} {list(t.shape)} pins {size} bytes" for p, t in ts]
+    return loose
+
+
 @dataclass
 class State:
     """Base of every state. Subclasses are dataclasses of tensors plus counters."""

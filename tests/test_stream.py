@@ -13,7 +13,7 @@ from storelab.models.model import Model, prefill
 from storelab.ops.attention import (attend_causal, attend_causal_blocks, attend_lse, attend_reference, causal_mask,
                                     merge_parts)
 from storelab.ops.indexer import block_pool, index_scores, top_positions, top_positions_streamed
-from storelab.state import KVCache, append_rows, joined_rows, reserved_bytes, upcoming
+from storelab.state import KVCache, append_rows, held_bytes, joined_rows, loose_views, reserved_bytes, upcoming
 from storelab.stores.dsa import DSAConfig, HierarchicalConfig, link_selection_states
 from storelab.stores.mla import MLAConfig
 from storelab.zoo import load_zoo
@@ -267,3 +267,33 @@ def test_append_rows_refuses_rows_of_another_shape_and_keeps_the_cache():
     with pytest.raises(ValueError, match=r"state\.(k|v): holds rows of shape \[1, 2, 4\]"):
         st.append(torch.ones(2, 1, 2, 4), torch.ones(2, 1, 2, 4))
     assert st.entries == 3 and torch.equal(st.k, torch.ones(1, 3, 2, 4))
+
+
+def test_loose_views_finds_a_tail_that_pins_its_call():
+    from storelab.state import RecurrentState
+
+    big = torch.randn(1, 100, 8)
+    st = RecurrentState(S=big[:, -3:])               # a 3-row view of a 100-row activation
+    assert loose_views(st) and held_bytes(st) == big.numel() * 4
+    st = RecurrentState(S=big[:, -3:].clone())
+    assert loose_views(st) == [] and held_bytes(st) == st.nbytes()
+
+
+@pytest.mark.parametrize("name", ["mimo-v2.6-pro", "kimi-k3", "qwen3.8", "glm-5.3", "deepseek-v4-pro",
+                                  "deepseek-v4.1-flash", "minimax-m3"])
+def test_caches_keep_no_view_of_a_chunk(name):
+    """After a chunked prefill and decode steps no state keeps a small slice (a convolution or
+    pooling tail, the last ids) of a call's activation as a view: the whole activation would stay
+    alive between calls, memory the accounting does not count (a 256-token chunk's 97 KB per
+    layer for a 1 KB convolution tail)."""
+    from storelab.models.model import generate
+
+    cfg = load_zoo(name, tiny=True)
+    torch.manual_seed(0)
+    model = Model(cfg).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, 90))
+    with torch.inference_mode():
+        _, cache = prefill(model, prompt, chunk=40)
+        assert loose_views(cache) == []
+        _, cache = generate(model, prompt, 3, chunk=40)
+    assert loose_views(cache) == []

@@ -235,9 +235,10 @@ def _narrow_share(state: State | None, start: int) -> None:
     if share is None or share.pos_BTk is None:
         return
     share.seen, share.T = share.seen + start, share.T - start
-    share.pos_BTk, share.valid_BTk = share.pos_BTk[:, start:], share.valid_BTk[:, start:]
+    # copies: the narrowed selection must not keep the encoder tokens' rows alive
+    share.pos_BTk, share.valid_BTk = share.pos_BTk[:, start:].clone(), share.valid_BTk[:, start:].clone()
     if share.pool_BTP is not None:
-        share.pool_BTP, share.pool_valid_BTP = share.pool_BTP[:, start:], share.pool_valid_BTP[:, start:]
+        share.pool_BTP, share.pool_valid_BTP = share.pool_BTP[:, start:].clone(), share.pool_valid_BTP[:, start:].clone()
 
 
 def _slice_time(ds: Any, start: int) -> Any:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from storelab.ops.indexer import index_scores as _indexer_scores
 from storelab.ops.indexer import top_positions_streamed
 
 __all__ = ["pool_entries", "pool_entries_reference", "readable_entries", "index_scores", "select_topk",
@@ -115,10 +116,11 @@ def readable_entries(q_pos_T: Tensor, n_entries: int, stride: int) -> Tensor:
 
 
 def index_scores(q_BTHK: Tensor, k_BNK: Tensor, w_BTH: Tensor, *, scale: float) -> Tensor:
-    """[B, T, N] lightning-indexer scores: sum over index heads of w_h * ReLU(q_h . k) * scale."""
-    # one expression: each [B, T, H, N] temporary is freed as the next is made (two live at most)
-    return (torch.relu(torch.einsum("bthk,bnk->bthn", q_BTHK.float(), k_BNK.float())) * scale
-            * w_BTH.float()[..., None]).sum(dim=2)
+    """[B, T, N] lightning-indexer scores: sum over index heads of w_h * ReLU(q_h . k) * scale.
+
+    The DSA indexer's score (``storelab.ops.indexer.index_scores``; scale > 0 commutes with
+    the ReLU), in fp32: at inference one [B, H, T, N] product, ReLU in place, heads summed in place."""
+    return _indexer_scores(q_BTHK.float(), k_BNK.float(), w_BTH.float(), scale=scale)
 
 
 def select_topk(scores_BTN: Tensor, readable_TN: Tensor, k: int) -> Tensor:

@@ -41,4 +41,5 @@ def causal_conv1d(x_BTC: Tensor, weight_CW: Tensor, *, tail_BWC: Tensor | None =
         y_BTC = F.silu(y_BTC)
     elif activation is not None:
         raise ValueError(f"activation: expected 'silu' or None, got {activation!r}")
-    return y_BTC, full_BLC[:, full_BLC.shape[1] - (W - 1):].contiguous()
+    # a copy, not a view: the tail kept between calls must not hold the call's [B, T + W - 1, C] input
+    return y_BTC, full_BLC[:, full_BLC.shape[1] - (W - 1):].clone()

@@ -60,7 +60,8 @@ per-layer choice is the faithful and the simplest design (no selection to hand o
 nothing to keep in step across chunkings). The owner's ``read_window`` (the window rows
 its last call read: the old window, then the call's own entries) lets a reader's early
 queries in a long chunk see entries the owner's trimmed window no longer keeps; it is the
-tensor ``window_kv`` is a view of, so it costs no memory, and ``nbytes`` leaves it out.
+tensor ``window_kv`` is a view of, so ``nbytes`` leaves it out, but it holds the last call's
+``window + T`` rows until the next call (a chunk-sized working buffer, like the call's output).
 
 Streaming (a long prompt read in chunks; DeepSeek-V4's 1M context). The owner's state is
 updated in place: entries and index keys grow in buffers it keeps (``append_rows``, one
@@ -355,7 +356,8 @@ class CompressedAttention(nn.Module):
         pos_N = (torch.arange(n_new, device=x_BTD.device) + first) * cfg.stride
         entries = self._rope(pooler.norm(pooled)[:, :, None], pos_N)[:, :, 0]
         keep_from = max(0, ((seen + x_BTD.shape[1]) // cfg.stride) * cfg.stride - (cfg.pool - cfg.stride))
-        return entries, kv[:, keep_from - start:], z[:, keep_from - start:]
+        # copies: the tail (under one pool of tokens) must not keep the call's projections alive
+        return entries, kv[:, keep_from - start:].clone(), z[:, keep_from - start:].clone()
 
     # -- the protocol ----------------------------------------------------------------
     SHARES = True   # a reader layer takes the owner's cache as ``shared=``

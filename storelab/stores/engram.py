@@ -203,7 +203,8 @@ class Engram(nn.Module):
         conv = None
         if cfg.conv_kernel:
             v_BTD, conv = self._short_conv(v_BTD, state)
-        new_ids = history[:, history.shape[1] - cfg.tail:] if cfg.tail else history[:, :0]
+        # copies: the kept tails must not hold this call's [B, T + tail] tensors alive
+        new_ids = history[:, history.shape[1] - cfg.tail:].clone() if cfg.tail else history[:, :0].clone()
         seen = 0 if state is None else state.seen
         return v_BTD, EngramState(seen=seen + T, ids=new_ids, conv=conv)
 
@@ -216,7 +217,7 @@ class Engram(nn.Module):
         u_BLD = torch.cat([prev, self.norm_conv(v_BTD)], dim=1)                         # [B, P+T, D]
         out = F.conv1d(u_BLD.transpose(1, 2), self.conv_weight[:, None, :], groups=D, dilation=dil)
         y_BTD = v_BTD + F.silu(out.transpose(1, 2))                                    # out has T steps
-        return y_BTD, u_BLD[:, u_BLD.shape[1] - P:]
+        return y_BTD, u_BLD[:, u_BLD.shape[1] - P:].clone()
 
 
 def _multipliers(cfg: EngramConfig, J: int) -> Tensor:
