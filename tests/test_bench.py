@@ -102,11 +102,43 @@ def test_bench_prefill_json():
     (row,) = r["models"]
     mem, spd = row["memory"], row["speed"]
     assert "error" not in mem, mem
-    for key in ("peak_above_weights_bytes", "analytic_bytes", "ratio", "within_10pct", "cache_nbytes"):
+    for key in ("peak_above_weights_bytes", "analytic_bytes", "ratio", "within_10pct", "cache_nbytes",
+                "tensor_peak_bytes", "tensor_ratio", "process_within_10pct"):
         assert key in mem, key
     assert mem["cache_matches_analytic"], mem  # what the cache holds is what the accounting says
+    # the tensor peak holds at least the cache (and what the cache's buffers hold beyond their rows)
+    assert mem["tensor_peak_bytes"] >= mem["cache_held_bytes"] >= mem["cache_nbytes"], mem
     assert "error" not in spd, spd
     assert spd["ours_tok_s"] > 0 and "peer_tok_s" in spd and "speedup" in spd
+
+
+def test_allocation_peak_is_the_running_maximum():
+    from torch.profiler import ProfilerActivity, profile
+
+    from storelab.bench.prefill import _allocation_peak
+
+    MB = 1 << 20
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        a = torch.empty(MB, dtype=torch.uint8)
+        b = torch.empty(2 * MB, dtype=torch.uint8)
+        del a
+        c = torch.empty(MB // 2, dtype=torch.uint8)
+        del b, c
+    assert _allocation_peak(prof) == 3 * MB
+
+
+def test_tensor_peak_run_profiles_sampled_chunks():
+    from storelab.bench.prefill import tensor_peak_run
+    from storelab.models.model import Model
+    from storelab.zoo import load_zoo
+
+    cfg = load_zoo("kimi-k3", tiny=True)
+    torch.manual_seed(0)
+    model = Model(cfg).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, 200))
+    r = tensor_peak_run(model, prompt, 16, every=4)
+    assert r["chunks"] == 13 and r["profiled_chunks"] == 4   # chunks 0, 4, 8 and the last, 12
+    assert r["tensor_peak_bytes"] > r["cache_held_bytes"] > 0
 
 
 def test_bench_prefill_memory_chunk_is_its_own_run():
