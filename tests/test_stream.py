@@ -12,7 +12,7 @@ import storelab.ops.attention as attn_ops
 from storelab.models.model import Model, prefill
 from storelab.ops.attention import (attend_causal, attend_causal_blocks, attend_lse, attend_reference, causal_mask,
                                     merge_parts)
-from storelab.ops.indexer import block_pool, index_scores, top_positions, top_positions_streamed
+from storelab.ops.indexer import _top_in_order, block_pool, index_scores, top_positions, top_positions_streamed
 from storelab.state import KVCache, append_rows, held_bytes, joined_rows, loose_views, reserved_bytes, upcoming
 from storelab.stores.dsa import DSAConfig, HierarchicalConfig, link_selection_states
 from storelab.stores.mla import MLAConfig
@@ -297,3 +297,14 @@ def test_caches_keep_no_view_of_a_chunk(name):
         assert loose_views(cache) == []
         _, cache = generate(model, prompt, 3, chunk=40)
     assert loose_views(cache) == []
+
+
+@pytest.mark.parametrize("n,k", [(6, 3), (12, 3), (13, 3), (64, 6), (300, 7)])
+def test_top_in_order_equals_the_stable_sort(n, k):
+    """Both forms (one stable sort for short rows, topk and a tie count for long ones) keep the
+    k best in position order, ties to the earlier position, as a full stable sort does."""
+    g = torch.Generator().manual_seed(n * 31 + k)
+    v = torch.randint(-3, 4, (2, 9, n), generator=g).float().relu()   # many ties, at 0 and above
+    v[0, 0] = 0.0                                                      # a row of ties only
+    want = torch.sort(v, dim=-1, descending=True, stable=True).indices[..., :k].sort(dim=-1).values
+    assert torch.equal(_top_in_order(v, k), want)

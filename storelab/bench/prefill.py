@@ -124,15 +124,10 @@ def _allocation_peak(prof) -> int:
 
     Frees of blocks allocated before the span are not reported (the profiler cannot size
     them), so the sum only ever overstates what was held: an upper bound."""
-    from torch._C._profiler import _EventType
+    from torch._C._autograd import DeviceType
 
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation:
-            events.append((node.start_time_ns, -node.extra_fields.alloc_size))
-        stack.extend(node.children)
+    events = [(e.start_ns(), -e.nbytes()) for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
     events.sort()  # by time; at equal times allocations (negated: first) before frees, an upper bound
     now = peak = 0
     for _, neg in events:
@@ -144,6 +139,8 @@ def _allocation_peak(prof) -> int:
 def tensor_peak_run(model, prompt_BT: torch.Tensor, chunk: int, every: int = PROFILE_EVERY) -> dict[str, Any]:
     """The chunked prefill once more, profiling every ``every``-th chunk and the last: the peak
     of the bytes its tensors hold (see the module docstring), with no allocator in the way."""
+    import gc
+
     from torch.profiler import ProfilerActivity, profile
 
     from storelab.models.model import prefill
@@ -165,6 +162,8 @@ def tensor_peak_run(model, prompt_BT: torch.Tensor, chunk: int, every: int = PRO
         if prof is not None:
             prof.__exit__(None, None, None)
             total = box["start"] + _allocation_peak(prof)
+            del prof
+            gc.collect()  # the profiler's results sit in reference cycles: 2.9 GB after 32 chunks without this
             box["profiled"] += 1
             if total > box["peak"]:
                 box["peak"], box["worst"] = total, box["i"]

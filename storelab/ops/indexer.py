@@ -152,17 +152,19 @@ def indexer_distill_loss(scores_BTL: Tensor, target_BTL: Tensor) -> Tensor:
 def _top_in_order(v_BTn: Tensor, k: int) -> Tensor:
     """Indices (ascending) of the k best of each row, ties to the lower index; n > k.
 
-    The k-th largest value ``vk`` is found with ``topk`` (O(n)); where a row has more entries
-    equal to ``vk`` than topk kept, the entries above ``vk`` and the earliest of those equal
-    to it are taken instead (a cumulative count), with no sort of the row.
+    ``topk`` of k + 1 (O(n)) decides every row whose k-th and (k+1)-th values differ: its
+    k best are the same set whatever the order among equals. A row tied across that
+    boundary (more entries equal to the k-th value ``vk`` than fit) takes the entries above
+    ``vk`` and the earliest of those equal to it (a cumulative count, O(n), no sort). A short
+    row (at most 2k: the merge of a running top-k with a block's) takes one stable sort, fewer ops.
     """
-    top = torch.topk(v_BTn, k, dim=-1, sorted=False)
-    vk = top.values.amin(-1, keepdim=True)
-    j = top.indices.sort(dim=-1).values
-    tied = (torch.count_nonzero(v_BTn == vk, dim=-1) > torch.count_nonzero(top.values == vk, dim=-1)).nonzero(
-        as_tuple=True)
+    if v_BTn.shape[-1] <= 2 * k:
+        return torch.sort(v_BTn, dim=-1, descending=True, stable=True).indices[..., :k].sort(dim=-1).values
+    vals, idx = torch.topk(v_BTn, k + 1, dim=-1, sorted=True)
+    j = idx[..., :k].sort(dim=-1).values
+    tied = (vals[..., k] == vals[..., k - 1]).nonzero(as_tuple=True)
     if tied[0].numel():
-        v_rn, vk_r = v_BTn[tied], vk[tied]
+        v_rn, vk_r = v_BTn[tied], vals[..., k - 1][tied][:, None]
         gt, eq = v_rn > vk_r, v_rn == vk_r
         room = k - gt.sum(-1, keepdim=True)
         keep = gt | (eq & (eq.to(torch.int32).cumsum(-1, dtype=torch.int32) <= room))
