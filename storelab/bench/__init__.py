@@ -7,6 +7,9 @@ matrix-product rate), and the ratio is what a reader should compare.
 * ``timing``  - interleaved rounds (``compare``), the matmul yardstick;
 * ``kernels`` - chunked Gated DeltaNet and KDA against transformers' functions, FLOPs counted;
 * ``decode``  - one token's step through each store at 1,024 and 65,536 tokens of context;
-* ``prefill`` - the tiny zoo models' chunked prefill: peak memory against the accounting,
-  tokens per second against transformers' tiny model of the same family.
+* ``prefill`` - the tiny zoo models' chunked prefill: peak memory (the tensors' and the
+  process's) against the accounting, tokens per second against transformers' tiny model
+  of the same family;
+* ``gpu``     - ``python -m storelab.bench.gpu``: the prepared device check of the fla dispatch
+  (our chunked rules against fla's Triton kernels, and prefill on CUDA); not part of ``all``.
 """

@@ -36,6 +36,10 @@ the conv tail of W-1 inputs x C channels in the entry dtype, HV*K*V*4 + (W-1)*C*
 that falls as 1/L. ``footprint`` counts kept = read = HV matrices; reading costs 2*HV*K*V flops for
 the query, twice that for the delta rules (the write first reads the prediction S^T k).
 
+On CUDA, the chunked Gated DeltaNet and KDA stores run fla's Triton kernels when fla is installed
+(``storelab.ops.fla``; chosen once at construction, ``STORELAB_FLA=0`` turns it off); elsewhere, and
+for the other kinds, storelab's own chunked forms.
+
 Shape legend: B batch, T tokens, D model width, H q/k heads, HV value heads, K key width, V value width.
 """
 
@@ -49,6 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from storelab.ops.conv import causal_conv1d
+from storelab.ops import fla as fla_dispatch
 from storelab.ops.delta import MODES, delta_rule, gated_delta_rule, kda, linear_attention
 from storelab.ops.norm import l2_norm, rms_norm
 from storelab.state import RecurrentState
@@ -56,6 +61,7 @@ from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, Store
 
 __all__ = ["LinearAttentionConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "KDAConfig", "RecurrentStore"]
 
+_FLA_OP = {"gated_deltanet": "gated_delta_rule", "kda": "kda"}  # store kind -> fla kernel of the same rule
 _HOLDS = "about d clean associations per head (a d x d matrix)"
 _READS = "a fixed-size matrix per head, whatever the context length"
 
@@ -222,7 +228,11 @@ def _inverse_softplus(x: Tensor) -> Tensor:
 
 
 class RecurrentStore(nn.Module):
-    """One recurrent layer of any of the four kinds; ``forward(x, state) -> (y, RecurrentState)``."""
+    """One recurrent layer of any of the four kinds; ``forward(x, state) -> (y, RecurrentState)``.
+
+    A chunked Gated DeltaNet or KDA store looks up fla's kernel of its rule once, at construction
+    (``storelab.ops.fla.fla_kernels``), and runs it on CUDA tensors; ``backend`` says what it found.
+    """
 
     def __init__(self, cfg: _RecurrentConfig):
         super().__init__()
@@ -255,6 +265,13 @@ class RecurrentStore(nn.Module):
             A = torch.zeros(H) if cfg.gate_lower_bound is not None else torch.empty(H).uniform_(1, 16).log()
             self.A_log = nn.Parameter(A)
             self.dt_bias = nn.Parameter(_inverse_softplus(torch.empty(H * K).uniform_(math.log(1e-3), math.log(1e-1)).exp()))
+        op = _FLA_OP.get(self.kind)
+        self._fla = fla_dispatch.fla_kernels([op]) if op is not None and cfg.mode == "chunk" else {}  # op -> kernel
+
+    @property
+    def backend(self) -> str:
+        """What construction found: "fla" (fla's kernel of this rule, run on CUDA tensors) or "torch"."""
+        return "fla" if self._fla else "torch"
 
     # -- gates ---------------------------------------------------------------------
     def _beta(self, x_BTD: Tensor) -> Tensor:
@@ -298,7 +315,11 @@ class RecurrentStore(nn.Module):
         v_BTHV = v_BTHV.reshape(B, T, HV, V).float()
         common = dict(initial_state=state.S, output_final_state=True, chunk_size=cfg.chunk_size, mode=cfg.mode)
         g = self._log_decay(x_BTD)
-        if self.kind == "linear_attention":
+        fla_fn = self._fla.get(_FLA_OP.get(self.kind)) if q_BTHK.device.type in fla_dispatch.FLA_DEVICES else None
+        if fla_fn is not None:
+            o_BTHV, S = fla_dispatch.run_fla(fla_fn, q_BTHK, k_BTHK, v_BTHV, g=g, beta=self._beta(x_BTD),
+                                             initial_state=state.S, output_final_state=True)
+        elif self.kind == "linear_attention":
             o_BTHV, S = linear_attention(q_BTHK, k_BTHK, v_BTHV, g=g, **common)
         elif self.kind == "deltanet":
             o_BTHV, S = delta_rule(q_BTHK, k_BTHK, v_BTHV, beta=self._beta(x_BTD), **common)
