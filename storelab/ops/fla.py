@@ -7,7 +7,8 @@ Kautz and Hatamizadeh, arXiv 2412.06464) and ``chunk_kda`` (Kimi Delta Attention
 stores run storelab's own chunked forms, which compute the same thing (``RecurrentStore.backend``
 says which one a store found at construction).
 
-* Install: ``pip install flash-linear-attention`` (storelab's ``gpu`` extra); it needs triton.
+* Install: ``pip install fla-core`` (storelab's ``gpu`` extra: fla's kernels alone; the
+  ``flash-linear-attention`` package adds its layers and models); it needs triton.
 * Turn off: ``STORELAB_FLA=0`` in the environment (read when a store is built).
 
 fla's contract, which ``run_fla`` maps ours onto: ``fn(q, k, v, g, beta, scale=None,
