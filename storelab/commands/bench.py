@@ -132,21 +132,21 @@ def print_tables(res: dict[str, Any]) -> None:
                             ["store", *[f"L={c:,}" for c in cs], f"ratio {cs[-1]:,}/{cs[0]:,}", "target"], rows))
     if "prefill" in res:
         r = res["prefill"]
-        rows = []
+        mem_rows, speed_rows = [], []
         for m in r["models"]:
             mem, spd = m.get("memory") or {}, m.get("speed") or {}
             peer = (spd.get("peer") or m.get("error") or "").replace("transformers ", "")
-            rows.append([m["model"], _round(mem.get("tensor_peak_mb"), 1), _round(mem.get("analytic_mb"), 1),
-                         _round(mem.get("tensor_ratio"), 3), _ok(mem.get("within_10pct")),
-                         _round(mem.get("peak_above_weights_mb"), 1), _round(mem.get("ratio"), 3),
-                         _round(spd.get("ours_tok_s")),
-                         _round(spd.get("peer_tok_s")), _round(spd.get("speedup"), 2), _ok(spd.get("target")), peer])
+            mem_rows.append([m["model"], _round(mem.get("analytic_mb"), 1), _round(mem.get("tensor_peak_mb"), 1),
+                             _round(mem.get("tensor_ratio"), 3), _ok(mem.get("within_10pct")),
+                             _round(mem.get("peak_above_weights_mb"), 1), _round(mem.get("ratio"), 3)])
+            speed_rows.append([m["model"], _round(spd.get("ours_tok_s")), _round(spd.get("peer_tok_s")),
+                               _round(spd.get("speedup"), 2), _ok(spd.get("target")), peer])
         mem_chunk = r.get("memory_chunk", r["chunk"])
-        console.print(table(f"prefill: memory at {r['length']:,} tokens (chunks of {mem_chunk}), "
-                            f"speed at {r['speed_length']:,} tokens (chunks of {r['chunk']})",
-                            ["model", "tensor peak MB", "cache MB", "tensors/cache", "<= 10%", "process MB",
-                             "process/cache", "ours tok/s",
-                             "peer tok/s", "speedup", ">= 1.5", "peer (transformers)"], rows))
+        console.print(table(f"prefill memory at {r['length']:,} tokens (chunks of {mem_chunk}), MB above the "
+                            "weights: the tensors' peak (the target) and the process's",
+                            ["model", "cache", "tensors", "ratio", "<= 10%", "process", "ratio"], mem_rows))
+        console.print(table(f"prefill speed at {r['speed_length']:,} tokens (chunks of {r['chunk']}), tokens/s",
+                            ["model", "ours", "transformers", "speedup", ">= 1.5", "peer"], speed_rows))
     m = res["machine"]
     console.print(f"{res['date']}  {m['cpus']} CPUs, torch {m['torch']} with {m['torch_threads']} threads"
                   + ("  (--quick sizes: not figures)" if res.get("quick") else ""))
