@@ -8,6 +8,7 @@ import torch
 
 from storelab.ops.norm import rms_norm
 from storelab.ops.routing import is_prime, next_prime
+from storelab.state import loose_views
 from storelab.stores import build_store
 from storelab.stores.engram import EngramConfig, EngramState
 from tests.helpers import assert_close
@@ -115,6 +116,7 @@ def test_chunked_equals_full_and_state_bytes(conv_kernel, chunks):
         assert isinstance(st, EngramState) and st.seen == t
         assert st.nbytes() == 2 * fp.state_bytes                 # footprint is for batch 1
         assert st.entries == fp.kept == 3
+        assert loose_views(st) == []                              # the tails are copies, not views of the call
     assert_close(torch.cat(outs, 1), full, 1e-5, "chunked")
     assert torch.equal(st.ids, ids[:, -3:])
 
