@@ -389,16 +389,16 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV):
 
 
 # ---------------------------------------------------------------------------- public ops
-def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode, g_per_channel):
-    if mode not in MODES:
-        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+def check_delta_shapes(name, q, k, v, g, beta, initial_state, g_per_channel):
+    """The shapes every delta-rule call takes (ours, or fla's through ``storelab.ops.fla``), a
+    ValueError naming the argument otherwise; returns (B, T, H, K, HV, V)."""
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
-        raise ValueError(f"{name}: expected q, k [B, T, H, K] and v [B, T, HV, V], got "
+        raise ValueError(f"q, k, v: expected q, k [B, T, H, K] and v [B, T, HV, V] ({name}), got "
                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if HV % H:
-        raise ValueError(f"{name}: {HV} value heads are not a multiple of {H} query/key heads")
+        raise ValueError(f"v: {HV} value heads are not a multiple of {H} query/key heads ({name})")
     if beta is not None and tuple(beta.shape) != (B, T, HV):
         raise ValueError(f"beta: expected shape [B, T, HV] = {[B, T, HV]}, got {list(beta.shape)}")
     if g is not None:
@@ -407,6 +407,13 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
             raise ValueError(f"g: expected shape {list(want)}, got {list(g.shape)}")
     if initial_state is not None and tuple(initial_state.shape) != (B, HV, K, V):
         raise ValueError(f"initial_state: expected shape {[B, HV, K, V]}, got {list(initial_state.shape)}")
+    return B, T, H, K, HV, V
+
+
+def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode, g_per_channel):
+    if mode not in MODES:
+        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+    B, T, H, K, HV, V = check_delta_shapes(name, q, k, v, g, beta, initial_state, g_per_channel)
     if chunk_size < 1:
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
     out_dtype = v.dtype

@@ -32,6 +32,8 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor
 
+from storelab.ops.delta import check_delta_shapes
+
 __all__ = ["FLA_DEVICES", "fla_kernels", "run_fla"]
 
 FLA_DEVICES = ("cuda",)  # device types whose tensors go to fla's kernels
@@ -76,19 +78,8 @@ def run_fla(fn: Callable, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor, beta: T
     delta rule the first, KDA the second); beta [B, T, HV]; initial_state [B, HV, K, V];
     ``scale`` multiplies q, default K ** -0.5. o comes back in v's dtype, S in fp32.
     """
-    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
-        raise ValueError(f"q, k, v: expected q, k [B, T, H, K] and v [B, T, HV, V], got "
-                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    if HV % H:
-        raise ValueError(f"v: {HV} value heads are not a multiple of {H} query/key heads")
-    if tuple(beta.shape) != (B, T, HV):
-        raise ValueError(f"beta: expected shape [B, T, HV] = {[B, T, HV]}, got {list(beta.shape)}")
-    if tuple(g.shape) not in ((B, T, HV), (B, T, HV, K)):
-        raise ValueError(f"g: expected shape {[B, T, HV]} or {[B, T, HV, K]}, got {list(g.shape)}")
-    if initial_state is not None and tuple(initial_state.shape) != (B, HV, K, V):
-        raise ValueError(f"initial_state: expected shape {[B, HV, K, V]}, got {list(initial_state.shape)}")
+    # g's dims say which rule: [B, T, HV] per head (the gated delta rule), [B, T, HV, K] per key channel (KDA)
+    B, T, H, K, HV, V = check_delta_shapes("run_fla", q, k, v, g, beta, initial_state, g.dim() == 4)
     S0_BHKV = None if initial_state is None else initial_state.float().contiguous()
     if T == 0:  # nothing to write; the kernels' grids would be empty
         S = S0_BHKV if S0_BHKV is not None else v.new_zeros(B, HV, K, V, dtype=torch.float32)
