@@ -212,10 +212,19 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     S = q.new_zeros(B * H, K, V) if S_BHKV is None else S_BHKV.reshape(B * H, K, V).clone()
     o = q.new_empty(B, T, H, V)
     ws = _Chunked(B, H, C)
+    # Per-head decays are small (one number per token and head): their factors are made once for
+    # all chunks, not group by group (per-channel ones are as large as k, so each group makes its own).
+    pre = None
+    if g is not None and g.dim() == 3 and T > 0:
+        G = _to_chunks(g, C).cumsum_(2)                                               # N BH C 1
+        pre = _decays(ws, G) + (G, None if beta is None else _to_chunks(beta, C))
+        if pre[0] is None:  # some chunk beyond the fast range: each group takes the path its chunks need
+            pre = None
     for t0 in range(0, T, Tg):
         sl = slice(t0, min(T, t0 + Tg))
+        dec = None if pre is None else tuple(None if x is None else x[t0 // C: -(-sl.stop // C)] for x in pre)
         o_NBCV = _chunk_group(ws, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
-                              None if beta is None else beta[:, sl], S)
+                              None if beta is None else beta[:, sl], S, dec)
         # o is linear in q: scale it here, not q (twice) in the group, as it moves into [B, T, H, V]
         N, n_tok = o_NBCV.shape[0], sl.stop - sl.start
         if N * C == n_tok:  # whole chunks: straight into the output, no intermediate copy
@@ -306,55 +315,81 @@ def _intra_scores(cz, q_src, k_src, G, b_N, f=None, inv_f=None):
     rows = cz.buf("rows", q_src, N, B * H, R * C, K)                                  # [q; beta k] rows
     if fast:
         cz.put(q_src, f, out=rows[:, :, :C])
-        if delta:
-            cz.put(k_src, f * b_N, out=rows[:, :, C:])
-        k_N, kT = None, cz.put(k_src, inv_f, "k_over_f").transpose(-1, -2)
+        if delta:  # k is read from the input once; its two scaled copies come from the contiguous one
+            k_raw = cz.put(k_src, 1.0, "k_raw")
+            torch.mul(k_raw, f * b_N, out=rows[:, :, C:])
+            kT = torch.mul(k_raw, inv_f, out=cz.buf("k_over_f", k_raw, *k_raw.shape)).transpose(-1, -2)
+        else:
+            kT = cz.put(k_src, inv_f, "k_over_f").transpose(-1, -2)
+        k_N = None
     else:
         cz.put(q_src, 1.0, out=rows[:, :, :C])
         if delta:
             cz.put(k_src, b_N, out=rows[:, :, C:])
         k_N = cz.put(k_src, 1.0, "k_raw")
         kT = k_N.transpose(-1, -2)
-    A = torch.bmm(rows.view(N * B * H, R * C, K), kT.reshape(N * B * H, K, C)).view(N, B * H, R, C, C)
+    A = torch.bmm(rows.view(N * B * H, R * C, K), kT.reshape(N * B * H, K, C),
+                  out=cz.buf("A", q_src, N * B * H, R * C, C)).view(N, B * H, R, C, C)
     if G is not None and not fast:  # per head, beyond the fast range: the pairwise decays directly
         Gs = G[..., 0]
         tril = torch.ones(C, C, dtype=torch.bool, device=G.device).tril_()
         A.mul_(torch.where(tril, Gs[..., :, None] - Gs[..., None, :], float("-inf")).exp_()[:, :, None])
-    return A[:, :, 0].tril_(), (A[:, :, 1] if delta else None), k_N
+    A_qk = torch.tril(A[:, :, 0], out=cz.buf("A_qk", q_src, N, B * H, C, C))
+    return A_qk, (A[:, :, 1] if delta else None), k_N
 
 
-def _chunk_group(cz, q, k, v, g, beta, S_BKV):
-    """Unscaled outputs [N, B*H, C, V] of one group of chunks (padded rows last); advances S_BKV in place."""
+def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
+    """Unscaled outputs [N, B*H, C, V] of one group of chunks (padded rows last); advances S_BKV in place.
+
+    ``dec``: the group's decay factors made beforehand, ``_decays``' five and then G and beta in chunk
+    layout; None to make them here.
+    """
     B, T, H, K = q.shape
     V, C = v.shape[-1], cz.C
     cz.start(T)
     q_src, k_src, v_src = cz.src(q), cz.src(k), cz.src(v)                           # N B H C K|V
     N, BH = cz.N, B * H
     delta = beta is not None
-    G = None if g is None else cz.put(cz.src(g if g.dim() == 4 else g[..., None]), 1.0, "G").cumsum_(2)  # N BH C 1|K
-    b_N = _to_chunks(beta, C) if delta else None                                      # N BH C 1
-    f, inv_f, half, eG, k_decay = _decays(cz, G)
+    if dec is None:
+        G = None if g is None else cz.put(cz.src(g if g.dim() == 4 else g[..., None]), 1.0, "G").cumsum_(2)  # N BH C 1|K
+        b_N = _to_chunks(beta, C) if delta else None                                  # N BH C 1
+        f, inv_f, half, eG, k_decay = _decays(cz, G)
+    else:
+        f, inv_f, half, eG, k_decay, G, b_N = dec
     A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, f, inv_f)               # N BH C C (q unscaled)
     if half is not None:  # fast path: the score rows hold q f, beta k f and k / f; times exp(G_C / 2) they are
         # q exp(G), beta k exp(G) and k exp(G_C - G), so these come from contiguous buffers, not from q and k again
         rows = cz.buf("rows", q, N, BH, (2 if delta else 1) * C, K)                   # the buffers _intra_scores filled
         k_over_f = cz.buf("k_over_f", q, N, BH, C, K)
 
+    # Within the group the state is carried as S_i / P_i, P_i the decay from the group's start to
+    # chunk i (per head, or per key channel): the loop then needs no decay product, and P_i rides on
+    # the q, W and k factors made anyway. Only while P stays within exp's range (else P_i = 1 per chunk).
+    rescale = None
+    if half is not None:
+        G_last = G[:, :, -1:]                                                         # N BH 1 1|K
+        L = G_last.cumsum(0)                                                          # log P_{i+1}
+        if -L[-1].min().item() <= _exp_limit(L.dtype):
+            rescale = (L - 0.5 * G_last).exp_()                                      # P_i exp(G_C / 2)
     if delta:
         # UT transform: (I + strict_tril(A_kk))^-1 [diag(beta) V | diag(beta) K exp(G)] = [U | W]
         rhs = cz.buf("rhs", q, N, BH, C, V + K)
         cz.put(v_src, b_N, out=rhs[..., :V])
         if half is not None:
-            torch.mul(rows[:, :, C:], half, out=rhs[..., V:])
+            torch.mul(rows[:, :, C:], half if rescale is None else rescale, out=rhs[..., V:])
         else:
             cz.put(k_src, b_N if G is None else b_N * eG, out=rhs[..., V:])
-        UW = torch.bmm(_unit_lower_inverse(A_kk).view(N * BH, C, C), rhs.view(N * BH, C, V + K)).view(N, BH, C, V + K)
+        UW = torch.bmm(_unit_lower_inverse(A_kk).view(N * BH, C, C), rhs.view(N * BH, C, V + K),
+                       out=cz.buf("UW", q, N * BH, C, V + K)).view(N, BH, C, V + K)
         U, W = UW[..., :V], UW[..., V:]
         V_new = cz.buf("V_new", q, N, BH, C, V)
     else:
         V_new = cz.put(v_src, 1.0, "V_new")
-    if half is not None:  # (A_qk and A_kk are already made from these rows: scaling them in place is safe)
-        G_last = G[:, :, -1:]                                                         # N BH 1 1|K
+    S_decay = None
+    if rescale is not None:  # (A_qk and A_kk are already made from these rows: scaling them in place is safe)
+        q_N = rows[:, :, :C].mul_(rescale)                                            # q exp(G) P_i
+        k_N = k_over_f.div_(rescale)                                                  # k exp(G_C - G) / P_{i+1}
+    elif half is not None:
         q_N = rows[:, :, :C].mul_(half)                                               # q exp(G)
         k_N = k_over_f.mul_(half)                                                     # k exp(G_C - G)
         S_decay = G_last.exp().transpose(-1, -2)                                      # N BH 1|K 1
@@ -368,24 +403,22 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV):
         k_N = k_N if k_N is not None else cz.put(k_src, 1.0, "k")
     k_T = k_N.transpose(-1, -2)                                                       # N BH K C
 
-    S_all = cz.buf("S_all", q, N + 1, BH, K, V)                                       # state before chunk i
-    S_all[0].copy_(S_BKV)
-    S_i = S_all.unbind(0)
-    Vn_i, kT_i = V_new.unbind(0), k_T.unbind(0)
+    S = S_BKV
+    o = cz.buf("o", q, N, BH, C, V)
+    o_i, q_i, Vn_i, kT_i = o.unbind(0), q_N.unbind(0), V_new.unbind(0), k_T.unbind(0)
     U_i, W_i = (U.unbind(0), W.unbind(0)) if delta else (None, None)
-    dec_i = S_decay.unbind(0) if G is not None else None
-    for i in range(N):  # the one sequential loop: two products per chunk, written in place
+    dec_i = S_decay.unbind(0) if S_decay is not None else None
+    for i in range(N):  # the one sequential loop: the state's products for each chunk, in place
         if delta:
-            torch.baddbmm(U_i[i], W_i[i], S_i[i], alpha=-1, out=Vn_i[i])
-        if G is not None:
-            torch.mul(S_i[i], dec_i[i], out=S_i[i + 1])
-        else:
-            S_i[i + 1].copy_(S_i[i])
-        S_i[i + 1].baddbmm_(kT_i[i], Vn_i[i])
-    S_BKV.copy_(S_i[N])
-    o = torch.bmm(q_N.flatten(0, 1), S_all[:N].view(N * BH, K, V))
-    o.baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
-    return o.view(N, BH, C, V)  # the caller applies the query scale as it moves o into place
+            torch.baddbmm(U_i[i], W_i[i], S, alpha=-1, out=Vn_i[i])
+        torch.bmm(q_i[i], S, out=o_i[i])
+        if dec_i is not None:
+            S.mul_(dec_i[i])
+        S.baddbmm_(kT_i[i], Vn_i[i])
+    if rescale is not None:
+        S.mul_(L[-1].exp().transpose(-1, -2))
+    o.view(N * BH, C, V).baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
+    return o  # the caller applies the query scale as it moves o into place
 
 
 # ---------------------------------------------------------------------------- public ops
