@@ -117,20 +117,29 @@ def _exp_limit(dtype: torch.dtype) -> float:
     return 500.0 if dtype == torch.float64 else 60.0
 
 
-def _unit_lower_inverse(A_BCC: Tensor, block: int = 16) -> Tensor:
+def _unit_lower_inverse(A_BCC: Tensor, block: int = 16, cz: "_Chunked | None" = None, tame: bool = False) -> Tensor:
     """(I + strict_tril(A))^-1 by matrix products (batched LAPACK solves of small systems are slow).
 
     Diagonal blocks of size b: the Neumann series of a nilpotent matrix, summed by doubling,
     (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; then block forward substitution,
-    T[r, :r] = -T[r, r] A[r, :r] T[:r, :r] for each block row r.
+    T[r, :r] = -T[r, r] A[r, :r] T[:r, :r] for each block row r. With a workspace ``cz`` the
+    result lives in its buffer (valid until the next call), else in a new tensor. ``tame``: the entries
+    on and above the diagonal are finite (never read, but cleared by a 0/1 mask, not ``tril``).
     """
     shape, C = A_BCC.shape, A_BCC.shape[-1]
     A = A_BCC.reshape(-1, C, C)
+    M = A.shape[0]
     b = block if C % block == 0 else C
     n = C // b
-    X = torch.diagonal(A.view(-1, n, b, n, b), dim1=1, dim2=3)                     # M b b n
-    X = X.permute(0, 3, 1, 2).tril(-1).reshape(-1, b, b)                             # (M n) b b
-    inv = torch.eye(b, dtype=A.dtype, device=A.device) - X
+    blocks = torch.diagonal(A.view(M, n, b, n, b), dim1=1, dim2=3).permute(0, 3, 1, 2)  # M n b b (a view)
+    X = A.new_empty(M, n, b, b) if cz is None else cz.buf("inv_X", A, M, n, b, b)
+    if tame and cz is not None:
+        torch.mul(blocks, cz.mask(b, -1, A), out=X)
+    else:
+        torch.tril(blocks, -1, out=X)
+    X = X.view(M * n, b, b)
+    inv = torch.sub(torch.eye(b, dtype=A.dtype, device=A.device), X,
+                    out=A.new_empty(M * n, b, b) if cz is None else cz.buf("inv_D", A, M * n, b, b))
     p = 2
     while p < b:
         X = torch.bmm(X, X)
@@ -138,12 +147,18 @@ def _unit_lower_inverse(A_BCC: Tensor, block: int = 16) -> Tensor:
         p *= 2
     if n == 1:
         return inv.view(shape)
-    inv = inv.view(-1, n, b, b)
-    T = A.new_zeros(A.shape)
-    torch.diagonal(T.view(-1, n, b, n, b), dim1=1, dim2=3).copy_(inv.permute(0, 2, 3, 1))
+    inv = inv.view(M, n, b, b)
+    if cz is None:
+        T = A.new_zeros(A.shape)
+    else:  # the blocks above the diagonal are zeroed once, when the buffer is made, and never written
+        fresh = "inv_T" not in cz._bufs or cz._bufs["inv_T"].numel() < A.numel()
+        T = cz.buf("inv_T", A, M, C, C)
+        if fresh:
+            T.zero_()
+    torch.diagonal(T.view(M, n, b, n, b), dim1=1, dim2=3).copy_(inv.permute(0, 2, 3, 1))
     for r in range(1, n):
         rows = slice(r * b, (r + 1) * b)
-        T[:, rows, : r * b] = torch.bmm(inv[:, r], torch.bmm(A[:, rows, : r * b], T[:, : r * b, : r * b])).neg_()
+        torch.neg(torch.bmm(inv[:, r], torch.bmm(A[:, rows, : r * b], T[:, : r * b, : r * b])), out=T[:, rows, : r * b])
     return T.view(shape)
 
 
@@ -222,7 +237,8 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
             pre = None
     for t0 in range(0, T, Tg):
         sl = slice(t0, min(T, t0 + Tg))
-        dec = None if pre is None else tuple(None if x is None else x[t0 // C: -(-sl.stop // C)] for x in pre)
+        dec = None if pre is None else tuple(x if x is None or isinstance(x, bool) else x[t0 // C: -(-sl.stop // C)]
+                                             for x in pre)
         o_NBCV = _chunk_group(ws, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
                               None if beta is None else beta[:, sl], S, dec)
         # o is linear in q: scale it here, not q (twice) in the group, as it moves into [B, T, H, V]
@@ -245,16 +261,29 @@ class _Chunked:
     def __init__(self, B, H, C):
         self.B, self.H, self.C, self.N = B, H, C, 0
         self._bufs: dict[str, Tensor] = {}
+        self._views: dict[tuple, Tensor] = {}
 
     def start(self, T: int) -> None:
         self.N = -(-T // self.C)
 
     def buf(self, name: str, like: Tensor, *shape: int) -> Tensor:
+        view = self._views.get((name, shape))
+        if view is not None:
+            return view
         n = math.prod(shape)
         b = self._bufs.get(name)
         if b is None or b.numel() < n:
             b = self._bufs[name] = like.new_empty(n)
-        return b[:n].view(shape)
+            self._views = {key: v for key, v in self._views.items() if key[0] != name}
+        view = self._views[(name, shape)] = b[:n].view(shape)
+        return view
+
+    def mask(self, n: int, diagonal: int, like: Tensor) -> Tensor:
+        """The 0/1 lower-triangular n x n mask (``tril`` with ``diagonal``) in ``like``'s dtype."""
+        m = self._views.get(("mask", n, diagonal))
+        if m is None:
+            m = self._views[("mask", n, diagonal)] = like.new_ones(n, n).tril_(diagonal)
+        return m
 
     def src(self, x: Tensor) -> Tensor:
         B, T, H, D = x.shape
@@ -274,24 +303,27 @@ class _Chunked:
 def _decays(cz, G: Tensor | None):
     """Decay factors of a group of chunks from the cumulative log decay G [N, BH, C, 1|K].
 
-    Returns (f, 1/f, exp(G_C / 2), exp(G), exp(G_C - G)). On the fast path only the first three are
+    Returns (f, 1/f, exp(G_C / 2), exp(G), exp(G_C - G), tame). On the fast path only the first three are
     made (None for the others): every decayed copy of q and k is then a product of f or 1/f and
     exp(G_C / 2), so one exponential serves all of them (see ``_chunk_group``). f = exp(G - G_C / 2)
     is None when some chunk decays by more than twice the exp limit: the scores then take their exact
-    slow path, which needs exp(G) and exp(G_C - G) (and exp(G_C / 2) is None).
+    slow path, which needs exp(G) and exp(G_C - G) (and exp(G_C / 2) is None). ``tame``: every chunk
+    decays by at most half the exp limit, so the scores' entries above the diagonal (at most
+    exp(span) times q.k there) are finite and a multiplicative mask clears them.
     """
     if G is None:
-        return None, None, None, None, None
+        return None, None, None, None, None, True
     G_last = G[:, :, -1:]
-    if -G_last.min().item() > 2 * _exp_limit(G.dtype):
-        return None, None, None, G.exp(), (G_last - G).exp_()
+    span = -G_last.min().item()
+    if span > 2 * _exp_limit(G.dtype):
+        return None, None, None, G.exp(), (G_last - G).exp_(), True
     half = (0.5 * G_last).exp_()                                                      # N BH 1 1|K
     f = torch.sub(G, 0.5 * G_last, out=cz.buf("f", G, *G.shape)).exp_()               # N BH C 1|K
     inv_f = torch.reciprocal(f, out=cz.buf("inv_f", G, *G.shape))
-    return f, inv_f, half, None, None
+    return f, inv_f, half, None, None, span <= 0.5 * _exp_limit(G.dtype)
 
 
-def _intra_scores(cz, q_src, k_src, G, b_N, f=None, inv_f=None):
+def _intra_scores(cz, q_src, k_src, G, b_N, f=None, inv_f=None, tame=True):
     """A_qk [i, j] = q_i . k_j * decay(j -> i) for j <= i (zeros above), and A_kk = diag(beta) (same with k_i).
 
     Only A_kk's strictly lower part is meaningful (nothing else is read). The q and k rows go through
@@ -301,7 +333,8 @@ def _intra_scores(cz, q_src, k_src, G, b_N, f=None, inv_f=None):
     both factors within exp(+-span/2), so plain matrix products replace C*C (or C*C*K) exponentials.
     Entries above the diagonal may overflow there; they are never read. Chunks whose decay spans more
     than twice the exp limit use the exact pairwise form (per head) or sub-chunk references (per channel).
-    ``f`` = exp(G - m) and ``inv_f`` = 1 / f select the fast path (the caller decides, see ``_decays``).
+    ``f`` = exp(G - m) and ``inv_f`` = 1 / f select the fast path (the caller decides, see ``_decays``);
+    ``tame`` says the entries above the diagonal are finite, so a product with a 0/1 mask clears them.
     Returns (A_qk, A_kk or None, k in chunk layout if it was made along the way, else None).
     """
     N, B, H, C, K = k_src.shape
@@ -334,7 +367,11 @@ def _intra_scores(cz, q_src, k_src, G, b_N, f=None, inv_f=None):
         Gs = G[..., 0]
         tril = torch.ones(C, C, dtype=torch.bool, device=G.device).tril_()
         A.mul_(torch.where(tril, Gs[..., :, None] - Gs[..., None, :], float("-inf")).exp_()[:, :, None])
-    A_qk = torch.tril(A[:, :, 0], out=cz.buf("A_qk", q_src, N, B * H, C, C))
+    A_qk = cz.buf("A_qk", q_src, N, B * H, C, C)
+    if tame:
+        torch.mul(A[:, :, 0], cz.mask(C, 0, A), out=A_qk)
+    else:
+        torch.tril(A[:, :, 0], out=A_qk)
     return A_qk, (A[:, :, 1] if delta else None), k_N
 
 
@@ -353,10 +390,10 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     if dec is None:
         G = None if g is None else cz.put(cz.src(g if g.dim() == 4 else g[..., None]), 1.0, "G").cumsum_(2)  # N BH C 1|K
         b_N = _to_chunks(beta, C) if delta else None                                  # N BH C 1
-        f, inv_f, half, eG, k_decay = _decays(cz, G)
+        f, inv_f, half, eG, k_decay, tame = _decays(cz, G)
     else:
-        f, inv_f, half, eG, k_decay, G, b_N = dec
-    A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, f, inv_f)               # N BH C C (q unscaled)
+        f, inv_f, half, eG, k_decay, tame, G, b_N = dec
+    A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, f, inv_f, tame)               # N BH C C (q unscaled)
     if half is not None:  # fast path: the score rows hold q f, beta k f and k / f; times exp(G_C / 2) they are
         # q exp(G), beta k exp(G) and k exp(G_C - G), so these come from contiguous buffers, not from q and k again
         rows = cz.buf("rows", q, N, BH, (2 if delta else 1) * C, K)                   # the buffers _intra_scores filled
@@ -379,7 +416,7 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
             torch.mul(rows[:, :, C:], half if rescale is None else rescale, out=rhs[..., V:])
         else:
             cz.put(k_src, b_N if G is None else b_N * eG, out=rhs[..., V:])
-        UW = torch.bmm(_unit_lower_inverse(A_kk).view(N * BH, C, C), rhs.view(N * BH, C, V + K),
+        UW = torch.bmm(_unit_lower_inverse(A_kk, cz=cz, tame=tame).view(N * BH, C, C), rhs.view(N * BH, C, V + K),
                        out=cz.buf("UW", q, N * BH, C, V + K)).view(N, BH, C, V + K)
         U, W = UW[..., :V], UW[..., V:]
         V_new = cz.buf("V_new", q, N, BH, C, V)
