@@ -35,7 +35,7 @@ Three evaluations that agree (tests hold them equal):
       V_new = U - W S,   O = (Q * exp(G)) S + (Q K^T * Gamma)_tril V_new,
       S <- exp(G_C) S + (K * exp(G_C - G))^T V_new.
   Everything but the two products in the loop is a batched matrix product over all chunks
-  (the within-chunk inverse too: ``_unit_lower_inverse``), and the chunks are processed in
+  (the within-chunk solve too: ``_unit_lower_solve``), and the chunks are processed in
   cache-sized groups. Gamma is never formed when the chunk's decay is within exp's range:
   exp(G_i - G_j) = exp(G_i - m) exp(m - G_j) with m half the chunk's decay, so the decays ride
   on q and k into one product. Beyond that range GDN forms Gamma pairwise, and KDA (whose Gamma
@@ -117,49 +117,46 @@ def _exp_limit(dtype: torch.dtype) -> float:
     return 500.0 if dtype == torch.float64 else 60.0
 
 
-def _unit_lower_inverse(A_BCC: Tensor, block: int = 16, cz: "_Chunked | None" = None, tame: bool = False) -> Tensor:
-    """(I + strict_tril(A))^-1 by matrix products (batched LAPACK solves of small systems are slow).
+def _unit_lower_solve(A_BCC: Tensor, R_BCD: Tensor, out: Tensor, block: int = 16, cz: "_Chunked | None" = None,
+                      tame: bool = False) -> Tensor:
+    """(I + strict_tril(A))^-1 R into ``out`` [*, C, D] by matrix products (batched LAPACK solves of small
+    systems are slow); only A's strictly lower part is read.
 
     Diagonal blocks of size b: the Neumann series of a nilpotent matrix, summed by doubling,
-    (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; then block forward substitution,
-    T[r, :r] = -T[r, r] A[r, :r] T[:r, :r] for each block row r. With a workspace ``cz`` the
-    result lives in its buffer (valid until the next call), else in a new tensor. ``tame``: the entries
-    on and above the diagonal are finite (never read, but cleared by a 0/1 mask, not ``tril``).
+    (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; every block row of R goes through its block's inverse
+    in one product, then block forward substitution, Y[r] -= D[r]^-1 A[r, :r] Y[:r] for each block
+    row r in turn. ``cz``: a workspace for the intermediates. ``tame``: the entries on and above the
+    diagonal are finite (never read, but cleared by a 0/1 mask rather than ``tril``).
     """
-    shape, C = A_BCC.shape, A_BCC.shape[-1]
+    C, D = A_BCC.shape[-1], R_BCD.shape[-1]
     A = A_BCC.reshape(-1, C, C)
     M = A.shape[0]
     b = block if C % block == 0 else C
     n = C // b
+
+    def buf(name, *shape):
+        return A.new_empty(shape) if cz is None else cz.buf(name, A, *shape)
+
     blocks = torch.diagonal(A.view(M, n, b, n, b), dim1=1, dim2=3).permute(0, 3, 1, 2)  # M n b b (a view)
-    X = A.new_empty(M, n, b, b) if cz is None else cz.buf("inv_X", A, M, n, b, b)
+    X = buf("inv_X", M, n, b, b)
     if tame and cz is not None:
         torch.mul(blocks, cz.mask(b, -1, A), out=X)
     else:
         torch.tril(blocks, -1, out=X)
     X = X.view(M * n, b, b)
-    inv = torch.sub(torch.eye(b, dtype=A.dtype, device=A.device), X,
-                    out=A.new_empty(M * n, b, b) if cz is None else cz.buf("inv_D", A, M * n, b, b))
+    inv = torch.sub(torch.eye(b, dtype=A.dtype, device=A.device), X, out=buf("inv_D", M * n, b, b))
     p = 2
     while p < b:
         X = torch.bmm(X, X)
         inv = torch.baddbmm(inv, inv, X)
         p *= 2
-    if n == 1:
-        return inv.view(shape)
+    Y = torch.bmm(inv, R_BCD.reshape(M * n, b, D), out=out.view(M * n, b, D)).view(M, C, D)
     inv = inv.view(M, n, b, b)
-    if cz is None:
-        T = A.new_zeros(A.shape)
-    else:  # the blocks above the diagonal are zeroed once, when the buffer is made, and never written
-        fresh = "inv_T" not in cz._bufs or cz._bufs["inv_T"].numel() < A.numel()
-        T = cz.buf("inv_T", A, M, C, C)
-        if fresh:
-            T.zero_()
-    torch.diagonal(T.view(M, n, b, n, b), dim1=1, dim2=3).copy_(inv.permute(0, 2, 3, 1))
     for r in range(1, n):
         rows = slice(r * b, (r + 1) * b)
-        torch.neg(torch.bmm(inv[:, r], torch.bmm(A[:, rows, : r * b], T[:, : r * b, : r * b])), out=T[:, rows, : r * b])
-    return T.view(shape)
+        P = torch.bmm(inv[:, r], A[:, rows, : r * b])                                   # M b rb
+        Y[:, rows] -= torch.bmm(P, Y[:, : r * b], out=buf("inv_Z", M, b, D))
+    return out
 
 
 def _sub_chunk(G_NBCK: Tensor) -> int:
@@ -416,8 +413,7 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
             torch.mul(rows[:, :, C:], half if rescale is None else rescale, out=rhs[..., V:])
         else:
             cz.put(k_src, b_N if G is None else b_N * eG, out=rhs[..., V:])
-        UW = torch.bmm(_unit_lower_inverse(A_kk, cz=cz, tame=tame).view(N * BH, C, C), rhs.view(N * BH, C, V + K),
-                       out=cz.buf("UW", q, N * BH, C, V + K)).view(N, BH, C, V + K)
+        UW = _unit_lower_solve(A_kk, rhs.view(N * BH, C, V + K), cz.buf("UW", q, N, BH, C, V + K), cz=cz, tame=tame)
         U, W = UW[..., :V], UW[..., V:]
         V_new = cz.buf("V_new", q, N, BH, C, V)
     else:
