@@ -228,7 +228,7 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     # all chunks, not group by group (per-channel ones are as large as k, so each group makes its own).
     pre = None
     if g is not None and g.dim() == 3 and T > 0:
-        G = _to_chunks(g, C).cumsum_(2)                                               # N BH C 1
+        G = _to_chunks(g, C).clamp(min=-_exp_limit(g.dtype)).cumsum_(2)              # N BH C 1
         pre = _decays(ws, G) + (G, None if beta is None else _to_chunks(beta, C))
         if pre[0] is None:  # some chunk beyond the fast range: each group takes the path its chunks need
             pre = None
@@ -385,7 +385,10 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     N, BH = cz.N, B * H
     delta = beta is not None
     if dec is None:
-        G = None if g is None else cz.put(cz.src(g if g.dim() == 4 else g[..., None]), 1.0, "G").cumsum_(2)  # N BH C 1|K
+        G = None
+        if g is not None:  # a step keeping less than e^-limit is already zero in this dtype; keeps factors finite
+            G = cz.put(cz.src(g if g.dim() == 4 else g[..., None]), 1.0, "G").clamp_(min=-_exp_limit(g.dtype))
+            G = G.cumsum_(2)                                                          # N BH C 1|K
         b_N = _to_chunks(beta, C) if delta else None                                  # N BH C 1
         f, inv_f, half, eG, k_decay, tame = _decays(cz, G)
     else:
@@ -494,8 +497,6 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     if mode == "chunk" and T == 1:  # one decoded token: the per-token step is the whole algorithm
         o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
     elif mode == "chunk":
-        if g is not None:  # a step keeping less than e^-limit is already zero in this dtype; keeps factors finite
-            g = g.clamp(min=-_exp_limit(dt))
         o, S = _chunked(q, k, v, g, beta, scale, S0, min(chunk_size, max(T, 1)))  # no padding below a chunk
     elif mode == "recurrent":
         o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
