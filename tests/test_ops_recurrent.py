@@ -106,6 +106,31 @@ def test_fast_path_at_the_edge_of_exp_range(kind):
     assert_close(S, S_ref, 2e-5, f"{kind} near the exp limit, state")
 
 
+@pytest.mark.parametrize("kind", ["gated_delta_rule", "kda"])
+@pytest.mark.parametrize("strong", [False, True])
+def test_many_groups_with_mixed_decay_regimes(kind, strong, monkeypatch):
+    """Two chunks per group over 165 tokens, the decay changing regime along the sequence: mild (the state
+    carried as S / P through a group), medium (P beyond exp's range: the state decays chunk by chunk; the
+    scores above the diagonal too large for a 0/1 mask) and, with ``strong``, chunks beyond the fast
+    range (per-head decays then made group by group). Every group must equal the per-token loop."""
+    import storelab.ops.delta as delta_mod
+
+    monkeypatch.setattr(delta_mod, "GROUP_FLOATS", 2 * B * H * C * max(K, V, C))
+    T = 165
+    x = _inputs(T, dtype=torch.float32, decay=0.05)
+    per_token = torch.full((T,), -0.05)
+    per_token[40:100] = -3.0                  # a chunk decays by e^-48, a group by e^-96
+    if strong:
+        per_token[120:140] = -10.0            # a chunk decays by e^-160
+    x["g_head"] = per_token[None, :, None] * (1 + 0.1 * x["g_head"].abs())
+    x["g_chan"] = per_token[None, :, None, None] * (1 + 0.1 * x["g_chan"].abs())
+    ref, S_ref = _call(kind, x, initial_state=x["S0"], output_final_state=True, mode="recurrent")
+    o, S = _call(kind, x, initial_state=x["S0"], output_final_state=True, chunk_size=C)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    assert_close(o, ref, 2e-5, f"{kind} mixed decays")
+    assert_close(S, S_ref, 2e-5, f"{kind} mixed decays, state")
+
+
 def test_gdn_chunk_survives_strong_decay():
     x = _inputs(40, dtype=torch.float32, decay=300.0)
     ref, _ = gated_delta_rule(x["q"], x["k"], x["v"], g=x["g_head"], beta=x["beta"], mode="recurrent")

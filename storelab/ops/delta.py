@@ -52,6 +52,7 @@ Shape legend: B batch, T tokens, H heads, K key width, V value width, N chunks, 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -209,6 +210,38 @@ def _scores_per_channel(rows: list[Tensor], k_NBCK: Tensor, G_NBCK: Tensor) -> T
 GROUP_FLOATS = 1 << 17  # chunks are processed in groups whose q-sized tensors hold about this many numbers
 
 
+class _Decay(NamedTuple):
+    """A group's decay factors (see ``_decays``) and beta, in chunk layout [N, B*H, C | 1, 1 | K]."""
+
+    f: Tensor | None            # exp(G - G_C / 2), the fast path's factor
+    inv_f: Tensor | None        # 1 / f
+    half: Tensor | None         # exp(G_C / 2)
+    eG: Tensor | None           # exp(G), the slow path's factor
+    k_decay: Tensor | None      # exp(G_C - G), the slow path's factor
+    tame: bool                  # the scores above the diagonal are finite (see ``_decays``)
+    G: Tensor | None            # cumulative log decay within each chunk
+    b: Tensor | None            # beta
+    rescale: Tensor | None      # P_i exp(G_C / 2), when the state is carried as S / P_i (see ``_rescales``)
+    P_end: Tensor | None        # P at the group's end [B*H, 1|K, 1], to put the state back
+
+
+def _rescales(G_last: Tensor, per_group: int) -> tuple[Tensor, Tensor, list[bool]]:
+    """Within each group of ``per_group`` chunks, the decay P_i from the group's start to chunk i.
+
+    ``G_last`` [N, BH, 1, 1|K] is each chunk's total log decay. Returns P_i exp(G_C / 2) for every
+    chunk (the factor that q and W take when the state is carried as S / P_i), P at each group's
+    end [groups, BH, 1|K, 1], and per group whether its P stays within exp's range (else its
+    chunks decay the state one by one).
+    """
+    N = G_last.shape[0]
+    groups = -(-N // per_group)
+    padded = G_last if groups * per_group == N else F.pad(G_last, (0, 0, 0, 0, 0, 0, 0, groups * per_group - N))
+    L = padded.view(groups, per_group, *G_last.shape[1:]).cumsum(1)                  # log P_{i+1}
+    ok = (L[:, -1].flatten(1).amin(1) >= -_exp_limit(L.dtype)).tolist()
+    rescale = (L.view(padded.shape)[:N] - 0.5 * G_last).exp_()
+    return rescale, L[:, -1].exp().transpose(-1, -2), ok
+
+
 def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     """Chunkwise-parallel form of all four rules (see the module docstring).
 
@@ -229,13 +262,19 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     pre = None
     if g is not None and g.dim() == 3 and T > 0:
         G = _to_chunks(g, C).clamp(min=-_exp_limit(g.dtype)).cumsum_(2)              # N BH C 1
-        pre = _decays(ws, G) + (G, None if beta is None else _to_chunks(beta, C))
-        if pre[0] is None:  # some chunk beyond the fast range: each group takes the path its chunks need
-            pre = None
-    for t0 in range(0, T, Tg):
+        f, inv_f, half, _, _, tame = _decays(ws, G)
+        if f is not None:  # else some chunk is beyond the fast range: each group takes the path its chunks need
+            rescale, P_end, ok = _rescales(G[:, :, -1:], Tg // C)
+            b_N = None if beta is None else _to_chunks(beta, C)
+            pre = (f, inv_f, half, tame, G, b_N, rescale, P_end, ok)
+    for j, t0 in enumerate(range(0, T, Tg)):
         sl = slice(t0, min(T, t0 + Tg))
-        dec = None if pre is None else tuple(x if x is None or isinstance(x, bool) else x[t0 // C: -(-sl.stop // C)]
-                                             for x in pre)
+        dec = None
+        if pre is not None:
+            f, inv_f, half, tame, G, b_N, rescale, P_end, ok = pre
+            c = slice(t0 // C, -(-sl.stop // C))
+            dec = _Decay(f[c], inv_f[c], half[c], None, None, tame, G[c], None if b_N is None else b_N[c],
+                         rescale[c] if ok[j] else None, P_end[j] if ok[j] else None)
         o_NBCV = _chunk_group(ws, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
                               None if beta is None else beta[:, sl], S, dec)
         # o is linear in q: scale it here, not q (twice) in the group, as it moves into [B, T, H, V]
@@ -391,8 +430,15 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
             G = G.cumsum_(2)                                                          # N BH C 1|K
         b_N = _to_chunks(beta, C) if delta else None                                  # N BH C 1
         f, inv_f, half, eG, k_decay, tame = _decays(cz, G)
+        rescale = P_end = None
+        if half is not None:
+            rescale, P_end, ok = _rescales(G[:, :, -1:], N)
+            if not ok[0]:
+                rescale = P_end = None
+            else:
+                P_end = P_end[0]
     else:
-        f, inv_f, half, eG, k_decay, tame, G, b_N = dec
+        f, inv_f, half, eG, k_decay, tame, G, b_N, rescale, P_end = dec
     A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, f, inv_f, tame)               # N BH C C (q unscaled)
     if half is not None:  # fast path: the score rows hold q f, beta k f and k / f; times exp(G_C / 2) they are
         # q exp(G), beta k exp(G) and k exp(G_C - G), so these come from contiguous buffers, not from q and k again
@@ -402,12 +448,6 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     # Within the group the state is carried as S_i / P_i, P_i the decay from the group's start to
     # chunk i (per head, or per key channel): the loop then needs no decay product, and P_i rides on
     # the q, W and k factors made anyway. Only while P stays within exp's range (else P_i = 1 per chunk).
-    rescale = None
-    if half is not None:
-        G_last = G[:, :, -1:]                                                         # N BH 1 1|K
-        L = G_last.cumsum(0)                                                          # log P_{i+1}
-        if -L[-1].min().item() <= _exp_limit(L.dtype):
-            rescale = (L - 0.5 * G_last).exp_()                                      # P_i exp(G_C / 2)
     if delta:
         # UT transform: (I + strict_tril(A_kk))^-1 [diag(beta) V | diag(beta) K exp(G)] = [U | W]
         rhs = cz.buf("rhs", q, N, BH, C, V + K)
@@ -428,7 +468,7 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     elif half is not None:
         q_N = rows[:, :, :C].mul_(half)                                               # q exp(G)
         k_N = k_over_f.mul_(half)                                                     # k exp(G_C - G)
-        S_decay = G_last.exp().transpose(-1, -2)                                      # N BH 1|K 1
+        S_decay = G[:, :, -1:].exp().transpose(-1, -2)                                # N BH 1|K 1
     elif G is not None:
         G_last = G[:, :, -1:]                                                         # N BH 1 1|K
         q_N = cz.put(q_src, eG, "q")                                                  # queries read decayed states
@@ -452,7 +492,7 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
             S.mul_(dec_i[i])
         S.baddbmm_(kT_i[i], Vn_i[i])
     if rescale is not None:
-        S.mul_(L[-1].exp().transpose(-1, -2))
+        S.mul_(P_end)
     o.view(N * BH, C, V).baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
     return o  # the caller applies the query scale as it moves o into place
 
