@@ -31,7 +31,11 @@ def test_bench_gdn_json():
                 "max_abs_diff", "targets", "timings"):
         assert key in r, key
     assert r["ours_ms"] > 0 and r["matmul_gflops"] > 0
-    assert r["flops"] == chunk_delta_flops(1, 256, 2, 16, 16)
+    # each side counted at the chunk size it runs: ours at the ops' default, the peer at its 64
+    assert r["chunk"] == {"ours": 32, "peer": 64}
+    assert r["flops"] == chunk_delta_flops(1, 256, 2, 16, 16, 32)
+    assert r["peer_flops"] == chunk_delta_flops(1, 256, 2, 16, 16, 64) > r["flops"]
+    assert r["fraction_of_matmul"] == pytest.approx(r["flops"] / (r["ours_ms"] / 1e3) / (r["matmul_gflops"] * 1e9))
     assert r["max_abs_diff"] < 1e-4  # ours and the peer compute the same thing
     assert {"date", "machine"} <= set(out)
 

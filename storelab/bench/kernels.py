@@ -19,13 +19,18 @@ per head and per chunk of C tokens, every product counted as a dense one:
     across chunks V_new = U - W S, O += Q S         2 C K V  +  2 C K V
                   O += A V_new, S += K^T V_new      2 C^2 V  +  2 C K V
 
-i.e. ``2 C^2 (3K + 2V) + C^3 / 3 + 6 C K V`` per chunk and head, with C = 64. Elementwise
-work (decays, masks) is not counted, and KDA is counted like Gated DeltaNet (its per-channel
-decay is elementwise work around the same products), so the rates printed are conservative.
+i.e. ``2 C^2 (3K + 2V) + C^3 / 3 + 6 C K V`` per chunk and head, each side counted at the chunk
+size it runs: ours at the ops' default (``OURS_CHUNK``, 32), the peer at its default of 64 (the
+C^2 terms double). "Fraction of matmul" is our count over our time, over the matmul rate.
+Elementwise work (decays, masks) is not counted, the inverse is counted at its minimum C^3 / 3
+(ours sums a Neumann series by doubling, several times that), and KDA is counted like Gated
+DeltaNet (its per-channel decay is elementwise work around the same products), so the rates
+printed are conservative.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Callable
 
@@ -34,11 +39,20 @@ import torch.nn.functional as F
 
 from storelab.bench.timing import compare, matmul_fn
 
-CHUNK = 64
+CHUNK = 64  # the peer's chunk size (its default)
 GDN_SPEEDUP_TARGET = 3.0
 GDN_MATMUL_FRACTION_TARGET = 0.40
 KDA_SPEEDUP_TARGET = 10.0
 KDA_OVER_GDN_TARGET = 1.5
+
+
+def _default_chunk() -> int:
+    from storelab import ops
+
+    return inspect.signature(ops.gated_delta_rule).parameters["chunk_size"].default
+
+
+OURS_CHUNK = _default_chunk()
 
 
 def chunk_delta_flops(B: int, T: int, H: int, K: int, V: int, C: int = CHUNK) -> int:
@@ -87,7 +101,7 @@ def _ours(name: str) -> Callable:
 
 
 def _call_ours(fn: Callable, x: dict[str, torch.Tensor]):
-    return fn(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], output_final_state=True)
+    return fn(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], output_final_state=True, chunk_size=OURS_CHUNK)
 
 
 def _call_peer(fn: Callable, x: dict[str, torch.Tensor]):
@@ -123,14 +137,16 @@ def bench_delta(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int = 1
         diff = _max_abs_diff(_call_ours(ours, x), _call_peer(peer, x)) if peer is not None else None
     t = compare(fns, repeats=repeats, warmup=1, budget_s=budget_s)
 
-    flops = chunk_delta_flops(B, T, H, K, K)
+    flops = chunk_delta_flops(B, T, H, K, K, OURS_CHUNK)
+    peer_flops = chunk_delta_flops(B, T, H, K, K, CHUNK)
     rate = mm_flops / t["matmul"].best
     ours_s = t["ours"].best
     peer_s = t["peer"].best if peer is not None else None
     speedup = peer_s / ours_s if peer_s else None
     out: dict[str, Any] = {
         "bench": name,
-        "shape": {"B": B, "T": T, "H": H, "K": K, "V": K, "chunk": CHUNK, "dtype": "fp32"},
+        "shape": {"B": B, "T": T, "H": H, "K": K, "V": K, "dtype": "fp32"},
+        "chunk": {"ours": OURS_CHUNK, "peer": CHUNK},
         "threads": torch.get_num_threads(),
         "statistic": "best of interleaved rounds",
         "ours": "storelab.ops." + ("gated_delta_rule" if name == "gdn" else "kda") + " (chunk)",
@@ -140,7 +156,9 @@ def bench_delta(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int = 1
         "speedup": speedup,
         "max_abs_diff": diff,
         "flops": flops,
+        "peer_flops": peer_flops,
         "ours_gflops": flops / ours_s / 1e9,
+        "peer_gflops": None if peer_s is None else peer_flops / peer_s / 1e9,
         "matmul_gflops": rate / 1e9,
         "matmul_n": matmul_n,
         "fraction_of_matmul": flops / ours_s / rate,

@@ -100,11 +100,13 @@ def print_tables(res: dict[str, Any]) -> None:
         r = res[name]
         s = r["shape"]
         rows = [["ours", r["ours"], r["ours_ms"], r["ours_gflops"]],
-                ["peer", r["peer"], r["peer_ms"], None if r["peer_ms"] is None else r["flops"] / r["peer_ms"] / 1e6]]
+                ["peer", r["peer"], r["peer_ms"], r.get("peer_gflops")]]
         if name == "kda":
             rows.append(["ours GDN", "storelab.ops.gated_delta_rule (chunk)", r["ours_gdn_ms"], None])
-        console.print(table(f"{name}: B={s['B']} H={s['H']} K={s['K']} T={s['T']} fp32, {r['threads']} threads "
-                            f"({r['flops'] / 1e9:.2f} GFLOP counted)", ["", "function", "ms", "GFLOP/s"], rows))
+        c = r["chunk"]
+        console.print(table(f"{name}: B={s['B']} H={s['H']} K={s['K']} T={s['T']} fp32, {r['threads']} threads; "
+                            f"chunks of {c['ours']} (ours, {r['flops'] / 1e9:.2f} GFLOP counted) and "
+                            f"{c['peer']} (peer, {r['peer_flops'] / 1e9:.2f})", ["", "function", "ms", "GFLOP/s"], rows))
         facts = [["speedup (peer / ours)", r["speedup"]], ["machine fp32 matmul GFLOP/s", r["matmul_gflops"]],
                  ["ours / matmul rate", r["fraction_of_matmul"]], ["max |ours - peer|", r["max_abs_diff"]]]
         if name == "kda":
