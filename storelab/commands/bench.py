@@ -106,7 +106,8 @@ def print_tables(res: dict[str, Any]) -> None:
         c = r["chunk"]
         console.print(table(f"{name}: B={s['B']} H={s['H']} K={s['K']} T={s['T']} fp32, {r['threads']} threads; "
                             f"chunks of {c['ours']} (ours, {r['flops'] / 1e9:.2f} GFLOP counted) and "
-                            f"{c['peer']} (peer, {r['peer_flops'] / 1e9:.2f})", ["", "function", "ms", "GFLOP/s"], rows))
+                            f"{c['peer']} (peer, {r['peer_flops'] / 1e9:.2f})",
+                            ["", "function", "ms", "GFLOP/s"], rows))
         facts = [["speedup (peer / ours)", r["speedup"]], ["machine fp32 matmul GFLOP/s", r["matmul_gflops"]],
                  ["ours / matmul rate", r["fraction_of_matmul"]], ["max |ours - peer|", r["max_abs_diff"]]]
         if name == "kda":
