@@ -118,10 +118,10 @@ def _exp_limit(dtype: torch.dtype) -> float:
     return 500.0 if dtype == torch.float64 else 60.0
 
 
-def _unit_lower_solve(A_BCC: Tensor, R_BCD: Tensor, out: Tensor, block: int = 16, cz: "_Chunked | None" = None,
-                      tame: bool = False) -> Tensor:
-    """(I + strict_tril(A))^-1 R into ``out`` [*, C, D] by matrix products (batched LAPACK solves of small
-    systems are slow); only A's strictly lower part is read.
+def _unit_lower_solve(A_BCC: Tensor, pairs: list[tuple[Tensor, Tensor]], block: int = 16,
+                      cz: "_Chunked | None" = None, tame: bool = False) -> list[Tensor]:
+    """(I + strict_tril(A))^-1 R into ``out`` [*, C, D] for each (R, out) of ``pairs``, by matrix products
+    (batched LAPACK solves of small systems are slow); only A's strictly lower part is read.
 
     Diagonal blocks of size b: the Neumann series of a nilpotent matrix, summed by doubling,
     (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; every block row of R goes through its block's inverse
@@ -129,7 +129,7 @@ def _unit_lower_solve(A_BCC: Tensor, R_BCD: Tensor, out: Tensor, block: int = 16
     row r in turn. ``cz``: a workspace for the intermediates. ``tame``: the entries on and above the
     diagonal are finite (never read, but cleared by a 0/1 mask rather than ``tril``).
     """
-    C, D = A_BCC.shape[-1], R_BCD.shape[-1]
+    C = A_BCC.shape[-1]
     A = A_BCC.reshape(-1, C, C)
     M = A.shape[0]
     b = block if C % block == 0 else C
@@ -151,13 +151,13 @@ def _unit_lower_solve(A_BCC: Tensor, R_BCD: Tensor, out: Tensor, block: int = 16
         X = torch.bmm(X, X)
         inv = torch.baddbmm(inv, inv, X)
         p *= 2
-    Y = torch.bmm(inv, R_BCD.reshape(M * n, b, D), out=out.view(M * n, b, D)).view(M, C, D)
-    inv = inv.view(M, n, b, b)
-    for r in range(1, n):
-        rows = slice(r * b, (r + 1) * b)
-        P = torch.bmm(inv[:, r], A[:, rows, : r * b])                                   # M b rb
-        Y[:, rows] -= torch.bmm(P, Y[:, : r * b], out=buf("inv_Z", M, b, D))
-    return out
+    P = [torch.bmm(inv.view(M, n, b, b)[:, r], A[:, r * b:(r + 1) * b, : r * b]) for r in range(1, n)]  # M b rb
+    for R, out in pairs:
+        D = R.shape[-1]
+        Y = torch.bmm(inv, R.reshape(M * n, b, D), out=out.view(M * n, b, D)).view(M, C, D)
+        for r in range(1, n):
+            Y[:, r * b:(r + 1) * b] -= torch.bmm(P[r - 1], Y[:, : r * b], out=buf("inv_Z", M, b, D))
+    return [out for _, out in pairs]
 
 
 def _sub_chunk(G_NBCK: Tensor) -> int:
@@ -450,15 +450,14 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     # the q, W and k factors made anyway. Only while P stays within exp's range (else P_i = 1 per chunk).
     if delta:
         # UT transform: (I + strict_tril(A_kk))^-1 [diag(beta) V | diag(beta) K exp(G)] = [U | W]
-        rhs = cz.buf("rhs", q, N, BH, C, V + K)
-        cz.put(v_src, b_N, out=rhs[..., :V])
+        bV = cz.put(v_src, b_N, "bV")
         if half is not None:
-            torch.mul(rows[:, :, C:], half if rescale is None else rescale, out=rhs[..., V:])
+            bK = torch.mul(rows[:, :, C:], half if rescale is None else rescale, out=cz.buf("bK", q, N, BH, C, K))
         else:
-            cz.put(k_src, b_N if G is None else b_N * eG, out=rhs[..., V:])
-        UW = _unit_lower_solve(A_kk, rhs.view(N * BH, C, V + K), cz.buf("UW", q, N, BH, C, V + K), cz=cz, tame=tame)
-        U, W = UW[..., :V], UW[..., V:]
-        V_new = cz.buf("V_new", q, N, BH, C, V)
+            bK = cz.put(k_src, b_N if G is None else b_N * eG, "bK")
+        U, W = _unit_lower_solve(A_kk, [(bV, cz.buf("U", q, N, BH, C, V)), (bK, cz.buf("W", q, N, BH, C, K))],
+                                 cz=cz, tame=tame)
+        V_new = U                                                                     # the loop turns U into V_new
     else:
         V_new = cz.put(v_src, 1.0, "V_new")
     S_decay = None
@@ -482,11 +481,11 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     S = S_BKV
     o = cz.buf("o", q, N, BH, C, V)
     o_i, q_i, Vn_i, kT_i = o.unbind(0), q_N.unbind(0), V_new.unbind(0), k_T.unbind(0)
-    U_i, W_i = (U.unbind(0), W.unbind(0)) if delta else (None, None)
+    W_i = W.unbind(0) if delta else None
     dec_i = S_decay.unbind(0) if S_decay is not None else None
     for i in range(N):  # the one sequential loop: the state's products for each chunk, in place
         if delta:
-            torch.baddbmm(U_i[i], W_i[i], S, alpha=-1, out=Vn_i[i])
+            Vn_i[i].baddbmm_(W_i[i], S, alpha=-1)                                     # U - W S, in place
         torch.bmm(q_i[i], S, out=o_i[i])
         if dec_i is not None:
             S.mul_(dec_i[i])
