@@ -31,19 +31,24 @@ Three evaluations that agree (tests hold them equal):
   form a unit lower-triangular system (the WY/UT representation, arXiv 2406.06484):
       (I + strict_tril(diag(beta) (K K^T * Gamma))) [U | W] = [diag(beta) V | diag(beta) K * exp(G)]
   with Gamma_ij = exp(G_i - G_j) the decay between tokens j <= i and G the within-chunk
-  cumulative log decay. Then, chunk by chunk (the one sequential loop),
+  cumulative log decay. Then, chunk by chunk (the one sequential loop, three products in place),
       V_new = U - W S,   O = (Q * exp(G)) S + (Q K^T * Gamma)_tril V_new,
       S <- exp(G_C) S + (K * exp(G_C - G))^T V_new.
-  Everything but the two products in the loop is a batched matrix product over all chunks
-  (the within-chunk solve too: ``_unit_lower_solve``), and the chunks are processed in
-  cache-sized groups. Gamma is never formed when the chunk's decay is within exp's range:
-  exp(G_i - G_j) = exp(G_i - m) exp(m - G_j) with m half the chunk's decay, so the decays ride
-  on q and k into one product. Beyond that range GDN forms Gamma pairwise, and KDA (whose Gamma
-  is per channel, C x C x K numbers) factors through sub-chunk reference points instead, as in
-  GLA (arXiv 2312.06635), so it stays a matrix product without overflow. The default C = 32 was
-  chosen by measurement: on a CPU, at K = V = 64, it ran 20-25 % faster than C = 64 (the C^2 work
-  halves while the products stay large enough to run near the machine's matmul rate) and C = 128
-  was slower still; C = 16 was within noise of 32;
+  Everything else is a batched matrix product over a group of chunks: the scores, the
+  within-chunk solve (``_unit_lower_solve``: a Neumann series on 16 x 16 diagonal blocks, then
+  block substitution on the right-hand sides) and the intra-chunk part of O. The chunks are
+  processed in cache-sized groups, and within a group the state is carried as S / P, P the
+  decay since the group's start (``_rescales``), so the loop has no decay product. Gamma is
+  never formed when the chunk's decay is within exp's range: exp(G_i - G_j) = exp(G_i - m)
+  exp(m - G_j) with m half the chunk's decay, so the decays ride on q and k into one product.
+  Beyond that range GDN forms Gamma pairwise, and KDA (whose Gamma is per channel, C x C x K
+  numbers) factors through sub-chunk reference points instead, as in GLA (arXiv 2312.06635), so
+  it stays a matrix product without overflow. The default C = 32 was chosen by measurement: on
+  a CPU, at K = V = 64, it ran 20-25 % faster than C = 64 (the C^2 work halves while the
+  products stay large enough to run near the machine's matmul rate), C = 128 was slower still;
+  C = 16 runs the bare op at 8 heads of 64 about 8 % faster, but the zoo's tiny models prefill
+  2-3 % faster at 32 (fewer, larger products), and at 32 the op spends more of its time in
+  matrix products (about 49 % of the matmul rate, against 40 % at 16);
 * ``mode="scan"``: the state sequence by a parallel affine scan (``storelab.ops.scan``).
 
 Shape legend: B batch, T tokens, H heads, K key width, V value width, N chunks, C chunk size.
@@ -225,6 +230,38 @@ class _Decay(NamedTuple):
     P_end: Tensor | None        # P at the group's end [B*H, 1|K, 1], to put the state back
 
 
+def _decay_of(cz, G: Tensor | None, b: Tensor | None, per_group: int) -> list[_Decay]:
+    """The decays of the chunks of G [N, BH, C, 1|K] (cumulative, clamped) and beta b [N, BH, C, 1],
+    as one ``_Decay`` per group of ``per_group`` chunks (views)."""
+    f, inv_f, half, eG, k_decay, tame = _decays(cz, G)
+    N = 1 if G is None else G.shape[0]
+    groups = -(-N // per_group)
+    rescale, P_end, ok = (None, None, [False] * groups) if half is None else _rescales(G[:, :, -1:], per_group)
+
+    def part(x, c):
+        return None if x is None else x[c]
+
+    out = []
+    for j in range(groups):
+        c = slice(j * per_group, (j + 1) * per_group)
+        out.append(_Decay(part(f, c), part(inv_f, c), part(half, c), part(eG, c), part(k_decay, c), tame,
+                          part(G, c), part(b, c), part(rescale, c) if ok[j] else None,
+                          P_end[j] if ok[j] else None))
+    return out
+
+
+def _per_head_decays(cz, g: Tensor, beta: Tensor | None, per_group: int) -> list[_Decay] | None:
+    """Per-head decays are small (one number per token and head): their factors are made once for
+    all chunks and handed to each group as views (per-channel ones are as large as k, so each group
+    makes its own). None when some chunk is beyond the fast range: each group then takes the path
+    its own chunks need."""
+    C = cz.C
+    G = _to_chunks(g, C).clamp(min=-_exp_limit(g.dtype)).cumsum_(2)                  # N BH C 1
+    if -G[:, :, -1].min().item() > 2 * _exp_limit(G.dtype):
+        return None
+    return _decay_of(cz, G, None if beta is None else _to_chunks(beta, C), per_group)
+
+
 def _rescales(G_last: Tensor, per_group: int) -> tuple[Tensor, Tensor, list[bool]]:
     """Within each group of ``per_group`` chunks, the decay P_i from the group's start to chunk i.
 
@@ -257,26 +294,11 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     S = q.new_zeros(B * H, K, V) if S_BHKV is None else S_BHKV.reshape(B * H, K, V).clone()
     o = q.new_empty(B, T, H, V)
     ws = _Chunked(B, H, C)
-    # Per-head decays are small (one number per token and head): their factors are made once for
-    # all chunks, not group by group (per-channel ones are as large as k, so each group makes its own).
-    pre = None
-    if g is not None and g.dim() == 3 and T > 0:
-        G = _to_chunks(g, C).clamp(min=-_exp_limit(g.dtype)).cumsum_(2)              # N BH C 1
-        f, inv_f, half, _, _, tame = _decays(ws, G)
-        if f is not None:  # else some chunk is beyond the fast range: each group takes the path its chunks need
-            rescale, P_end, ok = _rescales(G[:, :, -1:], Tg // C)
-            b_N = None if beta is None else _to_chunks(beta, C)
-            pre = (f, inv_f, half, tame, G, b_N, rescale, P_end, ok)
+    pre = _per_head_decays(ws, g, beta, Tg // C) if g is not None and g.dim() == 3 and T > 0 else None
     for j, t0 in enumerate(range(0, T, Tg)):
         sl = slice(t0, min(T, t0 + Tg))
-        dec = None
-        if pre is not None:
-            f, inv_f, half, tame, G, b_N, rescale, P_end, ok = pre
-            c = slice(t0 // C, -(-sl.stop // C))
-            dec = _Decay(f[c], inv_f[c], half[c], None, None, tame, G[c], None if b_N is None else b_N[c],
-                         rescale[c] if ok[j] else None, P_end[j] if ok[j] else None)
         o_NBCV = _chunk_group(ws, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
-                              None if beta is None else beta[:, sl], S, dec)
+                              None if beta is None else beta[:, sl], S, None if pre is None else pre[j])
         # o is linear in q: scale it here, not q (twice) in the group, as it moves into [B, T, H, V]
         N, n_tok = o_NBCV.shape[0], sl.stop - sl.start
         if N * C == n_tok:  # whole chunks: straight into the output, no intermediate copy
@@ -428,17 +450,8 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
         if g is not None:  # a step keeping less than e^-limit is already zero in this dtype; keeps factors finite
             G = cz.put(cz.src(g if g.dim() == 4 else g[..., None]), 1.0, "G").clamp_(min=-_exp_limit(g.dtype))
             G = G.cumsum_(2)                                                          # N BH C 1|K
-        b_N = _to_chunks(beta, C) if delta else None                                  # N BH C 1
-        f, inv_f, half, eG, k_decay, tame = _decays(cz, G)
-        rescale = P_end = None
-        if half is not None:
-            rescale, P_end, ok = _rescales(G[:, :, -1:], N)
-            if not ok[0]:
-                rescale = P_end = None
-            else:
-                P_end = P_end[0]
-    else:
-        f, inv_f, half, eG, k_decay, tame, G, b_N, rescale, P_end = dec
+        dec = _decay_of(cz, G, _to_chunks(beta, C) if delta else None, N)[0]
+    f, inv_f, half, eG, k_decay, tame, G, b_N, rescale, P_end = dec
     A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, f, inv_f, tame)               # N BH C C (q unscaled)
     if half is not None:  # fast path: the score rows hold q f, beta k f and k / f; times exp(G_C / 2) they are
         # q exp(G), beta k exp(G) and k exp(G_C - G), so these come from contiguous buffers, not from q and k again
