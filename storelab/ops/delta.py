@@ -31,12 +31,13 @@ Three evaluations that agree (tests hold them equal):
   form a unit lower-triangular system (the WY/UT representation, arXiv 2406.06484):
       (I + strict_tril(diag(beta) (K K^T * Gamma))) [U | W] = [diag(beta) V | diag(beta) K * exp(G)]
   with Gamma_ij = exp(G_i - G_j) the decay between tokens j <= i and G the within-chunk
-  cumulative log decay. Then, chunk by chunk (the one sequential loop, three products in place),
-      V_new = U - W S,   O = (Q * exp(G)) S + (Q K^T * Gamma)_tril V_new,
-      S <- exp(G_C) S + (K * exp(G_C - G))^T V_new.
-  Everything else is a batched matrix product over a group of chunks: the scores, the
-  within-chunk solve (``_unit_lower_solve``: a Neumann series on 16 x 16 diagonal blocks, then
-  block substitution on the right-hand sides) and the intra-chunk part of O. The chunks are
+  cumulative log decay. Then, chunk by chunk (the one sequential loop, four products in place),
+      V_new = U - W S = T (diag(beta) V - diag(beta) K exp(G) S),   T = (I + strict_tril(...))^-1,
+      O = (Q * exp(G)) S + (Q K^T * Gamma)_tril V_new,   S <- exp(G_C) S + (K * exp(G_C - G))^T V_new.
+  Everything else is a batched matrix product over a group of chunks: the scores, T
+  (``_unit_lower_inverse``: a Neumann series on 16 x 16 diagonal blocks, then block
+  substitution) and the intra-chunk part of O. T is applied in the loop rather than to U and W
+  beforehand: a C x C product per chunk there is cheaper than the two C x (K + V) ones. The chunks are
   processed in cache-sized groups, and within a group the state is carried as S / P, P the
   decay since the group's start (``_rescales``), so the loop has no decay product. Gamma is
   never formed when the chunk's decay is within exp's range: exp(G_i - G_j) = exp(G_i - m)
@@ -123,46 +124,45 @@ def _exp_limit(dtype: torch.dtype) -> float:
     return 500.0 if dtype == torch.float64 else 60.0
 
 
-def _unit_lower_solve(A_BCC: Tensor, pairs: list[tuple[Tensor, Tensor]], block: int = 16,
-                      cz: "_Chunked | None" = None, tame: bool = False) -> list[Tensor]:
-    """(I + strict_tril(A))^-1 R into ``out`` [*, C, D] for each (R, out) of ``pairs``, by matrix products
-    (batched LAPACK solves of small systems are slow); only A's strictly lower part is read.
+def _unit_lower_inverse(A_BCC: Tensor, cz: "_Chunked", block: int = 16, tame: bool = False) -> Tensor:
+    """(I + strict_tril(A))^-1 by matrix products (batched LAPACK solves of small systems are slow); only
+    A's strictly lower part is read. The result lives in the workspace ``cz`` (valid until its next call).
 
     Diagonal blocks of size b: the Neumann series of a nilpotent matrix, summed by doubling,
-    (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; every block row of R goes through its block's inverse
-    in one product, then block forward substitution, Y[r] -= D[r]^-1 A[r, :r] Y[:r] for each block
-    row r in turn. ``cz``: a workspace for the intermediates. ``tame``: the entries on and above the
-    diagonal are finite (never read, but cleared by a 0/1 mask rather than ``tril``).
+    (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; then block forward substitution,
+    T[r, :r] = -T[r, r] A[r, :r] T[:r, :r] for each block row r. ``tame``: the entries on and above
+    the diagonal are finite (never read, but cleared by a 0/1 mask rather than ``tril``).
     """
-    C = A_BCC.shape[-1]
+    shape, C = A_BCC.shape, A_BCC.shape[-1]
     A = A_BCC.reshape(-1, C, C)
     M = A.shape[0]
     b = block if C % block == 0 else C
     n = C // b
-
-    def buf(name, *shape):
-        return A.new_empty(shape) if cz is None else cz.buf(name, A, *shape)
-
     blocks = torch.diagonal(A.view(M, n, b, n, b), dim1=1, dim2=3).permute(0, 3, 1, 2)  # M n b b (a view)
-    X = buf("inv_X", M, n, b, b)
-    if tame and cz is not None:
+    X = cz.buf("inv_X", A, M, n, b, b)
+    if tame:
         torch.mul(blocks, cz.mask(b, -1, A), out=X)
     else:
         torch.tril(blocks, -1, out=X)
     X = X.view(M * n, b, b)
-    inv = torch.sub(torch.eye(b, dtype=A.dtype, device=A.device), X, out=buf("inv_D", M * n, b, b))
+    inv = torch.sub(torch.eye(b, dtype=A.dtype, device=A.device), X, out=cz.buf("inv_D", A, M * n, b, b))
     p = 2
     while p < b:
         X = torch.bmm(X, X)
         inv = torch.baddbmm(inv, inv, X)
         p *= 2
-    P = [torch.bmm(inv.view(M, n, b, b)[:, r], A[:, r * b:(r + 1) * b, : r * b]) for r in range(1, n)]  # M b rb
-    for R, out in pairs:
-        D = R.shape[-1]
-        Y = torch.bmm(inv, R.reshape(M * n, b, D), out=out.view(M * n, b, D)).view(M, C, D)
-        for r in range(1, n):
-            Y[:, r * b:(r + 1) * b] -= torch.bmm(P[r - 1], Y[:, : r * b], out=buf("inv_Z", M, b, D))
-    return [out for _, out in pairs]
+    if n == 1:
+        return inv.view(shape)
+    inv = inv.view(M, n, b, b)
+    fresh = "inv_T" not in cz._bufs or cz._bufs["inv_T"].numel() < A.numel()
+    T = cz.buf("inv_T", A, M, C, C)
+    if fresh:  # the blocks above the diagonal are zeroed once, when the buffer is made, and never written
+        T.zero_()
+    torch.diagonal(T.view(M, n, b, n, b), dim1=1, dim2=3).copy_(inv.permute(0, 2, 3, 1))
+    for r in range(1, n):
+        rows = slice(r * b, (r + 1) * b)
+        torch.neg(torch.bmm(inv[:, r], torch.bmm(A[:, rows, : r * b], T[:, : r * b, : r * b])), out=T[:, rows, : r * b])
+    return T.view(shape)
 
 
 def _sub_chunk(G_NBCK: Tensor) -> int:
@@ -453,56 +453,62 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
         dec = _decay_of(cz, G, _to_chunks(beta, C) if delta else None, N)[0]
     f, inv_f, half, eG, k_decay, tame, G, b_N, rescale, P_end = dec
     A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, f, inv_f, tame)               # N BH C C (q unscaled)
-    if half is not None:  # fast path: the score rows hold q f, beta k f and k / f; times exp(G_C / 2) they are
-        # q exp(G), beta k exp(G) and k exp(G_C - G), so these come from contiguous buffers, not from q and k again
-        rows = cz.buf("rows", q, N, BH, (2 if delta else 1) * C, K)                   # the buffers _intra_scores filled
+    if half is not None:  # the buffers _intra_scores filled (scaled again below, not made from q and k again)
+        rows = cz.buf("rows", q, N, BH, (2 if delta else 1) * C, K)
         k_over_f = cz.buf("k_over_f", q, N, BH, C, K)
 
     # Within the group the state is carried as S_i / P_i, P_i the decay from the group's start to
     # chunk i (per head, or per key channel): the loop then needs no decay product, and P_i rides on
-    # the q, W and k factors made anyway. Only while P stays within exp's range (else P_i = 1 per chunk).
-    if delta:
-        # UT transform: (I + strict_tril(A_kk))^-1 [diag(beta) V | diag(beta) K exp(G)] = [U | W]
-        bV = cz.put(v_src, b_N, "bV")
-        if half is not None:
-            bK = torch.mul(rows[:, :, C:], half if rescale is None else rescale, out=cz.buf("bK", q, N, BH, C, K))
-        else:
-            bK = cz.put(k_src, b_N if G is None else b_N * eG, "bK")
-        U, W = _unit_lower_solve(A_kk, [(bV, cz.buf("U", q, N, BH, C, V)), (bK, cz.buf("W", q, N, BH, C, K))],
-                                 cz=cz, tame=tame)
-        V_new = U                                                                     # the loop turns U into V_new
-    else:
-        V_new = cz.put(v_src, 1.0, "V_new")
+    # the factors of q, k and beta k made anyway. Only while P stays within exp's range (else the state
+    # decays chunk by chunk, S_decay). On the fast path the score rows hold q f, beta k f and k / f
+    # (f = exp(G - G_C / 2)); times r = exp(G_C / 2) [P_i] they are q exp(G) and beta k exp(G) [P_i].
     S_decay = None
-    if rescale is not None:  # (A_qk and A_kk are already made from these rows: scaling them in place is safe)
-        q_N = rows[:, :, :C].mul_(rescale)                                            # q exp(G) P_i
-        k_N = k_over_f.div_(rescale)                                                  # k exp(G_C - G) / P_{i+1}
+    if rescale is not None:
+        r = rescale                                                                   # P_i exp(G_C / 2)
     elif half is not None:
-        q_N = rows[:, :, :C].mul_(half)                                               # q exp(G)
-        k_N = k_over_f.mul_(half)                                                     # k exp(G_C - G)
+        r = half                                                                      # exp(G_C / 2)
         S_decay = G[:, :, -1:].exp().transpose(-1, -2)                                # N BH 1|K 1
     elif G is not None:
-        G_last = G[:, :, -1:]                                                         # N BH 1 1|K
-        q_N = cz.put(q_src, eG, "q")                                                  # queries read decayed states
+        S_decay = G[:, :, -1:].exp().transpose(-1, -2)
+    if half is not None:  # (A_qk and A_kk are already made from these rows: scaling k_over_f in place is safe)
+        k_N = k_over_f.div_(rescale) if rescale is not None else k_over_f.mul_(half)  # k exp(G_C - G) [/ P_{i+1}]
+    elif G is not None:
         k_N = cz.put(k_src, k_decay, "k")                                             # keys decay to the chunk end
-        S_decay = G_last.exp().transpose(-1, -2)                                      # N BH 1|K 1
     else:
-        q_N = cz.put(q_src, 1.0, "q")
         k_N = k_N if k_N is not None else cz.put(k_src, 1.0, "k")
-    k_T = k_N.transpose(-1, -2)                                                       # N BH K C
-
+    kT_i = k_N.transpose(-1, -2).unbind(0)                                            # N x [BH K C]
+    dec_i = S_decay.unbind(0) if S_decay is not None else [None] * N
+    if half is not None:
+        q_N = rows[:, :, :C].mul_(r)                                                  # q exp(G) [P_i]
+    else:
+        q_N = cz.put(q_src, 1.0 if G is None else eG, "q")
     S = S_BKV
     o = cz.buf("o", q, N, BH, C, V)
-    o_i, q_i, Vn_i, kT_i = o.unbind(0), q_N.unbind(0), V_new.unbind(0), k_T.unbind(0)
-    W_i = W.unbind(0) if delta else None
-    dec_i = S_decay.unbind(0) if S_decay is not None else None
-    for i in range(N):  # the one sequential loop: the state's products for each chunk, in place
-        if delta:
-            Vn_i[i].baddbmm_(W_i[i], S, alpha=-1)                                     # U - W S, in place
-        torch.bmm(q_i[i], S, out=o_i[i])
-        if dec_i is not None:
-            S.mul_(dec_i[i])
-        S.baddbmm_(kT_i[i], Vn_i[i])
+    if delta:
+        # UT transform, T = (I + strict_tril(A_kk))^-1 kept whole and applied in the loop:
+        #     V_new = T (beta V - beta K exp(G) S)  [= U - W S with U = T beta V, W = T beta K exp(G)]
+        T_i = _unit_lower_inverse(A_kk, cz, tame=tame).view(N, BH, C, C).unbind(0)
+        bV = cz.put(v_src, b_N, "bV")
+        if half is not None:
+            bK = rows[:, :, C:].mul_(r)                                               # beta k exp(G) [P_i]
+        else:
+            bK = cz.put(k_src, b_N if G is None else b_N * eG, "bK")
+        V_new = cz.buf("V_new", q, N, BH, C, V)
+        for T, bV_i, bK_i, q_i, o_i, kT, Vn, d in zip(T_i, bV.unbind(0), bK.unbind(0), q_N.unbind(0), o.unbind(0),
+                                                     kT_i, V_new.unbind(0), dec_i):
+            bV_i.baddbmm_(bK_i, S, alpha=-1)                                          # beta V - beta K exp(G) S
+            torch.bmm(T, bV_i, out=Vn)
+            torch.bmm(q_i, S, out=o_i)                                                # the queries read the state
+            if d is not None:
+                S.mul_(d)
+            S.baddbmm_(kT, Vn)
+    else:  # linear attention: V_new = V
+        V_new = cz.put(v_src, 1.0, "V_new")
+        for q_i, o_i, kT, Vn, d in zip(q_N.unbind(0), o.unbind(0), kT_i, V_new.unbind(0), dec_i):
+            torch.bmm(q_i, S, out=o_i)
+            if d is not None:
+                S.mul_(d)
+            S.baddbmm_(kT, Vn)
     if rescale is not None:
         S.mul_(P_end)
     o.view(N * BH, C, V).baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
