@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from storelab.bench.decode import store_specs, written_state
-from storelab.bench.kernels import chunk_delta_flops
+from storelab.bench.kernels import chunk_delta_flops, wy_delta_flops
 from storelab.cli import app
 from storelab.stores import REGISTRY, build_store
 from tests.helpers import assert_close
@@ -34,7 +34,7 @@ def test_bench_gdn_json():
     # each side counted at the chunk size it runs: ours at the ops' default, the peer at its 64
     assert r["chunk"] == {"ours": 32, "peer": 64}
     assert r["flops"] == chunk_delta_flops(1, 256, 2, 16, 16, 32)
-    assert r["peer_flops"] == chunk_delta_flops(1, 256, 2, 16, 16, 64) > r["flops"]
+    assert r["peer_flops"] == wy_delta_flops(1, 256, 2, 16, 16, 64) > r["flops"]
     assert r["fraction_of_matmul"] == pytest.approx(r["flops"] / (r["ours_ms"] / 1e3) / (r["matmul_gflops"] * 1e9))
     assert r["max_abs_diff"] < 1e-4  # ours and the peer compute the same thing
     assert {"date", "machine"} <= set(out)
@@ -214,3 +214,15 @@ def test_bf16_model_end_to_end(name):
         st = lay.token
         if isinstance(st, RecurrentState) or getattr(st, "S", None) is not None:
             assert st.S.dtype == torch.float32, f"{name}: recurrent state kept in {st.S.dtype}"
+
+
+def test_flop_counts_follow_the_algorithms():
+    """Per chunk and head: ours keeps T and applies it to V - K S in the loop (2 C^2 V + 2 C K V), the
+    textbook form makes W = T K first (2 C^2 K) and reads the state with W (2 C K V); counted by hand
+    at C = 4, K = 3, V = 2 (and C^3 / 3 = 21 for the inverse)."""
+    scores, inverse, kv = 2 * (2 * 4 * 4 * 3), 21, 2 * 4 * 3 * 2       # Q K^T and K K^T; C^3 / 3; one C K V product
+    ours = scores + inverse + kv + 2 * 4 * 4 * 2 + kv + 2 * 4 * 4 * 2 + kv  # K S, T (V - K S), Q S, A V_new, K^T V_new
+    wy = scores + inverse + 2 * 4 * 4 * 2 + 2 * 4 * 4 * 3 + kv + kv + 2 * 4 * 4 * 2 + kv  # U, W, W S, Q S, A V_new, ...
+    assert chunk_delta_flops(1, 4, 1, 3, 2, 4) == ours
+    assert wy_delta_flops(1, 4, 1, 3, 2, 4) == wy
+    assert chunk_delta_flops(2, 9, 3, 3, 2, 4) == 2 * 3 * 3 * ours  # 9 tokens: three chunks, the last padded

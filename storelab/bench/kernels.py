@@ -10,8 +10,9 @@ product in the same rounds, the yardstick for "what fraction of this machine". T
 are the best of the interleaved rounds (the time least disturbed by the machine's other
 work, as ``timeit`` advises); the medians are printed beside them.
 
-FLOPs are counted analytically for the chunked algorithm (WY/UT form, arXiv 2406.06484),
-per head and per chunk of C tokens, every product counted as a dense one:
+FLOPs are counted analytically for each side's chunked algorithm (WY/UT form, arXiv
+2406.06484), per head and per chunk of C tokens, every product counted as a dense one. The
+peer's (``wy_delta_flops``, the textbook form):
 
     scores        Q K^T, K K^T                      2 C^2 K  +  2 C^2 K
     UT transform  unit-lower-triangular inverse     C^3 / 3
@@ -19,13 +20,15 @@ per head and per chunk of C tokens, every product counted as a dense one:
     across chunks V_new = U - W S, O += Q S         2 C K V  +  2 C K V
                   O += A V_new, S += K^T V_new      2 C^2 V  +  2 C K V
 
-i.e. ``2 C^2 (3K + 2V) + C^3 / 3 + 6 C K V`` per chunk and head, each side counted at the chunk
-size it runs: ours at the ops' default (``OURS_CHUNK``, 32), the peer at its default of 64 (the
-C^2 terms double). "Fraction of matmul" is our count over our time, over the matmul rate.
-Elementwise work (decays, masks) is not counted, the inverse is counted at its minimum C^3 / 3
-(ours sums a Neumann series by doubling, several times that), and KDA is counted like Gated
-DeltaNet (its per-channel decay is elementwise work around the same products), so the rates
-printed are conservative.
+i.e. ``2 C^2 (3K + 2V) + C^3 / 3 + 6 C K V``. Ours (``chunk_delta_flops``) keeps T and applies it
+in the loop, V_new = T (V - K S) (beta and decays folded in): ``2 C K V + 2 C^2 V`` there in place
+of W = T K and W S, so ``2 C^2 (2K + 2V) + C^3 / 3 + 6 C K V``. Each side is counted at the
+chunk size it runs: ours at the ops' default (``OURS_CHUNK``, 32), the peer at its default of
+64. "Fraction of matmul" is our count over our time, over the matmul rate. Elementwise work
+(decays, masks) is not counted, the inverse is counted at its minimum C^3 / 3 (ours sums a
+Neumann series by doubling, several times that), and KDA is counted like Gated DeltaNet (its
+per-channel decay is elementwise work around the same products), so the rates printed are
+conservative.
 """
 
 from __future__ import annotations
@@ -56,7 +59,15 @@ OURS_CHUNK = _default_chunk()
 
 
 def chunk_delta_flops(B: int, T: int, H: int, K: int, V: int, C: int = CHUNK) -> int:
-    """FLOPs of the chunked delta rule (see the module docstring); T is padded to whole chunks."""
+    """FLOPs of our chunked delta rule, T applied in the loop (see the module docstring); T is padded
+    to whole chunks."""
+    N = -(-T // C)
+    per_chunk = 2 * C * C * (2 * K + 2 * V) + C**3 // 3 + 6 * C * K * V
+    return B * H * N * per_chunk
+
+
+def wy_delta_flops(B: int, T: int, H: int, K: int, V: int, C: int = CHUNK) -> int:
+    """FLOPs of the textbook chunked delta rule, U and W made before the loop (the peer's form)."""
     N = -(-T // C)
     per_chunk = 2 * C * C * (3 * K + 2 * V) + C**3 // 3 + 6 * C * K * V
     return B * H * N * per_chunk
@@ -138,7 +149,7 @@ def bench_delta(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int = 1
     t = compare(fns, repeats=repeats, warmup=1, budget_s=budget_s)
 
     flops = chunk_delta_flops(B, T, H, K, K, OURS_CHUNK)
-    peer_flops = chunk_delta_flops(B, T, H, K, K, CHUNK)
+    peer_flops = wy_delta_flops(B, T, H, K, K, CHUNK)
     rate = mm_flops / t["matmul"].best
     ours_s = t["ours"].best
     peer_s = t["peer"].best if peer is not None else None
