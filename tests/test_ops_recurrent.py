@@ -111,8 +111,9 @@ def test_fast_path_at_the_edge_of_exp_range(kind):
 def test_many_groups_with_mixed_decay_regimes(kind, strong, monkeypatch):
     """Two chunks per group over 165 tokens, the decay changing regime along the sequence: mild (the state
     carried as S / P through a group), medium (P beyond exp's range: the state decays chunk by chunk; the
-    scores above the diagonal too large for a 0/1 mask) and, with ``strong``, chunks beyond the fast
-    range (per-head decays then made group by group). Every group must equal the per-token loop."""
+    scores above the diagonal too large for a 0/1 mask), one such chunk in a group still carried as
+    S / P, and, with ``strong``, a chunk beyond the fast range (per-head decays then made group by
+    group). Every group must equal the per-token loop."""
     import storelab.ops.delta as delta_mod
 
     monkeypatch.setattr(delta_mod, "GROUP_FLOATS", 2 * B * H * C * max(K, V, C))
@@ -120,8 +121,9 @@ def test_many_groups_with_mixed_decay_regimes(kind, strong, monkeypatch):
     x = _inputs(T, dtype=torch.float32, decay=0.05)
     per_token = torch.full((T,), -0.05)
     per_token[40:100] = -3.0                  # a chunk decays by e^-48, a group by e^-96
+    per_token[130:143] = -3.0                 # one chunk by e^-39 (no 0/1 mask), its group within range
     if strong:
-        per_token[120:140] = -10.0            # a chunk decays by e^-160
+        per_token[100:112] = -10.0            # a chunk decays by e^-132
     x["g_head"] = per_token[None, :, None] * (1 + 0.1 * x["g_head"].abs())
     x["g_chan"] = per_token[None, :, None, None] * (1 + 0.1 * x["g_chan"].abs())
     ref, S_ref = _call(kind, x, initial_state=x["S0"], output_final_state=True, mode="recurrent")
