@@ -266,7 +266,7 @@ def _rescales(G_last: Tensor, per_group: int) -> tuple[Tensor, Tensor, list[bool
     """Within each group of ``per_group`` chunks, the decay P_i from the group's start to chunk i.
 
     ``G_last`` [N, BH, 1, 1|K] is each chunk's total log decay. Returns P_i exp(G_C / 2) for every
-    chunk (the factor that q and W take when the state is carried as S / P_i), P at each group's
+    chunk (the factor that q and beta k take when the state is carried as S / P_i), P at each group's
     end [groups, BH, 1|K, 1], and per group whether its P stays within exp's range (else its
     chunks decay the state one by one).
     """
@@ -389,7 +389,7 @@ def _intra_scores(cz, q_src, k_src, G, b_N, f=None, inv_f=None, tame=True):
     m = G_C / 2 (per head, or per channel):
         exp(G_i - G_j) = exp(G_i - m) exp(m - G_j),
     both factors within exp(+-span/2), so plain matrix products replace C*C (or C*C*K) exponentials.
-    Entries above the diagonal may overflow there; they are never read. Chunks whose decay spans more
+    Entries above the diagonal may overflow there; they are cleared, never used. Chunks whose decay spans more
     than twice the exp limit use the exact pairwise form (per head) or sub-chunk references (per channel).
     ``f`` = exp(G - m) and ``inv_f`` = 1 / f select the fast path (the caller decides, see ``_decays``);
     ``tame`` says the entries above the diagonal are finite, so a product with a 0/1 mask clears them.
@@ -436,8 +436,7 @@ def _intra_scores(cz, q_src, k_src, G, b_N, f=None, inv_f=None, tame=True):
 def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     """Unscaled outputs [N, B*H, C, V] of one group of chunks (padded rows last); advances S_BKV in place.
 
-    ``dec``: the group's decay factors made beforehand, ``_decays``' five and then G and beta in chunk
-    layout; None to make them here.
+    ``dec``: the group's decays and beta (a ``_Decay``) made beforehand; None to make them here.
     """
     B, T, H, K = q.shape
     V, C = v.shape[-1], cz.C
@@ -452,7 +451,7 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
             G = G.cumsum_(2)                                                          # N BH C 1|K
         dec = _decay_of(cz, G, _to_chunks(beta, C) if delta else None, N)[0]
     f, inv_f, half, eG, k_decay, tame, G, b_N, rescale, P_end = dec
-    A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, f, inv_f, tame)               # N BH C C (q unscaled)
+    A_qk, A_kk, k_N = _intra_scores(cz, q_src, k_src, G, b_N, f, inv_f, tame)         # N BH C C (q unscaled)
     if half is not None:  # the buffers _intra_scores filled (scaled again below, not made from q and k again)
         rows = cz.buf("rows", q, N, BH, (2 if delta else 1) * C, K)
         k_over_f = cz.buf("k_over_f", q, N, BH, C, K)
