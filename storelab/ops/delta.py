@@ -47,9 +47,10 @@ Three evaluations that agree (tests hold them equal):
   it stays a matrix product without overflow. The default C = 32 was chosen by measurement: on
   a CPU, at K = V = 64, it ran 20-25 % faster than C = 64 (the C^2 work halves while the
   products stay large enough to run near the machine's matmul rate), C = 128 was slower still;
-  C = 16 runs the bare op at 8 heads of 64 about 8 % faster, but the zoo's tiny models prefill
-  2-3 % faster at 32 (fewer, larger products), and at 32 the op spends more of its time in
-  matrix products (about 49 % of the matmul rate, against 40 % at 16);
+  C = 16 runs the bare op at 8 heads of 64 6-8 % faster, but the zoo's tiny models prefill as
+  fast or faster at 32 (qwen3.8 6 % at 16,384 tokens, kimi-k3 within noise: fewer, larger
+  products), and at 32 the op spends more of its time in matrix products (about 46 % of the
+  matmul rate, against 40 % at 16);
 * ``mode="scan"``: the state sequence by a parallel affine scan (``storelab.ops.scan``).
 
 Shape legend: B batch, T tokens, H heads, K key width, V value width, N chunks, C chunk size.
