@@ -314,7 +314,9 @@ class _Chunked:
 
     ``put(x, factor, name)`` writes x * factor as [N, B*H, C, D] in a single pass over x (the
     factor is a number or a tensor [N, B*H, C, 1|D]), so no unscaled copy of q or k is made;
-    ``buf(name, shape)`` is a named buffer, allocated once per call and reused by every group.
+    ``buf(name, shape)`` is a named buffer, allocated once per call and reused by every group (its
+    views are kept too: a group makes the same views as the one before); ``mask(n, diagonal)`` is a
+    0/1 lower-triangular mask, made once.
     """
 
     def __init__(self, B, H, C):
