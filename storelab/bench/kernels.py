@@ -58,7 +58,7 @@ def _default_chunk() -> int:
 OURS_CHUNK = _default_chunk()
 
 
-def chunk_delta_flops(B: int, T: int, H: int, K: int, V: int, C: int = CHUNK) -> int:
+def chunk_delta_flops(B: int, T: int, H: int, K: int, V: int, C: int = OURS_CHUNK) -> int:
     """FLOPs of our chunked delta rule, T applied in the loop (see the module docstring); T is padded
     to whole chunks."""
     N = -(-T // C)
