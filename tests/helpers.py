@@ -1,4 +1,4 @@
-"""Test helpers: closeness with a readable report, and oracle capture from transformers."""
+"""Test helpers: closeness with a readable report, oracle capture from transformers, stand-ins for fla."""
 
 from __future__ import annotations
 
@@ -38,3 +38,23 @@ def tiny_hf_model(model_type: str, **settings):
     torch.manual_seed(0)
     cfg = AutoConfig.for_model(model_type, **settings)
     return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def install_fake_fla(monkeypatch, chunk_gated_delta_rule, chunk_kda) -> None:
+    """Stand-ins for fla's two kernels in sys.modules (``fla.ops.gated_delta_rule``, ``fla.ops.kda``),
+    CUDA said to be available and CPU tensors sent to fla: a store built now dispatches to them."""
+    import sys
+    import types
+
+    import storelab.ops.fla as fla_dispatch
+
+    gdr = types.ModuleType("fla.ops.gated_delta_rule")
+    gdr.chunk_gated_delta_rule = chunk_gated_delta_rule
+    kda_mod = types.ModuleType("fla.ops.kda")
+    kda_mod.chunk_kda = chunk_kda
+    for name, mod in (("fla", types.ModuleType("fla")), ("fla.ops", types.ModuleType("fla.ops")),
+                      ("fla.ops.gated_delta_rule", gdr), ("fla.ops.kda", kda_mod)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fla_dispatch, "FLA_DEVICES", ("cpu",))
+    monkeypatch.delenv("STORELAB_FLA", raising=False)

@@ -10,14 +10,13 @@ from __future__ import annotations
 import copy
 import json
 import sys
-import types
 
 import pytest
 import torch
 
 import storelab.ops.fla as fla_dispatch
 from storelab.stores import build_store
-from tests.helpers import assert_close
+from tests.helpers import assert_close, install_fake_fla
 
 STORES = {
     "gated_deltanet": dict(kind="gated_deltanet", d_model=32, n_heads=2, head_k_dim=16, chunk_size=4),
@@ -59,16 +58,7 @@ def _fake_kernel(name: str, calls: list[dict]):
 def fake_fla(monkeypatch):
     """A fake fla in sys.modules, CUDA said to be available and CPU tensors sent to fla; yields the calls."""
     calls: list[dict] = []
-    gdr = types.ModuleType("fla.ops.gated_delta_rule")
-    gdr.chunk_gated_delta_rule = _fake_kernel("gated_delta_rule", calls)
-    kda_mod = types.ModuleType("fla.ops.kda")
-    kda_mod.chunk_kda = _fake_kernel("kda", calls)
-    for name, mod in (("fla", types.ModuleType("fla")), ("fla.ops", types.ModuleType("fla.ops")),
-                      ("fla.ops.gated_delta_rule", gdr), ("fla.ops.kda", kda_mod)):
-        monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(fla_dispatch, "FLA_DEVICES", ("cpu",))
-    monkeypatch.delenv("STORELAB_FLA", raising=False)
+    install_fake_fla(monkeypatch, _fake_kernel("gated_delta_rule", calls), _fake_kernel("kda", calls))
     return calls
 
 

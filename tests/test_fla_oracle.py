@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import sys
-import types
 
 import pytest
 import torch
@@ -24,7 +22,7 @@ import torch.nn.functional as F
 import storelab.ops.fla as fla_dispatch
 from storelab.ops import gated_delta_rule, kda
 from storelab.stores import build_store
-from tests.helpers import assert_close
+from tests.helpers import assert_close, install_fake_fla
 
 pytest.importorskip("einops")  # fla's references use it (fla-core depends on it)
 
@@ -103,16 +101,7 @@ def test_the_reference_is_not_blind_to_a_wrong_mapping(kernels, rule):
 def test_store_dispatched_to_fla_references_equals_its_torch_path(kernels, monkeypatch, kind):
     """A store built while 'fla' imports and CUDA is said to be available picks fla at construction; on
     CPU tensors sent to fla (FLA_DEVICES patched) it must match its own torch path over two calls."""
-    gdr = types.ModuleType("fla.ops.gated_delta_rule")
-    gdr.chunk_gated_delta_rule = kernels["gated_delta_rule"]
-    kda_mod = types.ModuleType("fla.ops.kda")
-    kda_mod.chunk_kda = kernels["kda"]
-    for name, mod in (("fla", types.ModuleType("fla")), ("fla.ops", types.ModuleType("fla.ops")),
-                      ("fla.ops.gated_delta_rule", gdr), ("fla.ops.kda", kda_mod)):
-        monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(fla_dispatch, "FLA_DEVICES", ("cpu",))
-    monkeypatch.delenv("STORELAB_FLA", raising=False)
+    install_fake_fla(monkeypatch, kernels["gated_delta_rule"], kernels["kda"])
     torch.manual_seed(0)
     cfg = dict(kind=kind, d_model=32, n_heads=2, head_k_dim=16)
     if kind == "gated_deltanet":
