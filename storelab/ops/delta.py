@@ -231,6 +231,11 @@ class _Decay(NamedTuple):
     P_end: Tensor | None        # P at the group's end [B*H, 1|K, 1], to put the state back
 
 
+def _chunk_span(G: Tensor) -> float:
+    """The largest decay (minus the log) any one chunk of G [N, BH, C, 1|K] takes, start to end."""
+    return -G[:, :, -1].min().item()
+
+
 def _decay_of(cz, G: Tensor | None, b: Tensor | None, per_group: int) -> list[_Decay]:
     """The decays of the chunks of G [N, BH, C, 1|K] (cumulative, clamped) and beta b [N, BH, C, 1],
     as one ``_Decay`` per group of ``per_group`` chunks (views)."""
@@ -258,7 +263,7 @@ def _per_head_decays(cz, g: Tensor, beta: Tensor | None, per_group: int) -> list
     its own chunks need."""
     C = cz.C
     G = _to_chunks(g, C).clamp(min=-_exp_limit(g.dtype)).cumsum_(2)                  # N BH C 1
-    if -G[:, :, -1].min().item() > 2 * _exp_limit(G.dtype):
+    if _chunk_span(G) > 2 * _exp_limit(G.dtype):
         return None
     return _decay_of(cz, G, None if beta is None else _to_chunks(beta, C), per_group)
 
@@ -375,7 +380,7 @@ def _decays(cz, G: Tensor | None):
     if G is None:
         return None, None, None, None, None, True
     G_last = G[:, :, -1:]
-    span = -G_last.min().item()
+    span = _chunk_span(G)
     if span > 2 * _exp_limit(G.dtype):
         return None, None, None, G.exp(), (G_last - G).exp_(), True
     half = (0.5 * G_last).exp_()                                                      # N BH 1 1|K
@@ -464,14 +469,8 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     # the factors of q, k and beta k made anyway. Only while P stays within exp's range (else the state
     # decays chunk by chunk, S_decay). On the fast path the score rows hold q f, beta k f and k / f
     # (f = exp(G - G_C / 2)); times r = exp(G_C / 2) [P_i] they are q exp(G) and beta k exp(G) [P_i].
-    S_decay = None
-    if rescale is not None:
-        r = rescale                                                                   # P_i exp(G_C / 2)
-    elif half is not None:
-        r = half                                                                      # exp(G_C / 2)
-        S_decay = G[:, :, -1:].exp().transpose(-1, -2)                                # N BH 1|K 1
-    elif G is not None:
-        S_decay = G[:, :, -1:].exp().transpose(-1, -2)
+    r = rescale if rescale is not None else half                                      # P_i exp(G_C / 2), exp(G_C / 2)
+    S_decay = G[:, :, -1:].exp().transpose(-1, -2) if G is not None and rescale is None else None  # N BH 1|K 1
     if half is not None:  # (A_qk and A_kk are already made from these rows: scaling k_over_f in place is safe)
         k_N = k_over_f.div_(rescale) if rescale is not None else k_over_f.mul_(half)  # k exp(G_C - G) [/ P_{i+1}]
     elif G is not None:
@@ -496,21 +495,19 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
         else:
             bK = cz.put(k_src, b_N if G is None else b_N * eG, "bK")
         V_new = cz.buf("V_new", q, N, BH, C, V)
-        for T, bV_i, bK_i, q_i, o_i, kT, Vn, d in zip(T_i, bV.unbind(0), bK.unbind(0), q_N.unbind(0), o.unbind(0),
-                                                     kT_i, V_new.unbind(0), dec_i):
-            bV_i.baddbmm_(bK_i, S, alpha=-1)                                          # beta V - beta K exp(G) S
-            torch.bmm(T, bV_i, out=Vn)
-            torch.bmm(q_i, S, out=o_i)                                                # the queries read the state
-            if d is not None:
-                S.mul_(d)
-            S.baddbmm_(kT, Vn)
+        writes = zip(T_i, bV.unbind(0), bK.unbind(0))
     else:  # linear attention: V_new = V
         V_new = cz.put(v_src, 1.0, "V_new")
-        for q_i, o_i, kT, Vn, d in zip(q_N.unbind(0), o.unbind(0), kT_i, V_new.unbind(0), dec_i):
-            torch.bmm(q_i, S, out=o_i)
-            if d is not None:
-                S.mul_(d)
-            S.baddbmm_(kT, Vn)
+        writes = [None] * N
+    for w, q_i, o_i, kT, Vn, d in zip(writes, q_N.unbind(0), o.unbind(0), kT_i, V_new.unbind(0), dec_i):
+        if w is not None:
+            T, bV_i, bK_i = w
+            bV_i.baddbmm_(bK_i, S, alpha=-1)                                          # beta V - beta K exp(G) S
+            torch.bmm(T, bV_i, out=Vn)
+        torch.bmm(q_i, S, out=o_i)                                                    # the queries read the state
+        if d is not None:
+            S.mul_(d)
+        S.baddbmm_(kT, Vn)
     if rescale is not None:
         S.mul_(P_end)
     o.view(N * BH, C, V).baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
