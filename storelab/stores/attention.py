@@ -53,7 +53,7 @@ from storelab.ops.attention import attend, attend_causal, window_mask
 from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
 from storelab.state import KVCache, WindowCache
-from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 __all__ = ["AttentionConfig", "WindowConfig", "Attention", "WindowAttention", "logn_factor"]
 
@@ -85,6 +85,7 @@ class AttentionConfig(StoreConfig):
     out_bias: bool = False
     norm_eps: float = 1e-6
 
+    SLOTS, FAMILY, CARD_ORDER, MIX_LABEL = (TOKEN,), "full", 40, "full"
     CARD = Card(
         name="Full cache (softmax attention)",
         written_by="each token of the context, once",
@@ -126,6 +127,10 @@ class AttentionConfig(StoreConfig):
     def _kept_read(self, context: int) -> tuple[int, int]:
         return context, context
 
+    def cache_entry_bytes(self, fmt: str) -> float:
+        """G (K + V) plain numbers in ``fmt``."""
+        return self.n_kv_heads * (self.head_dim + self.v_head_dim) * DTYPE_BYTES[fmt]
+
     def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
         kept, read = self._kept_read(context)
         per_entry = self.n_kv_heads * (self.head_dim + self.v_head_dim)
@@ -155,6 +160,7 @@ class AttentionConfig(StoreConfig):
 class WindowConfig(AttentionConfig):
     window: int                          # earlier tokens each query sees (MiMo: 128)
 
+    FAMILY, CARD_ORDER, MIX_LABEL = "window", 60, ""
     CARD = Card(
         name="Window (sliding-window attention)",
         written_by="each token of the context",

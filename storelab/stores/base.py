@@ -13,6 +13,32 @@ Each store has a config: a keyword-only dataclass, validated on construction
 
 Configs register themselves under a ``kind`` name, so model files can say
 ``kind = "kda"`` and ``storelab stores`` can print every card.
+
+The config is the only authority on its kind. Whatever a layer above ``stores/``
+needs to know about a store is a declared class attribute or a method here, never a
+list of kind names elsewhere:
+
+* ``SLOTS``           - the slots of a layer it may fill (``TOKEN``, ``CHANNEL``, ``DEPTH``,
+                        ``LOOKUP``); a model file that puts it elsewhere is refused when read;
+* ``FAMILY``          - its family in the report's picture of the stacks ("full", "window", ...);
+* ``CARD_ORDER``      - its row in the essay's section-5 table (``storelab stores``);
+* ``RECURRENT``       - it keeps a fixed-size state (a matrix per head), not entries per token;
+* ``CACHE_SHARING``   - how a layer reads another layer's cache (``cache_owner``): ``""`` it
+                        cannot and keeps its own, ``"latent"`` it reads the owner's latent
+                        cache through a view, ``"handed"`` its module is handed the owner's state;
+* ``SHARES_SELECTION``- layers of its kind can reuse one layer's selection of entries
+                        (``runs_indexer`` says which layer selects);
+* ``MIX_LABEL``       - its name in a model's mix ("60 window + 10 full"); "" = the kind;
+* ``cache_entry_bytes(fmt)`` - bytes of one main cache entry in entry format ``fmt``
+                        (0 for a store that keeps no entry per token);
+* ``table_params()``  - parameters in lookup tables that publishers count apart (Engram);
+* ``cache_format``    - the entry format the store itself fixes (None: the caller's dtype).
+
+The state rule, stated once: ``forward(x, state)`` may update the state it is given in
+place and returns it (callers who need the state before the call keep ``state.clone()``);
+a store writes no diagnostics on itself during forward: what a probe needs (a selection,
+the experts' load) comes back through an explicit auxiliary output or hook the store
+documents.
 """
 
 from __future__ import annotations
@@ -23,8 +49,12 @@ from typing import Any, ClassVar
 
 import torch
 
+TOKEN, CHANNEL, DEPTH, LOOKUP = "token", "channel", "depth", "lookup"  # the slots of a layer (essay section 1)
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
-TORCH_DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.float64: 8}
+TORCH_TOKEN, CHANNEL, DEPTH, LOOKUP = "token", "channel", "depth", "lookup"  # the slots of a layer (essay section 1)
+
+DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.float64: 8}
 
 
 @dataclass(frozen=True)
@@ -86,6 +116,13 @@ def register(kind: str):
     def deco(cls):
         if kind in REGISTRY and REGISTRY[kind] is not cls:
             raise ValueError(f"store kind {kind!r} registered twice")
+        bad = [s for s in cls.SLOTS if s not in (TOKEN, CHANNEL, DEPTH, LOOKUP)]
+        if not cls.SLOTS or bad:
+            raise ValueError(f"store kind {kind!r}: SLOTS must name slots among token, channel, depth, lookup, "
+                             f"got {cls.SLOTS!r}")
+        if cls.CACHE_SHARING not in ("", "latent", "handed"):
+            raise ValueError(f"store kind {kind!r}: CACHE_SHARING must be '', 'latent' or 'handed', "
+                             f"got {cls.CACHE_SHARING!r}")
         cls.KIND = kind
         REGISTRY[kind] = cls
         return cls
@@ -98,6 +135,28 @@ class StoreConfig:
 
     KIND: ClassVar[str] = ""
     CARD: ClassVar[Card]
+    # -- what the layers above stores/ ask of a kind (see the module docstring) ----------------
+    SLOTS: ClassVar[tuple[str, ...]] = ()
+    FAMILY: ClassVar[str] = ""
+    CARD_ORDER: ClassVar[int] = 1000
+    RECURRENT: ClassVar[bool] = False
+    CACHE_SHARING: ClassVar[str] = ""
+    SHARES_SELECTION: ClassVar[bool] = False
+    MIX_LABEL: ClassVar[str] = ""
+    cache_format: ClassVar[str | None] = None  # a field of its own in stores that fix their entry format
+
+    @property
+    def runs_indexer(self) -> bool:
+        """Whether this layer selects for its group (stores with ``SHARES_SELECTION``)."""
+        return self.SHARES_SELECTION
+
+    def cache_entry_bytes(self, fmt: str) -> float:
+        """Bytes of one main cache entry (key and value, no indexer key) in entry format ``fmt``."""
+        return 0.0
+
+    def table_params(self) -> int:
+        """Parameters in lookup tables that publishers count apart (Engram's rows x width)."""
+        return 0
 
     # -- validation helpers -------------------------------------------------
     @staticmethod

@@ -97,7 +97,7 @@ from storelab.ops.norm import RMSNorm, rms_norm
 from storelab.ops.quant import FORMATS, decode_entries, encode_entries, entry_bytes
 from storelab.ops.rope import apply_rope
 from storelab.state import State, append_rows, tensor_bytes
-from storelab.stores.base import Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import TOKEN, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "SharedCompressedCache"]
 
@@ -183,6 +183,10 @@ class _CompressedConfig(StoreConfig):
     def build(self) -> "CompressedAttention":
         return CompressedAttention(self)
 
+    def cache_entry_bytes(self, fmt: str) -> float:
+        """One compressed entry in the quantised layout of ``storelab.ops.quant.entry_bytes``."""
+        return entry_bytes(self.head_dim, self.rope_dim, fmt, self.quant_block)
+
     def _pooler_params(self, width: int) -> int:
         return 2 * self.d_model * self.series * width + self.pool * width + width
 
@@ -230,6 +234,7 @@ class CSAConfig(_CompressedConfig):
     index_head_dim: int = 128
     index_topk: int = 1024
 
+    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING = (TOKEN,), "compressed sparse", 100, "handed"
     CARD = Card(
         name="Compressed entries, selected (DeepSeek-V4 CSA)",
         written_by="each group of tokens, pooled: overlapping pools of 8 at a stride of 4, per-channel softmax weights",
@@ -260,6 +265,7 @@ class HCAConfig(_CompressedConfig):
 
     pool: int = 128
 
+    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING = (TOKEN,), "heavily compressed", 110, "handed"
     CARD = Card(
         name="Compressed entries, all read (DeepSeek-V4 HCA)",
         written_by="each group of 128 tokens, pooled with per-channel softmax weights",

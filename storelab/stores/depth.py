@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from storelab.ops.norm import rms_norm
 from storelab.ops.sinkhorn import sinkhorn
 from storelab.state import tensor_bytes
-from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import DEPTH, DEPTH, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 __all__ = [
     "DepthConfig", "DepthState", "ResidualState", "MHCState", "AttnResState", "DepthMixer", "DepthHead",
@@ -139,6 +139,8 @@ class DepthHead(nn.Module):
 class DepthConfig(StoreConfig):
     """Shared parts of the depth-store configs (declare subclasses ``@dataclass(kw_only=True)``)."""
 
+    SLOTS, FAMILY = (DEPTH,), "depth"
+
     def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
         # nothing is kept from one token to the next
         return Footprint(context=context, kept=0, read=0, state_bytes=0,
@@ -186,6 +188,7 @@ class ResidualConfig(DepthConfig):
 
     d_model: int
 
+    CARD_ORDER = 160
     CARD: ClassVar[Card] = Card(
         name="Residual stream", written_by="each block, within one token's pass", holds="one running sum",
         reading_costs="one vector", forgets="nothing is removed; later blocks add on top", source="arXiv 1512.03385")
@@ -322,6 +325,7 @@ class MHCConfig(DepthConfig):
     norm_eps: float = 1e-6
     single_pass: bool = False
 
+    CARD_ORDER = 170
     CARD: ClassVar[Card] = Card(
         name="mHC streams", written_by="each block, within one token's pass", holds="four running sums",
         reading_costs="a learned mix of the four",
@@ -449,6 +453,7 @@ class AttnResConfig(DepthConfig):
     scale_scores: bool = False
     norm_eps: float = 1e-6
 
+    CARD_ORDER = 180
     CARD: ClassVar[Card] = Card(
         name="AttnRes", written_by="each group of layers, within one token's pass", holds="up to nine sums in K3",
         reading_costs="attention over the sums",

@@ -67,7 +67,7 @@ from storelab.ops.indexer import (index_scores, index_scores_at, indexer_distill
                                   top_positions_streamed)
 from storelab.ops.rope import apply_rope
 from storelab.state import append_rows
-from storelab.stores.base import Card, Footprint, ParamCount, check_input, register
+from storelab.stores.base import TOKEN, Card, Footprint, ParamCount, check_input, register
 from storelab.stores.mla import MLA, LatentCache, LatentFields, entry_bytes
 
 # submodule names in transformers' DeepseekV32Indexer / GlmMoeDsaIndexer -> ours (LightningIndexer)
@@ -300,6 +300,7 @@ class DSAConfig(_IndexFields):
     index_share_freq: int = 1
     index_share_offset: int = 1
 
+    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING, SHARES_SELECTION = (TOKEN,), "selected", 70, "latent", True
     CARD = Card(name="Selected entries (DeepSeek Sparse Attention, IndexShare)", **SELECTION_CARD,
                 reading_costs="a scoring pass over all L, then 512 to 2,048 entries; with IndexShare one "
                               "scoring pass serves a group of layers",
@@ -337,6 +338,7 @@ class HierarchicalConfig(_IndexFields):
     pool_block: int = 8
     refresh_every: int = 4
 
+    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING, SHARES_SELECTION = (TOKEN,), "selected", 80, "latent", True
     CARD = Card(name="Selected entries, two levels (DeepSeek-V4.1-Flash hierarchical indexer)", **SELECTION_CARD,
                 reading_costs="a scoring pass over all L in the group's first layer and over a pool of up to "
                               "16,384 candidates in every fourth, then 512 entries",

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from storelab.ops.norm import RMSNorm
 from storelab.ops.routing import next_prime, ngram_rows
 from storelab.state import State
-from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import LOOKUP, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 __all__ = ["EngramConfig", "Engram", "EngramState"]
 
@@ -77,6 +77,7 @@ class EngramConfig(StoreConfig):
     conv_kernel: int = 0     # 0: no short convolution; the paper uses 4
     norm_eps: float = 1e-6
 
+    SLOTS, FAMILY, CARD_ORDER = (LOOKUP,), "lookup", 30
     CARD = Card(
         name="Engram",
         written_by="training, under keys fixed in advance: hashes of the last two to four tokens",
@@ -107,6 +108,10 @@ class EngramConfig(StoreConfig):
     @property
     def conv_tail(self) -> int:
         return (self.conv_kernel - 1) * max(self.orders) if self.conv_kernel > 0 else 0
+
+    def table_params(self) -> int:
+        """The tables' rows x head width (DeepSeek counts them apart from the model's parameters)."""
+        return sum(self.table_sizes()) * self.head_dim
 
     def table_sizes(self) -> list[int]:
         """Prime rows of each lookup's table, order-major: distinct primes >= rows."""

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from storelab.ops.routing import swiglu
 from storelab.state import EmptyState
-from storelab.stores.base import Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import CHANNEL, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 __all__ = ["FFNConfig", "FFN"]
 
@@ -44,6 +44,7 @@ class FFNConfig(StoreConfig):
     power: float = 2.0   # used by activation="power" only
     bias: bool = False
 
+    SLOTS, FAMILY, CARD_ORDER = (CHANNEL,), "feed-forward", 10
     CARD = Card(
         name="Feed-forward layer",
         written_by="training",

@@ -36,13 +36,16 @@ from storelab.ops.attention import attend, attend_causal, attend_causal_blocks, 
 from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
 from storelab.state import State, append_rows, joined_rows
-from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 GATHER_BUDGET = 1 << 20  # numbers gathered at once by a selective read (4 MiB in fp32)
 
 # submodule names in transformers' DeepseekV3Attention / KimiLinearAttention / GlmMoeDsaAttention -> ours
 HF_NAMES = {"q_proj": "q_proj", "q_a_proj": "q_down", "q_a_layernorm": "q_norm", "q_b_proj": "q_up",
             "kv_a_proj_with_mqa": "kv_down", "kv_a_layernorm": "kv_norm", "kv_b_proj": "kv_up", "o_proj": "out"}
+
+
+LATENT_QUANT_BLOCK = 128  # scale block for latent entries in fp8/fp4 (V4.1-Flash: 4 scale bytes per 448)
 
 
 def entry_bytes(dtype: str) -> float:
@@ -109,6 +112,14 @@ class LatentFields(StoreConfig):
     def scale(self) -> float:
         return self.softmax_scale if self.softmax_scale is not None else self.qk_head_dim ** -0.5
 
+    def cache_entry_bytes(self, fmt: str) -> float:
+        """The latent and rotary key in the quantised layout of ``storelab.ops.quant.entry_bytes``
+        (no-rope channels at 8 or 4 bits, rope channels in bf16, a scale per LATENT_QUANT_BLOCK)."""
+        from storelab.ops.quant import entry_bytes as quantised_entry_bytes
+
+        width = self.kv_lora_rank + self.qk_rope_head_dim
+        return quantised_entry_bytes(width, self.qk_rope_head_dim, fmt, LATENT_QUANT_BLOCK)
+
     def cache_bytes(self, L: int, dtype: str) -> int:
         return math.ceil(L * (self.kv_lora_rank + self.qk_rope_head_dim) * entry_bytes(dtype))
 
@@ -135,6 +146,7 @@ class LatentFields(StoreConfig):
 class MLAConfig(LatentFields):
     absorbed: bool = False               # read form: naive up-projection or absorbed
 
+    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING = (TOKEN,), "full", 50, "latent"
     CARD = Card(
         name="Full cache of latents (MLA)",
         written_by="each token of the context, once",

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from storelab.ops.norm import RMSNorm
 from storelab.ops.routing import ROUTER_SCORES, expert_load, grouped_swiglu, route_fixed, route_topk, swiglu
 from storelab.state import EmptyState
-from storelab.stores.base import Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import CHANNEL, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 __all__ = ["MoEConfig", "MoE"]
 
@@ -69,6 +69,7 @@ class MoEConfig(StoreConfig):
     swiglu_limit: float | None = None
     norm_eps: float = 1e-6           # RMSNorm of the latent
 
+    SLOTS, FAMILY, CARD_ORDER = (CHANNEL,), "experts", 20
     CARD = Card(
         name="Experts",
         written_by="training",

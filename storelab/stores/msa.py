@@ -75,6 +75,7 @@ class MsaConfig(AttentionConfig):
     include_first_block: bool = False    # always read block 0 (the attention sink)
     index_head_dim: int = 128
 
+    FAMILY, CARD_ORDER, MIX_LABEL = "selected", 90, ""
     CARD = Card(
         name="Selected entries, blocks (MiniMax MSA)",
         written_by="each token of the context",

@@ -57,7 +57,7 @@ from storelab.ops import fla as fla_dispatch
 from storelab.ops.delta import MODES, delta_rule, gated_delta_rule, kda, linear_attention
 from storelab.ops.norm import l2_norm, rms_norm
 from storelab.state import RecurrentState
-from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 __all__ = ["LinearAttentionConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "KDAConfig", "RecurrentStore"]
 
@@ -80,6 +80,7 @@ class _RecurrentConfig(StoreConfig):
     mode: str = "chunk"               # "chunk" (fast), "recurrent" (reference loop) or "scan"
 
     DELTA = True
+    SLOTS, FAMILY, RECURRENT = (TOKEN,), "recurrent", True
 
     def __post_init__(self):
         if self.head_v_dim is None:
@@ -127,6 +128,7 @@ class LinearAttentionConfig(_RecurrentConfig):
     decay: str = "none"               # "none" or "fixed" (RetNet's per-head constant decay)
 
     DELTA = False
+    CARD_ORDER = 120
     CARD = Card(
         name="Linear attention (recurrent state)",
         written_by="each token, by adding an outer product k v^T",
@@ -149,6 +151,7 @@ class LinearAttentionConfig(_RecurrentConfig):
 class DeltaNetConfig(_RecurrentConfig):
     beta_max: float = 1.0             # write step in (0, beta_max); up to 2 (essay section 6)
 
+    CARD_ORDER = 130
     CARD = Card(
         name="DeltaNet (recurrent state)",
         written_by="each token, by a delta-rule correction",
@@ -168,6 +171,7 @@ class GatedDeltaNetConfig(_RecurrentConfig):
     n_v_heads: int | None = None      # value heads (Qwen3-Next: more than q/k heads); None = n_heads
     beta_max: float = 1.0
 
+    CARD_ORDER = 140
     CARD = Card(
         name="Gated DeltaNet (recurrent state)",
         written_by="each token, by a delta-rule correction",
@@ -201,6 +205,7 @@ class KDAConfig(_RecurrentConfig):
     gate_rank: int | None = None      # rank of the forget and output gates; None = head_k_dim (Kimi)
     gate_lower_bound: float | None = -5.0  # Kimi K3's published bound; None = Kimi Linear's softplus gate
 
+    CARD_ORDER = 150
     CARD = Card(
         name="KDA (recurrent state)",
         written_by="each token, by a delta-rule correction",
