@@ -37,15 +37,25 @@ list of kind names elsewhere:
 The state rule, stated once: ``forward(x, state)`` may update the state it is given in
 place and returns it (callers who need the state before the call keep ``state.clone()``);
 a store writes no diagnostics on itself during forward: what a probe needs (a selection,
-the experts' load) comes back through an explicit auxiliary output or hook the store
-documents.
+the experts' load) the store hands to ``emit(self, name, value)``, which keeps it only
+inside an ``observe()`` block, for that block's caller::
+
+    with observe() as seen:            # or observe(model.blocks[3].token) for one store
+        model(ids)
+    seen.last(store, "selection")      # [B, T, k] of the store's last call in the block
+    seen.all(store, "load")            # one tensor per call
+
+Outside such a block ``emit`` costs one context-variable read and keeps nothing, and two
+blocks never see each other's values.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import torch
 
@@ -212,3 +222,56 @@ def check_input(x: torch.Tensor, width: int, name: str = "x") -> None:
     """Raise a clear error unless x is [B, T, width]."""
     if x.dim() != 3 or x.shape[-1] != width:
         raise ValueError(f"{name}: expected shape [B, T, {width}], got {list(x.shape)}")
+
+
+# -- diagnostics: returned to the caller who asked, never stashed on the store ------------------
+class Observation:
+    """What the stores emitted inside one ``observe()`` block: per store and name, every call's value."""
+
+    def __init__(self, modules: tuple = ()):
+        self._only = {id(m) for m in modules}
+        self._seen: dict[tuple[int, str], list[Any]] = {}
+
+    def wants(self, module) -> bool:
+        return not self._only or id(module) in self._only
+
+    def add(self, module, name: str, value: Any) -> None:
+        self._seen.setdefault((id(module), name), []).append(value)
+
+    def all(self, module, name: str) -> list[Any]:
+        """Every value ``module`` emitted under ``name`` in the block, in call order ([] if none)."""
+        return list(self._seen.get((id(module), name), []))
+
+    def last(self, module, name: str) -> Any:
+        """The value of the module's last call; a ValueError naming the store if it emitted none."""
+        vals = self._seen.get((id(module), name))
+        if not vals:
+            raise ValueError(f"observe: {type(module).__name__} emitted no {name!r} in this block "
+                             f"(was it called inside it, and does it emit {name!r}?)")
+        return vals[-1]
+
+
+_OBSERVING: contextvars.ContextVar[tuple[Observation, ...]] = contextvars.ContextVar("storelab_observing", default=())
+
+
+@contextmanager
+def observe(*modules) -> Iterator[Observation]:
+    """Within the block, keep what the given stores (every store if none given) ``emit``."""
+    obs = Observation(modules)
+    tok = _OBSERVING.set(_OBSERVING.get() + (obs,))
+    try:
+        yield obs
+    finally:
+        _OBSERVING.reset(tok)
+
+
+def emit(module, name: str, value: Any) -> None:
+    """A store's diagnostic of the call in progress, delivered to the enclosing ``observe`` blocks."""
+    for obs in _OBSERVING.get():
+        if obs.wants(module):
+            obs.add(module, name, value() if callable(value) else value)
+
+
+def observing() -> bool:
+    """Whether any ``observe`` block is open (a store may skip computing a costly diagnostic)."""
+    return bool(_OBSERVING.get())
