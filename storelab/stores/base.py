@@ -62,9 +62,7 @@ import torch
 TOKEN, CHANNEL, DEPTH, LOOKUP = "token", "channel", "depth", "lookup"  # the slots of a layer (essay section 1)
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
-TORCH_TOKEN, CHANNEL, DEPTH, LOOKUP = "token", "channel", "depth", "lookup"  # the slots of a layer (essay section 1)
-
-DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.float64: 8}
+TORCH_DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.float64: 8}
 
 
 @dataclass(frozen=True)
@@ -164,6 +162,10 @@ class StoreConfig:
         """Bytes of one main cache entry (key and value, no indexer key) in entry format ``fmt``."""
         return 0.0
 
+    def experts_per_token(self) -> tuple[int, int, int] | None:
+        """(chosen, available, shared) experts per token for an expert store; None for any other."""
+        return None
+
     def table_params(self) -> int:
         """Parameters in lookup tables that publishers count apart (Engram's rows x width)."""
         return 0
@@ -206,6 +208,18 @@ class StoreConfig:
     def num_params(self) -> ParamCount:  # pragma: no cover
         """Parameters stored and active per token, from the config alone (no allocation)."""
         raise NotImplementedError
+
+
+def store_cards() -> list[dict[str, str]]:
+    """Every registered store's card (one per card name), in the order of the essay's section-5 table:
+    by each config's ``CARD_ORDER``, then by kind."""
+    seen, out = set(), []
+    for kind, cls in sorted(REGISTRY.items(), key=lambda kv: (kv[1].CARD_ORDER, kv[0])):
+        if cls.CARD.name in seen:
+            continue
+        seen.add(cls.CARD.name)
+        out.append({"kind": kind, **cls.CARD.as_dict()})
+    return out
 
 
 def build_store(d: dict[str, Any]):
