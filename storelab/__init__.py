@@ -6,6 +6,8 @@ following the essay "Every Layer a Store" (2026).
 
 __version__ = "0.1.0"
 
+import storelab.zoo  # noqa: E402,F401  (registers the zoo's names for ``extends`` in model files)
+
 
 def __getattr__(name: str):
     """``storelab.load`` and ``storelab.save`` (checkpoints), imported on first use."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from storelab.commands._output import console, emit_json, err_console, table
+from storelab.console import console, emit_json, err_console, table
 
 WHICH = ("gdn", "kda", "decode", "prefill", "all")
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from storelab.commands._output import console, emit_json, err_console, table
+from storelab.console import console, emit_json, err_console, table
 
 COLUMNS = ["experiment", "d (or N)", "criterion", "theory", "essay", "measured", "measured/essay"]
 

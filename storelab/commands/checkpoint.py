@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from storelab.commands._output import console, emit_json, err_console, table
+from storelab.console import console, emit_json, err_console, table
 
 
 def save_model(source: str, out: Path, *, tiny: bool = False, config: bool = False, checkpoint: bool = False,

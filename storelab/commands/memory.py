@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from storelab.commands._output import console, emit_json, err_console, table
+from storelab.console import console, emit_json, err_console, table
+from storelab.report.memory_plot import plot_memory
 
 
 def _layers_text(idx: list[int]) -> str:
@@ -24,40 +25,6 @@ def _layers_text(idx: list[int]) -> str:
         else:
             out.append(str(it))
     return ",".join(out)
-
-
-def plot_memory(cfgs, path: Path, *, dtype: str = "bf16", points: int = 13) -> dict:
-    """Cache bytes and read FLOPs per generated token against context (log-log, 1K..1M), one line per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from storelab.models.accounting import layer_rows, model_totals
-
-    contexts = [int(round(10 ** (3 + 3 * i / (points - 1)))) for i in range(points)]
-    data = {}
-    for cfg in cfgs:
-        series = []
-        for L in contexts:
-            t = model_totals(cfg, layer_rows(cfg, L, dtype=dtype), L, dtype=dtype)
-            series.append({"context": L, "state_bytes": t["state_bytes"], "read_flops": t["read_flops"]})
-        data[cfg.name] = series
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 5))
-    for name, s in data.items():
-        xs = [p["context"] for p in s]
-        a.loglog(xs, [p["state_bytes"] for p in s], marker=".", label=name)
-        b.loglog(xs, [max(p["read_flops"], 1) for p in s], marker=".", label=name)
-    a.set(title=f"Context state per sequence ({dtype} entries)", xlabel="context length (tokens)", ylabel="bytes")
-    b.set(title="Reading the context, per generated token", xlabel="context length (tokens)", ylabel="FLOPs")
-    for ax in (a, b):
-        ax.grid(True, which="both", alpha=0.3)
-    a.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return data
 
 
 def register(app: typer.Typer) -> None:

@@ -6,48 +6,14 @@ from pathlib import Path
 
 import typer
 
-from storelab.commands._output import console, emit_json, err_console, table
+from storelab.console import console, emit_json, err_console, table
+from storelab.models.record import model_record
 
 
 def _fmt_params(n: float | None) -> str:
     if n is None:
         return "-"
     return f"{n / 1e12:.3g}T" if n >= 1e12 else f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
-
-
-def model_record(cfg) -> dict:
-    """One model as data: layers, store mix, depth mixer, sharing, parameters beside the publisher's."""
-    from storelab.models.accounting import compare_published, count_params
-
-    pa = count_params(cfg)
-    rec = {
-        "name": cfg.name, "title": cfg.title or cfg.name, "layers": cfg.n_layers, "mix": cfg.mix(),
-        "depth": cfg.layers[0].depth.KIND, "d_model": cfg.d_model, "vocab_size": cfg.vocab_size,
-        "channel_mix": _slot_mix(cfg, "channel"),
-        "experts": _experts(cfg),
-        "shared_caches": sorted({lay.cache_owner for lay in cfg.layers if lay.cache_owner is not None}),
-        "encoder_layers": cfg.encoder_layers,
-        "context": cfg.context,
-        "params": compare_published(cfg, pa),
-    }
-    return rec
-
-
-def _experts(cfg) -> str:
-    """Experts chosen / available per token, as the essay's table says it ("6 / 384, plus 1 shared")."""
-    moes = {(m.top_k, m.n_experts, m.n_shared) for m in (lay.channel for lay in cfg.layers) if m.KIND == "moe"}
-    out = []
-    for k, e, s in sorted(moes):
-        out.append(f"{k} / {e}" + (f", plus {s} shared" if s else ""))
-    return "; ".join(out)
-
-
-def _slot_mix(cfg, slot: str) -> str:
-    counts: dict[str, int] = {}
-    for lay in cfg.layers:
-        k = getattr(lay, slot).KIND
-        counts[k] = counts.get(k, 0) + 1
-    return " + ".join(f"{c} {k}" for k, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def load_configs(config: list[Path] | None, tiny: bool, names: list[str] | None = None):

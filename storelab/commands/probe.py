@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from storelab.commands._output import console, emit_json, err_console, table
+from storelab.console import console, emit_json, err_console, table
 
 
 def _rows(name: str, r: dict) -> list[list]:

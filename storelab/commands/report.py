@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from storelab.commands._output import console, emit_json
+from storelab.console import console, emit_json
 
 
 def register(app: typer.Typer) -> None:

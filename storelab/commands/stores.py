@@ -4,27 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from storelab.commands._output import console, emit_json, table
-
-
-# The rows of the essay's section-5 table, in its order; kinds not listed follow by name.
-ESSAY_ORDER = ["ffn", "moe", "engram", "attention", "mla", "window", "dsa", "hierarchical", "msa", "csa", "hca",
-               "linear_attention", "deltanet", "gated_deltanet", "kda", "residual", "mhc", "attnres"]
-
-
-def store_cards() -> list[dict[str, str]]:
-    """Every registered store's card, in the order of the essay's section-5 table."""
-    from storelab.stores import REGISTRY
-
-    seen, out = set(), []
-    order = [k for k in ESSAY_ORDER if k in REGISTRY] + sorted(k for k in REGISTRY if k not in ESSAY_ORDER)
-    for kind in order:
-        card = REGISTRY[kind].CARD
-        if card.name in seen:
-            continue
-        seen.add(card.name)
-        out.append({"kind": kind, **card.as_dict()})
-    return out
+from storelab.console import console, emit_json, table
+from storelab.stores import store_cards
 
 
 def register(app: typer.Typer) -> None:

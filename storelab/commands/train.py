@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from storelab.commands._output import console, emit_json, err_console, table
+from storelab.console import console, emit_json, err_console, table
 
 
 def parse_options(items: list[str] | None, what: str) -> dict:

@@ -48,13 +48,7 @@ class ParamAccount:
 
 
 def _depth_params(cfg: ModelConfig) -> tuple[int, int]:
-    depth = cfg.layers[0].depth
-    n_sub = 2 * cfg.n_layers
-    try:
-        pc = depth.num_params(n_sublayers=n_sub)  # every mixer plus the head
-    except TypeError:
-        pc = depth.num_params()
-        pc = type(pc)(pc.stored * n_sub, pc.active * n_sub)
+    pc = cfg.layers[0].depth.num_params(n_sublayers=2 * cfg.n_layers)  # every mixer plus the head
     return pc.stored, pc.active
 
 
@@ -78,8 +72,7 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
             layer_active += pc.active
             parts[slot + ":" + st.KIND] = parts.get(slot + ":" + st.KIND, 0) + pc.stored
             if slot == "lookup":
-                rows = _engram_rows(st)
-                engram_rows += rows
+                engram_rows += st.table_params()
                 layer_stored += norms_per_layer // 2  # its own RMSNorm in the block
                 layer_active += norms_per_layer // 2
         stored += layer_stored
@@ -99,13 +92,6 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
     else:
         prefill = active
     return ParamAccount(stored=stored, active=active, active_prefill=prefill, engram=engram_rows, by_part=parts)
-
-
-def _engram_rows(st) -> int:
-    """Table parameters of an Engram store (rows x head width), when it can say."""
-    if hasattr(st, "table_sizes"):
-        return sum(st.table_sizes()) * st.head_dim
-    return 0
 
 
 def compare_published(cfg: ModelConfig, pa: ParamAccount | None = None) -> dict[str, Any]:
@@ -139,28 +125,11 @@ def compare_published(cfg: ModelConfig, pa: ParamAccount | None = None) -> dict[
 # ---------------------------------------------------------------------------
 # What each layer keeps and reads
 # ---------------------------------------------------------------------------
-LATENT_QUANT_BLOCK = 128  # scale block for latent entries in fp8/fp4 (V4.1-Flash: 4 scale bytes per 448)
-
-
 def cache_entry_bytes(st, fmt: str) -> float:
-    """Bytes of one main cache entry (key and value, no indexer key) in entry format ``fmt``.
-
-    Compressed (csa, hca) and latent (mla, dsa, hierarchical) entries use the quantised
-    layout of ``storelab.ops.quant.entry_bytes`` (no-rope channels at 8 or 4 bits, rope
-    channels in bf16, one scale byte per block); attention-family entries are G (K + V)
-    plain numbers; stores that keep no per-token entry give 0.
-    """
-    from storelab.ops.quant import entry_bytes
-    from storelab.stores.base import DTYPE_BYTES
-
-    if st.KIND in ("csa", "hca"):
-        return entry_bytes(st.head_dim, st.rope_dim, fmt, st.quant_block)
-    if st.KIND in ("mla", "dsa", "hierarchical"):
-        width = st.kv_lora_rank + st.qk_rope_head_dim
-        return entry_bytes(width, st.qk_rope_head_dim, fmt, LATENT_QUANT_BLOCK)
-    if hasattr(st, "n_kv_heads") and hasattr(st, "v_head_dim"):
-        return st.n_kv_heads * (st.head_dim + st.v_head_dim) * DTYPE_BYTES[fmt]
-    return 0.0
+    """Bytes of one main cache entry (key and value, no indexer key) in entry format ``fmt``:
+    what the store's config says (``StoreConfig.cache_entry_bytes``); 0 for a store that keeps
+    no entry per token."""
+    return st.cache_entry_bytes(fmt)
 
 
 def _kept_growth(st, L: int) -> float:
@@ -270,7 +239,7 @@ def analytic_state_bytes(cfg: ModelConfig, seen: list[int], *, dtype: str = "fp3
         for slot, st in lay.stores().items():
             if slot == "token" and not cfg.owns_cache(i) and i not in own_copies:
                 continue
-            b = st.footprint(n, dtype=getattr(st, "cache_format", None) or dtype).state_bytes
+            b = st.footprint(n, dtype=st.cache_format or dtype).state_bytes
             if b or slot == "token":
                 out[st.KIND] = out.get(st.KIND, 0) + b
     return out

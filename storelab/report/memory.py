@@ -6,15 +6,18 @@ from pathlib import Path
 
 from storelab.report.core import Claim, Context, SectionResult, Table
 
-# Colours by store family, for the layer-stack picture.
-FAMILY = {
-    "window": ("window", "#4c9be8"), "attention": ("full", "#d62728"), "mla": ("full", "#d62728"),
-    "dsa": ("selected", "#ff7f0e"), "hierarchical": ("selected", "#ff7f0e"), "msa": ("selected", "#ff7f0e"),
-    "csa": ("compressed sparse", "#9467bd"), "hca": ("heavily compressed", "#c5b0d5"),
-    "linear_attention": ("recurrent", "#2ca02c"), "deltanet": ("recurrent", "#2ca02c"),
-    "gated_deltanet": ("recurrent", "#2ca02c"), "kda": ("recurrent", "#2ca02c"),
-}
-DEPTH_COLOUR = {"residual": "#dddddd", "mhc": "#8c564b", "attnres": "#e377c2"}
+# Colours by store family (each store config declares its FAMILY); a family not listed here is drawn grey.
+FAMILY_COLOUR = {"window": "#4c9be8", "full": "#d62728", "selected": "#ff7f0e", "compressed sparse": "#9467bd",
+                 "heavily compressed": "#c5b0d5", "recurrent": "#2ca02c"}
+DEPTH_PALETTE = ("#dddddd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")  # depth stores in their card order
+
+
+def _depth_colours() -> dict[str, str]:
+    """A colour per registered depth store (those whose config may fill the depth slot)."""
+    from storelab.stores import DEPTH, REGISTRY
+
+    kinds = sorted((k for k, c in REGISTRY.items() if DEPTH in c.SLOTS), key=lambda k: (REGISTRY[k].CARD_ORDER, k))
+    return {k: DEPTH_PALETTE[i % len(DEPTH_PALETTE)] for i, k in enumerate(kinds)}
 
 # The essay's section-5 table: layers and token mixing, as the essay states them.
 ESSAY_LAYERS = {"mimo-v2.6-pro": 70, "kimi-k3": 93, "qwen3.8": 92, "glm-5.3": 78, "deepseek-v4-pro": 61,
@@ -41,23 +44,24 @@ def _stack_figure(cfgs, path: Path) -> Path:
     from matplotlib.patches import Patch
 
     fig, ax = plt.subplots(figsize=(12, 0.55 * len(cfgs) + 1.5))
+    fams: dict[str, str] = {}  # the families drawn, for the legend
+    depth_colour = _depth_colours()
     for row, cfg in enumerate(cfgs):
         y = len(cfgs) - 1 - row
         for i, lay in enumerate(cfg.layers):
-            fam, col = FAMILY.get(lay.token.KIND, (lay.token.KIND, "#7f7f7f"))
+            fam = lay.token.FAMILY or lay.token.KIND
+            col = FAMILY_COLOUR.get(fam, "#7f7f7f")
+            fams.setdefault(fam, col)
             shared = lay.cache_owner is not None and lay.cache_owner != i
             ax.add_patch(plt.Rectangle((i, y + 0.1), 0.9, 0.6, color=col, alpha=0.45 if shared else 1.0, lw=0))
-            ax.add_patch(plt.Rectangle((i, y), 0.9, 0.08, color=DEPTH_COLOUR.get(lay.depth.KIND, "#999"), lw=0))
+            ax.add_patch(plt.Rectangle((i, y), 0.9, 0.08, color=depth_colour.get(lay.depth.KIND, "#999"), lw=0))
         ax.text(-1, y + 0.4, cfg.name, ha="right", va="center", fontsize=9)
     n = max(c.n_layers for c in cfgs)
     ax.set(xlim=(-16, n + 1), ylim=(-0.3, len(cfgs)), xlabel="layer", yticks=[])
     for s in ("top", "right", "left"):
         ax.spines[s].set_visible(False)
-    fams = {}
-    for fam, col in FAMILY.values():
-        fams.setdefault(fam, col)
     handles = [Patch(color=c, label=f) for f, c in fams.items()]
-    handles += [Patch(color=c, label=f"depth: {k}") for k, c in DEPTH_COLOUR.items()]
+    handles += [Patch(color=c, label=f"depth: {k}") for k, c in depth_colour.items()]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=6, fontsize=8, frameon=False)
     ax.set_title("Layer stacks by store kind (faded: reads a cache another layer keeps; thin bar: depth mixer)")
     fig.tight_layout()
@@ -67,7 +71,7 @@ def _stack_figure(cfgs, path: Path) -> Path:
 
 
 def models_section(ctx: Context) -> SectionResult:
-    from storelab.commands.models import model_record
+    from storelab.models.record import model_record
 
     cfgs = _configs()
     recs = [model_record(c) for c in cfgs]
@@ -106,7 +110,7 @@ def models_section(ctx: Context) -> SectionResult:
 
 
 def memory_section(ctx: Context) -> SectionResult:
-    from storelab.commands.memory import plot_memory
+    from storelab.report.memory_plot import plot_memory
     from storelab.models.accounting import kind_summary, memory_report
 
     L = 1_000_000

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from storelab.commands._output import _clean
+from storelab.console import clean
 from storelab.report.core import Claim, SectionOutcome, Table
 
 CSS = """
@@ -123,5 +123,5 @@ def write(out: Path, outcomes: list[SectionOutcome], claims: list[Claim], meta: 
                          "figures": [Path(f).name for f in (oc.result.figures if oc.ok else [])],
                          "data": oc.result.data if oc.ok else None} for oc in outcomes],
            "ledger": [c.as_dict() for c in claims]}
-    paths["json"].write_text(json.dumps(_clean(doc), indent=1))
+    paths["json"].write_text(json.dumps(clean(doc), indent=1))
     return paths

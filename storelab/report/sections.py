@@ -10,7 +10,7 @@ from storelab.report.core import Claim, Context, Section, SectionResult, Table
 
 
 def stores_section(ctx: Context) -> SectionResult:
-    from storelab.commands.stores import store_cards
+    from storelab.stores import store_cards
 
     cards = store_cards()
     rows = [[c["name"], c["written_by"], c["holds"], c["reading_costs"], c["forgets"], c["source"]] for c in cards]

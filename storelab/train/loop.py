@@ -287,7 +287,7 @@ class _Bar:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        from storelab.commands._output import err_console
+        from storelab.console import err_console
 
         self.p = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                           TextColumn("{task.fields[info]}"), console=err_console, transient=False)

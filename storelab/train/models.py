@@ -7,7 +7,7 @@
 * a path ending in ``.toml`` or ``.json``: a model file;
 * a built-in stack, ``d_model`` / ``n_layers`` / ``n_heads`` / ``head_dim`` / ``d_ff`` /
   ``window`` / ``beta_max`` / ``depth`` / ``mode`` (the recurrent stores' evaluation form) set
-  by ``options`` (``mode="auto"``: the fastest form autograd can train, see ``trainable_mode``):
+  by ``options`` (``mode="auto"``: the form autograd can train, ``TRAIN_MODE``):
   ``attention``, ``window``, ``deltanet``, ``gated_deltanet``, ``kda`` (every layer that store) and
   ``hybrid`` (three KDA layers to one attention layer, Kimi's 3:1), ``hybrid-gdn`` (the
   same with Gated DeltaNet, Qwen's 3:1), or ``pattern:<letters>`` with one letter per
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from storelab.models.config import ModelConfig, read_file
+from storelab.stores import REGISTRY
 
-RECURRENT_KINDS = ("linear_attention", "deltanet", "gated_deltanet", "kda")
 LETTERS = {"A": "attention", "W": "window", "D": "deltanet", "G": "gated_deltanet", "K": "kda", "M": "mla"}
 BUILTIN = {"attention": "A", "window": "W", "deltanet": "D", "gated_deltanet": "G", "kda": "K", "hybrid": "KKKA",
            "hybrid-gdn": "GGGA"}
@@ -40,8 +40,8 @@ def store_dict(kind: str, o: dict[str, Any]) -> dict[str, Any]:
         return {"kind": "attention", "n_heads": H, "head_dim": K}
     if kind == "window":
         return {"kind": "window", "n_heads": H, "head_dim": K, "window": o["window"]}
-    if kind in ("deltanet", "gated_deltanet", "kda"):
-        mode = trainable_mode() if o["mode"] == "auto" else o["mode"]
+    if REGISTRY[kind].RECURRENT:
+        mode = TRAIN_MODE if o["mode"] == "auto" else o["mode"]
         return {"kind": kind, "n_heads": H, "head_k_dim": K, "beta_max": o["beta_max"], "mode": mode}
     if kind == "mla":
         return {"kind": "mla", "n_heads": H, "kv_lora_rank": K, "qk_nope_head_dim": K // 2,
@@ -92,31 +92,17 @@ def resolve_model(name: str, vocab_size: int, **options: Any) -> ModelConfig:
     # stores that name the vocabulary themselves (hash-routed experts, Engram) follow the task's
     d["stores"] = {nm: ({**sd, "vocab_size": vocab_size} if "vocab_size" in sd else sd)
                    for nm, sd in d.get("stores", {}).items()}
-    if trainable_mode() != "chunk":
-        d["stores"] = {nm: ({**sd, "mode": trainable_mode()} if sd.get("kind") in RECURRENT_KINDS else sd)
-                       for nm, sd in d.get("stores", {}).items()}
+    if TRAIN_MODE != "chunk":
+        d["stores"] = {nm: ({**sd, "mode": TRAIN_MODE} if _recurrent(sd) else sd) for nm, sd in d.get("stores", {}).items()}
     return ModelConfig.from_dict(d, source=str(path))
 
 
-_MODE: list[str] = []
+def _recurrent(sd: dict[str, Any]) -> bool:
+    cls = REGISTRY.get(sd.get("kind"))
+    return cls is not None and cls.RECURRENT
 
 
-def trainable_mode() -> str:
-    """The recurrent stores' fastest evaluation form that autograd can differentiate.
-
-    The chunkwise form is the fast one; where it writes into preallocated tensors
-    (``out=``) autograd refuses it, and the per-token loop (exact, slower) is used.
-    """
-    if not _MODE:
-        import torch
-
-        from storelab.ops.delta import kda
-
-        x = torch.randn(1, 3, 1, 4, requires_grad=True)
-        try:
-            o, _ = kda(x, x.detach(), x.detach(), g=-torch.ones(1, 3, 1, 4), beta=torch.ones(1, 3, 1), mode="chunk")
-            o.sum().backward()
-            _MODE.append("chunk")
-        except RuntimeError:
-            _MODE.append("recurrent")
-    return _MODE[0]
+# The recurrent stores' evaluation form for training: the chunked delta ops write into
+# preallocated buffers (``out=``), which autograd refuses, so training runs the per-token
+# loop, exact and slower. A declared fact, not a probe; a chunked backward would make it "chunk".
+TRAIN_MODE = "recurrent"

@@ -84,7 +84,7 @@ def run_recall(bench: RecallBench, *, progress: bool = False) -> list[dict]:
                              "loss": r.eval["loss"], "seconds": r.seconds,
                              "params": sum(p.numel() for p in r.model.parameters())})
                 if progress:
-                    from storelab.commands._output import err_console
+                    from storelab.console import err_console
 
                     x = rows[-1]
                     err_console.print(f"recall {model:>15} d={width:<4} pairs={pairs:<3} state={x['state_bytes']:>8} "

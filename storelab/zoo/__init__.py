@@ -5,7 +5,8 @@ place, with the source letter of shared/reference/models.md: E essay, R released
 config, A ancestor, U unknown and chosen). ``<name>.tiny.toml`` is its tiny version:
 the same store kinds in the same layer pattern (full-attention positions, sharing,
 depth mixer), small widths and a few layers, so that it runs on a CPU in seconds.
-Variants say ``extends = "<base>"`` and change only what differs.
+Variants say ``extends = "<base>"`` and change only what differs; importing this package
+registers the zoo as the resolver of ``extends`` names (``storelab.models.parse.register_extends``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from storelab.models.config import ModelConfig, load_model
+from storelab.models.parse import register_extends
 
 ZOO_DIR = Path(__file__).parent
 
@@ -37,3 +39,6 @@ def zoo_path(name: str, tiny: bool = False) -> Path:
 def load_zoo(name: str, tiny: bool = False) -> ModelConfig:
     """A zoo model's config, full scale or its tiny version."""
     return load_model(zoo_path(name, tiny))
+
+
+register_extends(zoo_path)  # model files may say ``extends = "<zoo name>"``

@@ -1,4 +1,5 @@
-"""Shared output helpers: a rich table for people, one JSON document for machines."""
+"""Console and JSON output shared by the CLI, the report and training: a rich table for people, one JSON
+document for machines. A neutral module: any layer may use it, it imports nothing of storelab."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ console = Console(stderr=False)
 err_console = Console(stderr=True)
 
 
-def _clean(o: Any) -> Any:
+def clean(o: Any) -> Any:
     if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
         return None
     if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
+        return {str(k): clean(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
+        return [clean(v) for v in o]
     if isinstance(o, Path):
         return str(o)
     if hasattr(o, "item") and callable(o.item):
@@ -31,7 +32,7 @@ def _clean(o: Any) -> Any:
 
 def emit_json(data: Any) -> None:
     """Print one JSON document on stdout and nothing else."""
-    sys.stdout.write(json.dumps(_clean(data), indent=2))
+    sys.stdout.write(json.dumps(clean(data), indent=2))
     sys.stdout.write("\n")
     sys.stdout.flush()
 

@@ -1,0 +1,39 @@
+"""The memory figure: cache bytes and read FLOPs per generated token against context, one line per model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot_memory(cfgs, path: Path, *, dtype: str = "bf16", points: int = 13) -> dict:
+    """Cache bytes and read FLOPs per generated token against context (log-log, 1K..1M), one line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from storelab.models.accounting import layer_rows, model_totals
+
+    contexts = [int(round(10 ** (3 + 3 * i / (points - 1)))) for i in range(points)]
+    data = {}
+    for cfg in cfgs:
+        series = []
+        for L in contexts:
+            t = model_totals(cfg, layer_rows(cfg, L, dtype=dtype), L, dtype=dtype)
+            series.append({"context": L, "state_bytes": t["state_bytes"], "read_flops": t["read_flops"]})
+        data[cfg.name] = series
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 5))
+    for name, s in data.items():
+        xs = [p["context"] for p in s]
+        a.loglog(xs, [p["state_bytes"] for p in s], marker=".", label=name)
+        b.loglog(xs, [max(p["read_flops"], 1) for p in s], marker=".", label=name)
+    a.set(title=f"Context state per sequence ({dtype} entries)", xlabel="context length (tokens)", ylabel="bytes")
+    b.set(title="Reading the context, per generated token", xlabel="context length (tokens)", ylabel="FLOPs")
+    for ax in (a, b):
+        ax.grid(True, which="both", alpha=0.3)
+    a.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return data
