@@ -1,57 +1,32 @@
-"""The recurrent stores' math: a matrix per head that every token updates (essay section 3).
+"""The recurrent stores' ops, and their chunked form tuned for a CPU (essay section 3).
 
-Four update rules, one state ``S_BHKV`` per head (a linear map from keys to values; the
-prediction for a key is ``S^T k``), one output rule ``o_t = S_t^T (scale * q_t)`` read
-after the token's own write:
+The four rules, each a state S_BHKV per head read as o_t = S_t^T (scale * q_t) after the token's write
+(their papers, the ops' layout, head grouping and scale convention: ``storelab.ops.delta_reference``):
+    linear_attention    S_t = exp(g_t) S_{t-1} + k_t v_t^T                   (g None: no decay)
+    delta_rule          S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T
+    gated_delta_rule    S' = exp(g_t) S_{t-1} (g [B,T,HV]);   S_t = S' + beta_t k_t (v_t - S'^T k_t)^T
+    kda                 S' = diag(exp(g_t)) S_{t-1} (g [B,T,HV,K]), then the same write
+Each op takes ``q, k, v`` then keyword-only ``g, beta, scale, initial_state, output_final_state,
+chunk_size, mode`` and returns ``(o [B,T,HV,V], final_state or None)``; q, k [B,T,H,K], v [B,T,HV,V].
 
-* ``linear_attention`` (Katharopoulos et al., arXiv 2006.16236; a fixed or given decay as in
-  RetNet arXiv 2307.08621 and Lightning Attention arXiv 2401.04658):
-      S_t = a_t S_{t-1} + k_t v_t^T                                   a_t = exp(g_t), 1 if g is None
-* ``delta_rule`` (Schlag, Irie and Schmidhuber, arXiv 2102.11174; Widrow-Hoff):
-      S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T
-* ``gated_delta_rule`` (Yang, Kautz and Hatamizadeh, arXiv 2412.06464), g [B,T,H] per head:
-      S' = exp(g_t) S_{t-1};   S_t = S' + beta_t k_t (v_t - S'^T k_t)^T
-* ``kda`` (Kimi Linear, arXiv 2510.26692), g [B,T,H,K] per key channel:
-      S' = diag(exp(g_t)) S_{t-1};   S_t = S' + beta_t k_t (v_t - S'^T k_t)^T
-
-Every op takes ``q, k, v`` then keyword-only ``g, beta, scale, initial_state,
-output_final_state, chunk_size, mode`` and returns ``(o [B,T,HV,V], final_state or None)``.
-Layout ``[B, T, H, D]``; q and k may have fewer heads than v (``HV`` a multiple of ``H``;
-value head h reads query/key head ``h // (HV / H)``, Qwen3-Next's grouping); g and beta
-are given per value head. No normalisation happens inside: L2-normalise q and k before.
-
-Scale convention: ``scale`` multiplies q inside the op, default ``K ** -0.5``. That is what
-transformers' ``torch_chunk_gated_delta_rule`` and ``chunk_kimi_delta_attention`` always do,
-so the default reproduces them; pass ``scale=1.0`` for the bare rule.
-
-Three evaluations that agree (tests hold them equal):
-
-* ``mode="recurrent"``: the per-token loop over ``recurrent_step`` (the reference);
-* ``mode="chunk"`` (default): chunkwise-parallel. Within a chunk of C tokens the delta writes
-  form a unit lower-triangular system (the WY/UT representation, arXiv 2406.06484):
-      (I + strict_tril(diag(beta) (K K^T * Gamma))) [U | W] = [diag(beta) V | diag(beta) K * exp(G)]
-  with Gamma_ij = exp(G_i - G_j) the decay between tokens j <= i and G the within-chunk
-  cumulative log decay. Then, chunk by chunk (the one sequential loop, four products in place),
-      V_new = U - W S = T (diag(beta) V - diag(beta) K exp(G) S),   T = (I + strict_tril(...))^-1,
-      O = (Q * exp(G)) S + (Q K^T * Gamma)_tril V_new,   S <- exp(G_C) S + (K * exp(G_C - G))^T V_new.
-  Everything else is a batched matrix product over a group of chunks: the scores, T
-  (``_unit_lower_inverse``: a Neumann series on 16 x 16 diagonal blocks, then block
-  substitution) and the intra-chunk part of O. T is applied in the loop rather than to U and W
-  beforehand: a C x C product per chunk there is cheaper than the two C x (K + V) ones. The chunks are
-  processed in cache-sized groups, and within a group the state is carried as S / P, P the
-  decay since the group's start (``_rescales``), so the loop has no decay product. Gamma is
-  never formed when the chunk's decay is within exp's range: exp(G_i - G_j) = exp(G_i - m)
-  exp(m - G_j) with m half the chunk's decay, so the decays ride on q and k into one product.
-  Beyond that range GDN forms Gamma pairwise, and KDA (whose Gamma is per channel, C x C x K
-  numbers) factors through sub-chunk reference points instead, as in GLA (arXiv 2312.06635), so
-  it stays a matrix product without overflow. The default C = 32 was chosen by measurement: on
-  a CPU, at K = V = 64, it ran 20-25 % faster than C = 64 (the C^2 work halves while the
-  products stay large enough to run near the machine's matmul rate), C = 128 was slower still;
-  C = 16 runs the bare op at 8 heads of 64 6-8 % faster, but the zoo's tiny models prefill as
-  fast or faster at 32 (qwen3.8 6 % at 16,384 tokens, kimi-k3 within noise: fewer, larger
-  products), and at 32 the op spends more of its time in matrix products (about 46 % of the
-  matmul rate, against 40 % at 16);
-* ``mode="scan"``: the state sequence by a parallel affine scan (``storelab.ops.scan``).
+Three evaluations that agree (tests hold them equal): ``mode="recurrent"``, the per-token loop over
+``recurrent_step``; ``mode="scan"``, a parallel affine scan (``storelab.ops.scan``); ``mode="chunk"``
+(default), here: within a chunk of C tokens the delta writes form a unit lower-triangular system
+(WY/UT, arXiv 2406.06484; read plainly in ``delta_reference.chunk_reference``):
+    (I + strict_tril(diag(beta) (K K^T * Gamma))) [U | W] = [diag(beta) V | diag(beta) K * exp(G)]
+with Gamma_ij = exp(G_i - G_j) the decay between tokens j <= i and G the within-chunk
+cumulative log decay. Then, chunk by chunk (the one sequential loop, four products in place),
+    V_new = U - W S = T (diag(beta) V - diag(beta) K exp(G) S),   T = (I + strict_tril(...))^-1,
+    O = (Q * exp(G)) S + (Q K^T * Gamma)_tril V_new,   S <- exp(G_C) S + (K * exp(G_C - G))^T V_new.
+Everything else is a batched matrix product over a group of chunks: the scores, T (``_unit_lower_inverse``:
+a Neumann series on 16 x 16 diagonal blocks, then block substitution) and the intra-chunk part of O.
+T is applied in the loop, not to U and W beforehand: a C x C product per chunk is cheaper than two
+C x (K + V) ones. Chunks go in cache-sized groups, the state carried as S / P, P the decay since the
+group's start (``_rescales``): the loop has no decay product. Gamma is never formed when the chunk's
+decay is within exp's range: exp(G_i - G_j) = exp(G_i - m) exp(m - G_j), m half the chunk's decay,
+so the decays ride on q and k into one product; beyond it GDN forms Gamma pairwise and KDA (its Gamma
+per channel, C x C x K numbers) factors through sub-chunk reference points as in GLA (arXiv
+2312.06635): a matrix product without overflow. Why C = 32: docs/bench.md.
 
 Shape legend: B batch, T tokens, H heads, K key width, V value width, N chunks, C chunk size.
 """
@@ -65,61 +40,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from storelab.ops.delta_reference import (_from_chunks, _recurrent, _to_chunks, check_delta_shapes,  # noqa: F401
+                                         prepare_delta_inputs, recurrent_step)
+
 __all__ = ["linear_attention", "delta_rule", "gated_delta_rule", "kda", "recurrent_step"]
 
 MODES = ("chunk", "recurrent", "scan")
 
 
-# ---------------------------------------------------------------------------- one token
-def recurrent_step(q_BHK: Tensor, k_BHK: Tensor, v_BHV: Tensor, S_BHKV: Tensor, *, g: Tensor | None = None,
-                   beta: Tensor | None = None, scale: float = 1.0) -> tuple[Tensor, Tensor]:
-    """One token of any of the four rules; returns (o_BHV, new S_BHKV).
-
-    ``g`` is the log decay, [B,H] (per head) or [B,H,K] (per channel) or None; ``beta`` [B,H]
-    selects the delta rule, None the additive write of linear attention. Heads already matched.
-    """
-    if g is not None:
-        a = g.exp()
-        S_BHKV = S_BHKV * (a[..., None, None] if a.dim() == 2 else a[..., None])
-    if beta is None:
-        write_BHV = v_BHV
-    else:
-        pred_BHV = torch.einsum("bhkv,bhk->bhv", S_BHKV, k_BHK)
-        write_BHV = beta[..., None] * (v_BHV - pred_BHV)
-    S_BHKV = S_BHKV + k_BHK[..., :, None] * write_BHV[..., None, :]
-    o_BHV = torch.einsum("bhkv,bhk->bhv", S_BHKV, q_BHK * scale)
-    return o_BHV, S_BHKV
-
-
-def _recurrent(q, k, v, g, beta, scale, S_BHKV):
-    T = q.shape[1]
-    o = []
-    for t in range(T):
-        o_t, S_BHKV = recurrent_step(q[:, t], k[:, t], v[:, t], S_BHKV, g=None if g is None else g[:, t],
-                                     beta=None if beta is None else beta[:, t], scale=scale)
-        o.append(o_t)
-    return (torch.stack(o, dim=1) if o else v.new_zeros(v.shape)), S_BHKV
-
-
 # ---------------------------------------------------------------------------- chunked
-def _to_chunks(x: Tensor, C: int) -> Tensor:
-    """[B, T, H, *D] -> [N, B*H, C, D] (zero padded to a multiple of C; D = 1 if absent)."""
-    if x.dim() == 3:
-        x = x[..., None]
-    B, T, H, D = x.shape
-    N = -(-T // C)
-    if N * C != T:
-        x = F.pad(x, (0, 0, 0, 0, 0, N * C - T))
-    return x.view(B, N, C, H, D).permute(1, 0, 3, 2, 4).reshape(N, B * H, C, D)
-
-
-def _from_chunks(x_NBCD: Tensor, B: int, T: int) -> Tensor:
-    """[N, B*H, C, D] -> [B, T, H, D] as a strided view (the caller copies it where it belongs)."""
-    N, BH, C, D = x_NBCD.shape
-    H = BH // B
-    return x_NBCD.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).flatten(1, 2)[:, :T]
-
-
 def _exp_limit(dtype: torch.dtype) -> float:
     """Largest |exponent| a decay factor may take: e^-limit times an O(1e-11) entry stays a normal number."""
     return 500.0 if dtype == torch.float64 else 60.0
@@ -515,48 +444,18 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
 
 
 # ---------------------------------------------------------------------------- public ops
-def check_delta_shapes(name, q, k, v, g, beta, initial_state, g_per_channel):
-    """The shapes every delta-rule call takes (ours, or fla's through ``storelab.ops.fla``), a
-    ValueError naming the argument otherwise; returns (B, T, H, K, HV, V)."""
-    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
-        raise ValueError(f"q, k, v: expected q, k [B, T, H, K] and v [B, T, HV, V] ({name}), got "
-                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    if HV % H:
-        raise ValueError(f"v: {HV} value heads are not a multiple of {H} query/key heads ({name})")
-    if beta is not None and tuple(beta.shape) != (B, T, HV):
-        raise ValueError(f"beta: expected shape [B, T, HV] = {[B, T, HV]}, got {list(beta.shape)}")
-    if g is not None:
-        want = (B, T, HV, K) if g_per_channel else (B, T, HV)
-        if tuple(g.shape) != want:
-            raise ValueError(f"g: expected shape {list(want)}, got {list(g.shape)}")
-    if initial_state is not None and tuple(initial_state.shape) != (B, HV, K, V):
-        raise ValueError(f"initial_state: expected shape {[B, HV, K, V]}, got {list(initial_state.shape)}")
-    return B, T, H, K, HV, V
-
-
 def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode, g_per_channel):
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
-    B, T, H, K, HV, V = check_delta_shapes(name, q, k, v, g, beta, initial_state, g_per_channel)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
     out_dtype = v.dtype
-    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    g = None if g is None else g.to(dt)
-    beta = None if beta is None else beta.to(dt)
-    if HV != H:  # grouped heads: value head h reads query/key head h // (HV / H)
-        q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
-    scale = K ** -0.5 if scale is None else scale
-    S0 = None if initial_state is None else initial_state.to(dt)
-    if mode == "chunk" and T == 1:  # one decoded token: the per-token step is the whole algorithm
+    q, k, v, g, beta, scale, S0 = prepare_delta_inputs(name, q, k, v, g, beta, scale, initial_state, chunk_size,
+                                                       g_per_channel)
+    B, T, HV, K = q.shape
+    V = v.shape[-1]
+    if mode == "recurrent" or (mode == "chunk" and T == 1):  # one token: the step is the whole algorithm
         o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
     elif mode == "chunk":
         o, S = _chunked(q, k, v, g, beta, scale, S0, min(chunk_size, max(T, 1)))  # no padding below a chunk
-    elif mode == "recurrent":
-        o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
     else:
         from storelab.ops.scan import delta_states_by_scan
 
