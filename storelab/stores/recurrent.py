@@ -1,11 +1,15 @@
 """The recurrent stores: a fixed-size matrix per head that every token updates (essay section 3).
 
-Four kinds, one pipeline. For each token x_t:
+Every kind, one pipeline (``storelab.stores.recurrent_pipeline.RecurrentStore``). For each token x_t:
 
   q, k, v = SiLU(short causal conv_4([W_q x; W_k x; W_v x]))   (tail of 3 inputs kept between calls)
   q, k    = L2-normalised per head
-  S_t     = update(S_{t-1}; k_t, v_t, gates)                       (storelab.ops.delta)
+  S_t     = update(S_{t-1}; k_t, v_t, gates)                       (the rule's op, storelab.ops)
   o_t     = S_t^T q_t / sqrt(K),  y_t = W_o norm(o_t) [* output gate]
+
+Each config declares its rule, ``rule() -> Rule``: the op, the parameters its gates own (names and
+initialisation), how beta, the log decay and the output gate are computed, and fla's kernel of the
+same rule. The module asks for it once, at construction, and never asks which kind it is.
 
 * ``linear_attention`` (Katharopoulos et al., arXiv 2006.16236): S_t = a S_{t-1} + k_t v_t^T,
   with ``decay = "none"`` (a = 1) or ``"fixed"`` (RetNet's per-head a_h = 1 - 2^(-5-h), arXiv 2307.08621).
@@ -40,6 +44,9 @@ On CUDA, the chunked Gated DeltaNet and KDA stores run fla's Triton kernels when
 (``storelab.ops.fla``; chosen once at construction, ``STORELAB_FLA=0`` turns it off); elsewhere, and
 for the other kinds, storelab's own chunked forms.
 
+Adding a rule: its op in ``storelab.ops`` (a new module is exported by itself), its config and
+``Rule`` here, and a test file; nothing above ``stores/`` names the kinds.
+
 Shape legend: B batch, T tokens, D model width, H q/k heads, HV value heads, K key width, V value width.
 """
 
@@ -52,23 +59,61 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from storelab.ops.conv import causal_conv1d
-from storelab.ops import fla as fla_dispatch
 from storelab.ops.delta import MODES, delta_rule, gated_delta_rule, kda, linear_attention
-from storelab.ops.norm import l2_norm, rms_norm
-from storelab.state import RecurrentState
-from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, register
+from storelab.stores.recurrent_pipeline import RecurrentStore, Rule
 
-__all__ = ["LinearAttentionConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "KDAConfig", "RecurrentStore"]
+__all__ = ["LinearAttentionConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "KDAConfig", "RecurrentStore", "Rule"]
 
-_FLA_OP = {"gated_deltanet": "gated_delta_rule", "kda": "kda"}  # store kind -> fla kernel of the same rule
 _HOLDS = "about d clean associations per head (a d x d matrix)"
 _READS = "a fixed-size matrix per head, whatever the context length"
 
 
+def _inverse_softplus(x: Tensor) -> Tensor:
+    return x + torch.log(-torch.expm1(-x))
+
+
+def _log_uniform(n: int, lo: float, hi: float) -> Tensor:
+    return torch.empty(n).uniform_(math.log(lo), math.log(hi)).exp()
+
+
+# ---------------------------------------------------------------------------- gates shared by the rules
+def _beta_params(cfg) -> dict[str, nn.Module]:
+    """The write step's projection: n steps per token and value head."""
+    return {"b_proj": nn.Linear(cfg.d_model, cfg.n_writes * cfg.n_value_heads, bias=False)}
+
+
+def _beta(store, x_BTD: Tensor) -> Tensor:
+    """beta = beta_max * sigmoid(W_b x) in (0, beta_max), [B, T, (n,) HV]."""
+    B, T, _ = x_BTD.shape
+    cfg = store.cfg
+    return (torch.sigmoid(store.b_proj(x_BTD).float()) * cfg.beta_max).view(B, T, *cfg.writes, cfg.n_value_heads)
+
+
+def _gdn_params(cfg) -> dict[str, nn.Module | nn.Parameter]:
+    """Qwen3-Next / fla: the output gate W_z; the decay's W_a, A ~ U(0, 16) kept as log A, and
+    dt ~ logU(1e-3, 1e-1) kept as softplus^-1(dt)."""
+    D, HV, V = cfg.d_model, cfg.n_value_heads, cfg.head_v_dim
+    return {"z_proj": nn.Linear(D, HV * V, bias=False),
+            "a_proj": nn.Linear(D, HV, bias=False),
+            "A_log": nn.Parameter(torch.empty(HV).uniform_(1e-2, 16).log()),
+            "dt_bias": nn.Parameter(_inverse_softplus(_log_uniform(HV, 1e-3, 1e-1)))}
+
+
+def _gdn_log_decay(store, x_BTD: Tensor) -> Tensor:
+    """g = -exp(A_log) softplus(W_a x + dt_bias), one per value head: [B, T, HV]."""
+    return -store.A_log.float().exp() * F.softplus(store.a_proj(x_BTD).float() + store.dt_bias)
+
+
+def _silu_output_gate(store, x_BTD: Tensor) -> Tensor:
+    """SiLU(W_z x), [B, T, HV, V]."""
+    B, T, _ = x_BTD.shape
+    return F.silu(store.z_proj(x_BTD).float()).view(B, T, store.cfg.n_value_heads, store.cfg.head_v_dim)
+
+
 @dataclass(kw_only=True)
 class _RecurrentConfig(StoreConfig):
-    """Fields every recurrent store shares (not a store kind itself)."""
+    """Fields every recurrent store shares (not a store kind itself); each kind declares its ``rule()``."""
 
     d_model: int
     n_heads: int                      # query/key heads (and value heads unless n_v_heads says otherwise)
@@ -79,7 +124,7 @@ class _RecurrentConfig(StoreConfig):
     norm_eps: float = 1e-6            # output RMSNorm
     mode: str = "chunk"               # "chunk" (fast), "recurrent" (reference loop) or "scan"
 
-    DELTA = True
+    DELTA = True                      # writes by the delta rule (a field beta_max), not by adding k v^T
     SLOTS, FAMILY, RECURRENT = (TOKEN,), "recurrent", True
 
     def __post_init__(self):
@@ -87,17 +132,37 @@ class _RecurrentConfig(StoreConfig):
             self.head_v_dim = self.head_k_dim
         self.check_positive("d_model", "n_heads", "head_k_dim", "head_v_dim", "conv_kernel", "chunk_size", "norm_eps")
         self.check(self.mode in MODES, "mode", f"must be one of {MODES}, got {self.mode!r}")
-        bm = getattr(self, "beta_max", None)
-        if bm is not None:
-            self.check(0.0 < bm <= 2.0, "beta_max", f"must be in (0, 2], got {bm}")
+        if self.DELTA:
+            self.check(0.0 < self.beta_max <= 2.0, "beta_max", f"must be in (0, 2], got {self.beta_max}")
+
+    def _check_value_heads(self) -> None:
+        """For kinds with a field n_v_heads (value heads, a multiple of the query/key heads)."""
+        self.check_positive("n_v_heads")
+        self.check(self.n_v_heads % self.n_heads == 0, "n_v_heads",
+                   f"{self.n_v_heads} value heads are not a multiple of {self.n_heads} query/key heads")
+
+    def rule(self) -> Rule:  # pragma: no cover - each kind says
+        """The kind's update rule and gates, as data (``storelab.stores.recurrent_pipeline.Rule``)."""
+        raise NotImplementedError
 
     @property
     def n_value_heads(self) -> int:
         return self.n_heads
 
     @property
+    def writes(self) -> tuple[int, ...]:
+        """The axes of one token's writes between T and the heads: () for one write per token
+        (k [B, T, H, K], the ops of storelab.ops.delta), (n,) for n writes in order (k [B, T, n, H, K])."""
+        return ()
+
+    @property
+    def n_writes(self) -> int:
+        return math.prod(self.writes)
+
+    @property
     def conv_channels(self) -> int:
-        return 2 * self.n_heads * self.head_k_dim + self.n_value_heads * self.head_v_dim
+        H, K, n = self.n_heads, self.head_k_dim, self.n_writes
+        return H * K + n * (H * K + self.n_value_heads * self.head_v_dim)
 
     def build(self) -> nn.Module:
         return RecurrentStore(self)
@@ -106,7 +171,7 @@ class _RecurrentConfig(StoreConfig):
         HV, K, V = self.n_value_heads, self.head_k_dim, self.head_v_dim
         S_bytes = HV * K * V * 4  # the state is kept in fp32 whatever the entry dtype (as Qwen3-Next keeps it)
         tail_bytes = math.ceil((self.conv_kernel - 1) * self.conv_channels * DTYPE_BYTES[dtype])
-        reads = 2 if self.DELTA else 1  # the delta write reads S^T k before the query reads S^T q
+        reads = 1 + (self.n_writes if self.DELTA else 0)  # each delta write reads S^T k; then the query reads S^T q
         return Footprint(context=context, kept=HV, read=HV, state_bytes=S_bytes + tail_bytes,
                          read_flops=2 * reads * HV * K * V, note="matrices per layer; the conv tail is counted in bytes")
 
@@ -120,6 +185,20 @@ class _RecurrentConfig(StoreConfig):
 
     def _extra_params(self) -> int:  # pragma: no cover - each kind says
         raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------- linear attention
+def _fixed_decay_params(cfg) -> dict[str, Tensor]:
+    """RetNet's a_h = 1 - 2^(-5-h), kept as log a_h (a buffer, not saved)."""
+    return {"log_decay": torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(cfg.n_heads, dtype=torch.float32)))}
+
+
+def _fixed_log_decay(store, x_BTD: Tensor) -> Tensor:
+    return store.log_decay.expand(x_BTD.shape[0], x_BTD.shape[1], -1)                       # B T H
+
+
+LINEAR_ATTENTION = Rule(op=linear_attention)
+LINEAR_ATTENTION_FIXED_DECAY = Rule(op=linear_attention, params=_fixed_decay_params, log_decay=_fixed_log_decay)
 
 
 @register("linear_attention")
@@ -142,8 +221,15 @@ class LinearAttentionConfig(_RecurrentConfig):
         super().__post_init__()
         self.check(self.decay in ("none", "fixed"), "decay", f"must be 'none' or 'fixed', got {self.decay!r}")
 
+    def rule(self) -> Rule:
+        return LINEAR_ATTENTION_FIXED_DECAY if self.decay == "fixed" else LINEAR_ATTENTION
+
     def _extra_params(self) -> int:
         return 0
+
+
+# ---------------------------------------------------------------------------- DeltaNet
+DELTANET = Rule(op=delta_rule, params=_beta_params, beta=_beta)
 
 
 @register("deltanet")
@@ -161,8 +247,20 @@ class DeltaNetConfig(_RecurrentConfig):
         source="arXiv 2102.11174 (delta rule), 2406.06484 (chunked DeltaNet)",
     )
 
+    def rule(self) -> Rule:
+        return DELTANET
+
     def _extra_params(self) -> int:
         return self.d_model * self.n_heads
+
+
+# ---------------------------------------------------------------------------- Gated DeltaNet
+def _gdn_rule_params(cfg) -> dict[str, nn.Module | nn.Parameter]:
+    return {**_beta_params(cfg), **_gdn_params(cfg)}
+
+
+GATED_DELTANET = Rule(op=gated_delta_rule, params=_gdn_rule_params, beta=_beta, log_decay=_gdn_log_decay,
+                      output_gate=_silu_output_gate, fla="gated_delta_rule")
 
 
 @register("gated_deltanet")
@@ -185,17 +283,66 @@ class GatedDeltaNetConfig(_RecurrentConfig):
         if self.n_v_heads is None:
             self.n_v_heads = self.n_heads
         super().__post_init__()
-        self.check_positive("n_v_heads")
-        self.check(self.n_v_heads % self.n_heads == 0, "n_v_heads",
-                   f"{self.n_v_heads} value heads are not a multiple of {self.n_heads} query/key heads")
+        self._check_value_heads()
 
     @property
     def n_value_heads(self) -> int:
         return self.n_v_heads
 
+    def rule(self) -> Rule:
+        return GATED_DELTANET
+
     def _extra_params(self) -> int:
         D, HV = self.d_model, self.n_v_heads
         return D * HV * self.head_v_dim + 2 * D * HV + 2 * HV
+
+
+# ---------------------------------------------------------------------------- KDA
+def _kda_params(cfg) -> dict[str, nn.Module | nn.Parameter]:
+    """Kimi Linear: the low-rank forget gate W_fb W_fa and output gate W_gb W_ga; the decay rate
+    A (log A = 0 under the bounded gate, else A ~ U(1, 16)) and dt ~ logU(1e-3, 1e-1) per key channel."""
+    D, H, K, V, r = cfg.d_model, cfg.n_heads, cfg.head_k_dim, cfg.head_v_dim, cfg.gate_rank
+    return {"f_a_proj": nn.Linear(D, r, bias=False), "f_b_proj": nn.Linear(r, H * K, bias=False),
+            "g_a_proj": nn.Linear(D, r, bias=False), "g_b_proj": nn.Linear(r, H * V, bias=False),
+            "A_log": nn.Parameter(torch.zeros(H) if cfg.gate_lower_bound is not None
+                                  else torch.empty(H).uniform_(1, 16).log()),
+            "dt_bias": nn.Parameter(_inverse_softplus(_log_uniform(H * K, 1e-3, 1e-1)))}
+
+
+def _kda_rule_params(cfg) -> dict[str, nn.Module | nn.Parameter]:
+    return {**_beta_params(cfg), **_kda_params(cfg)}
+
+
+def _kda_forget(store, x_BTD: Tensor) -> tuple[Tensor, Tensor]:
+    """f = W_fb W_fa x + dt_bias [B, T, H, K] and the rate exp(A_log) [H, 1]."""
+    B, T, _ = x_BTD.shape
+    f = (store.f_b_proj(store.f_a_proj(x_BTD)).float() + store.dt_bias.float())
+    return f.view(B, T, store.cfg.n_heads, store.cfg.head_k_dim), store.A_log.float().exp()[:, None]
+
+
+def _kda_log_decay_softplus(store, x_BTD: Tensor) -> Tensor:
+    """Kimi Linear: g = -exp(A_log) softplus(f + dt_bias), [B, T, H, K]."""
+    f, rate = _kda_forget(store, x_BTD)
+    return -rate * F.softplus(f)
+
+
+def _kda_log_decay_bounded(store, x_BTD: Tensor) -> Tensor:
+    """Kimi K3 (Glm5Next's "safe gate"): g = lb sigmoid(exp(A_log) (f + dt_bias)) in (lb, 0), [B, T, H, K]."""
+    f, rate = _kda_forget(store, x_BTD)
+    return store.cfg.gate_lower_bound * torch.sigmoid(rate * f)
+
+
+def _sigmoid_low_rank_output_gate(store, x_BTD: Tensor) -> Tensor:
+    """sigmoid(W_gb W_ga x), [B, T, HV, V]."""
+    B, T, _ = x_BTD.shape
+    gate = torch.sigmoid(store.g_b_proj(store.g_a_proj(x_BTD)).float())
+    return gate.view(B, T, store.cfg.n_value_heads, store.cfg.head_v_dim)
+
+
+_KDA = dict(op=kda, params=_kda_rule_params, beta=_beta,
+            output_gate=_sigmoid_low_rank_output_gate, fla="kda")
+KDA_SOFTPLUS_GATE = Rule(**_KDA, log_decay=_kda_log_decay_softplus)
+KDA_BOUNDED_GATE = Rule(**_KDA, log_decay=_kda_log_decay_bounded)
 
 
 @register("kda")
@@ -223,118 +370,9 @@ class KDAConfig(_RecurrentConfig):
         self.check(self.gate_lower_bound is None or self.gate_lower_bound < 0, "gate_lower_bound",
                    f"must be < 0 (a log retention) or None, got {self.gate_lower_bound}")
 
+    def rule(self) -> Rule:
+        return KDA_SOFTPLUS_GATE if self.gate_lower_bound is None else KDA_BOUNDED_GATE
+
     def _extra_params(self) -> int:
         D, H, K, V, r = self.d_model, self.n_heads, self.head_k_dim, self.head_v_dim, self.gate_rank
         return D * H + D * r + r * H * K + H * K + H + D * r + r * H * V
-
-
-def _inverse_softplus(x: Tensor) -> Tensor:
-    return x + torch.log(-torch.expm1(-x))
-
-
-class RecurrentStore(nn.Module):
-    """One recurrent layer of any of the four kinds; ``forward(x, state) -> (y, RecurrentState)``.
-
-    A chunked Gated DeltaNet or KDA store looks up fla's kernel of its rule once, at construction
-    (``storelab.ops.fla.fla_kernels``), and runs it on CUDA tensors; ``backend`` says what it found.
-    """
-
-    def __init__(self, cfg: _RecurrentConfig):
-        super().__init__()
-        self.cfg = cfg
-        D, H, HV, K, V = cfg.d_model, cfg.n_heads, cfg.n_value_heads, cfg.head_k_dim, cfg.head_v_dim
-        self.kind = cfg.KIND
-        self.q_proj = nn.Linear(D, H * K, bias=False)
-        self.k_proj = nn.Linear(D, H * K, bias=False)
-        self.v_proj = nn.Linear(D, HV * V, bias=False)
-        self.conv_weight = nn.Parameter(torch.randn(cfg.conv_channels, cfg.conv_kernel) / math.sqrt(cfg.conv_kernel))
-        self.o_norm = nn.Parameter(torch.ones(V))
-        self.o_proj = nn.Linear(HV * V, D, bias=False)
-        if cfg.DELTA:
-            self.b_proj = nn.Linear(D, HV, bias=False)
-        if self.kind == "linear_attention" and cfg.decay == "fixed":
-            self.register_buffer("log_decay", torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(H, dtype=torch.float32))),
-                                 persistent=False)
-        if self.kind == "gated_deltanet":
-            # Qwen3-Next / fla initialisation: A ~ U(0, 16), dt ~ logU(1e-3, 1e-1) stored as softplus^-1(dt)
-            self.z_proj = nn.Linear(D, HV * V, bias=False)
-            self.a_proj = nn.Linear(D, HV, bias=False)
-            self.A_log = nn.Parameter(torch.empty(HV).uniform_(1e-2, 16).log())
-            self.dt_bias = nn.Parameter(_inverse_softplus(torch.empty(HV).uniform_(math.log(1e-3), math.log(1e-1)).exp()))
-        if self.kind == "kda":
-            r = cfg.gate_rank
-            self.f_a_proj = nn.Linear(D, r, bias=False)
-            self.f_b_proj = nn.Linear(r, H * K, bias=False)
-            self.g_a_proj = nn.Linear(D, r, bias=False)
-            self.g_b_proj = nn.Linear(r, H * V, bias=False)
-            A = torch.zeros(H) if cfg.gate_lower_bound is not None else torch.empty(H).uniform_(1, 16).log()
-            self.A_log = nn.Parameter(A)
-            self.dt_bias = nn.Parameter(_inverse_softplus(torch.empty(H * K).uniform_(math.log(1e-3), math.log(1e-1)).exp()))
-        op = _FLA_OP.get(self.kind)
-        self._fla = fla_dispatch.fla_kernels([op]) if op is not None and cfg.mode == "chunk" else {}  # op -> kernel
-
-    @property
-    def backend(self) -> str:
-        """What construction found: "fla" (fla's kernel of this rule, run on CUDA tensors) or "torch"."""
-        return "fla" if self._fla else "torch"
-
-    # -- gates ---------------------------------------------------------------------
-    def _beta(self, x_BTD: Tensor) -> Tensor:
-        return torch.sigmoid(self.b_proj(x_BTD).float()) * self.cfg.beta_max                  # B T HV
-
-    def _log_decay(self, x_BTD: Tensor) -> Tensor | None:
-        """g <= 0: the log of what each step keeps of the old state."""
-        if self.kind == "gated_deltanet":
-            return -self.A_log.float().exp() * F.softplus(self.a_proj(x_BTD).float() + self.dt_bias)  # B T HV
-        if self.kind == "kda":
-            B, T, _ = x_BTD.shape
-            f = (self.f_b_proj(self.f_a_proj(x_BTD)).float() + self.dt_bias.float()).view(B, T, self.cfg.n_heads,
-                                                                                          self.cfg.head_k_dim)
-            rate = self.A_log.float().exp()[:, None]                                          # H 1
-            lb = self.cfg.gate_lower_bound
-            return lb * torch.sigmoid(rate * f) if lb is not None else -rate * F.softplus(f)    # B T H K
-        if self.kind == "linear_attention" and self.cfg.decay == "fixed":
-            return self.log_decay.expand(x_BTD.shape[0], x_BTD.shape[1], -1)
-        return None
-
-    def _output_gate(self, x_BTD: Tensor, B: int, T: int) -> Tensor | None:
-        HV, V = self.cfg.n_value_heads, self.cfg.head_v_dim
-        if self.kind == "gated_deltanet":
-            return F.silu(self.z_proj(x_BTD).float()).view(B, T, HV, V)
-        if self.kind == "kda":
-            return torch.sigmoid(self.g_b_proj(self.g_a_proj(x_BTD)).float()).view(B, T, HV, V)
-        return None
-
-    # -- the store -------------------------------------------------------------------
-    def forward(self, x_BTD: Tensor, state: RecurrentState | None = None, *, token_ids=None):
-        cfg = self.cfg
-        check_input(x_BTD, cfg.d_model)
-        B, T, _ = x_BTD.shape
-        H, HV, K, V = cfg.n_heads, cfg.n_value_heads, cfg.head_k_dim, cfg.head_v_dim
-        state = state if state is not None else RecurrentState()
-        qkv_BTC = torch.cat([self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)], dim=-1)
-        qkv_BTC, tail = causal_conv1d(qkv_BTC, self.conv_weight, tail_BWC=state.conv, activation="silu")
-        q_BTHK, k_BTHK, v_BTHV = qkv_BTC.split([H * K, H * K, HV * V], dim=-1)
-        q_BTHK = l2_norm(q_BTHK.reshape(B, T, H, K).float())
-        k_BTHK = l2_norm(k_BTHK.reshape(B, T, H, K).float())
-        v_BTHV = v_BTHV.reshape(B, T, HV, V).float()
-        common = dict(initial_state=state.S, output_final_state=True, chunk_size=cfg.chunk_size, mode=cfg.mode)
-        g = self._log_decay(x_BTD)
-        fla_fn = self._fla.get(_FLA_OP.get(self.kind)) if q_BTHK.device.type in fla_dispatch.FLA_DEVICES else None
-        if fla_fn is not None:
-            o_BTHV, S = fla_dispatch.run_fla(fla_fn, q_BTHK, k_BTHK, v_BTHV, g=g, beta=self._beta(x_BTD),
-                                             initial_state=state.S, output_final_state=True)
-        elif self.kind == "linear_attention":
-            o_BTHV, S = linear_attention(q_BTHK, k_BTHK, v_BTHV, g=g, **common)
-        elif self.kind == "deltanet":
-            o_BTHV, S = delta_rule(q_BTHK, k_BTHK, v_BTHV, beta=self._beta(x_BTD), **common)
-        elif self.kind == "gated_deltanet":
-            o_BTHV, S = gated_delta_rule(q_BTHK, k_BTHK, v_BTHV, g=g, beta=self._beta(x_BTD), **common)
-        else:
-            o_BTHV, S = kda(q_BTHK, k_BTHK, v_BTHV, g=g, beta=self._beta(x_BTD), **common)
-        o_BTHV = rms_norm(o_BTHV, self.o_norm, cfg.norm_eps)
-        gate = self._output_gate(x_BTD, B, T)
-        if gate is not None:
-            o_BTHV = o_BTHV * gate
-        y_BTD = self.o_proj(o_BTHV.reshape(B, T, HV * V).to(x_BTD.dtype))
-        return y_BTD, RecurrentState(seen=state.seen + T, S=S.float(), conv=tail)
