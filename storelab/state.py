@@ -5,7 +5,22 @@ A model's cache is a list of them, one per layer slot. Each state knows
 
 * ``nbytes()``  - the bytes its tensors occupy now (what the accounting predicts);
 * ``entries``   - how many entries it holds (cache rows, matrix count, ...);
-* ``seen``      - how many tokens have passed through it (the position offset).
+* ``seen``      - how many tokens have passed through it (the position offset);
+* ``clone()``   - an independent copy (callers who need the state before a call keep one,
+                  since ``forward`` may update the state it is given in place).
+
+Most states are a layer's own. A few reference what layers share (``LINKS``): a selection
+group's per-call share (dsa, hierarchical), or the owner's state that a reader's view reads
+(``cache_owner``). ``clone()`` keeps those references, and three methods, no-ops for a state
+of its own, let the model keep them right without knowing the store:
+
+* ``before_call(tokens)`` - the model is about to run the layer on ``tokens`` tokens (a view
+                            takes its position from the owner, which has already written them);
+* ``narrow(start)``       - the layers after this one see only the call's tokens from ``start`` on
+                            (the first decoder layer of an encoder-decoder): per-call data it
+                            publishes for them (a selection) is narrowed to those;
+* ``relink(linked)``      - take the references of ``linked``, the same layer's state freshly
+                            made and linked for this cache (``Model.relink``, after surgery on copies).
 
 Shape legend used across storelab: B batch, T tokens in this call, L tokens kept,
 H heads, K key width, V value width, D model width.
@@ -14,9 +29,11 @@ H heads, K key width, V value width, D model width.
 from __future__ import annotations
 
 import contextvars
+import copy
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -180,12 +197,38 @@ class State:
 
     seen: int = 0
 
+    # fields that reference what this state shares with other layers' states (a selection group's
+    # share, the owner of a cache read through a view): kept by ``clone``, replaced by ``relink``
+    LINKS: ClassVar[tuple[str, ...]] = ()
+
     def nbytes(self) -> int:
         return tensor_bytes(*(getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)))
 
     @property
     def entries(self) -> int:  # pragma: no cover - each subclass says
         raise NotImplementedError
+
+    def clone(self) -> "State":
+        """A copy that shares no tensor with this state: every tensor and counter copied (the views
+        of a row buffer stay views of the copied buffer, so the copy grows in place as well); the
+        ``LINKS`` are the same objects, not copies (a clone is in its group, and reads its owner,
+        until ``relink`` says otherwise)."""
+        memo = {id(v): v for v in (getattr(self, n) for n in self.LINKS) if v is not None}
+        for _, t in _tensors(self, "", set(memo)):
+            if t.grad_fn is not None:  # deepcopy refuses tensors inside a graph; copy those within it
+                memo[id(t)] = t.clone()
+        return copy.deepcopy(self, memo)
+
+    def before_call(self, tokens: int) -> None:
+        """The model is about to run this layer's store on ``tokens`` tokens (a no-op for a state of its own)."""
+
+    def narrow(self, start: int) -> None:
+        """The layers after this one see only this call's tokens from ``start`` on (a no-op by default)."""
+
+    def relink(self, linked: "State") -> None:
+        """Take the ``LINKS`` of ``linked``: the same layer's state, made and linked afresh for this cache."""
+        for n in self.LINKS:
+            setattr(self, n, getattr(linked, n))
 
 
 @dataclass

@@ -10,6 +10,7 @@ import torch
 from storelab.ops.attention import causal_mask
 from storelab.ops.indexer import block_pool, index_scores, index_scores_at, selection_mask, top_positions
 from storelab.stores import build_store
+from storelab.stores.base import observe
 from storelab.stores.dsa import DSAConfig, HierarchicalConfig, SelectionCache, Selector, link_selection_states
 from storelab.stores.mla import MLAConfig
 from tests.helpers import assert_close
@@ -89,10 +90,12 @@ def test_reads_never_exceed_the_budget():
             t = 0
             for c in chunks:
                 for j, (cfg, m) in enumerate(zip(cfgs, mods)):
-                    _, states[j] = m(x[:, t:t + c], states[j])
+                    with observe(m) as seen:
+                        _, states[j] = m(x[:, t:t + c], states[j])
+                    log = seen.last(m, "reads")
                     visible = torch.arange(t, t + c) + 1
-                    assert torch.equal(m.log.read[0], visible.clamp(max=k))  # min(visible, k), never more
-                    scored = m.log.scored[0]
+                    assert torch.equal(log.read[0], visible.clamp(max=k))  # min(visible, k), never more
+                    scored = log.scored[0]
                     if not cfg.runs_indexer:
                         assert (scored == 0).all()
                     elif pool is not None and cfg.role == "refresh":
@@ -106,8 +109,9 @@ def test_sparse_read_equals_masked_dense_read_and_mla_when_everything_fits():
     cfg = dsa(0)
     m = build_stack([cfg])[0]
     x = torch.randn(2, 17, 32, dtype=torch.float64)
-    y, state = m(x)
-    mask_BTL = selection_mask(m.last_selection, m.log.read[..., None] > torch.arange(5), 17)
+    with observe(m) as seen:
+        y, state = m(x)
+    mask_BTL = selection_mask(seen.last(m, "selection"), seen.last(m, "reads").read[..., None] > torch.arange(5), 17)
     assert (mask_BTL.sum(-1) == torch.arange(1, 18).clamp(max=5)).all()
     assert not (mask_BTL & ~causal_mask(17, 17)).any()        # never a future position
     p = m.mla.project(x, torch.arange(17))
@@ -126,21 +130,23 @@ def test_hierarchical_pool_and_refresh_selection():
     mods = build_stack(cfgs)
     T = 23
     x = torch.randn(1, T, 32, dtype=torch.float64)
-    _, states = run_stack(mods, cfgs, x, [T])
+    with observe(*mods) as seen:
+        _, states = run_stack(mods, cfgs, x, [T])
+    selection = [seen.last(m, "selection") for m in mods]
     share = states[0].share
     assert states[1].share is share is states[2].share
     pool, pool_valid = share.pool_BTP, share.pool_valid_BTP
     assert pool.shape[-1] == 8                                   # 2 blocks of 4
     blocks = pool.view(1, T, 2, 4)
     assert (blocks[..., 0] % 4 == 0).all() and (blocks // 4 == blocks[..., :1] // 4).all()  # whole, aligned blocks
-    root_sel = mods[0].last_selection
+    root_sel = selection[0]
     for t in range(T):
         valid_pool = set(pool[0, t][pool_valid[0, t]].tolist())
         assert valid_pool == {s for s in pool[0, t].tolist() if s <= t} and len(valid_pool) <= 8
         # the root's own top 3 lie in its pool (2 blocks >= 3 needed? no: 2 < 3, so check only the best 2)
         assert set(root_sel[0, t, : min(2, t + 1)].tolist()) <= valid_pool
         # the refresh layer reads its own top 3 inside the pool: brute force over the masked full scores
-        ref_sel = set(mods[2].last_selection[0, t, : min(3, len(valid_pool))].tolist())
+        ref_sel = set(selection[2][0, t, : min(3, len(valid_pool))].tolist())
         assert ref_sel <= valid_pool
     # brute force for the refresh layer: its scores over all positions, restricted to the pool
     m2 = mods[2]
@@ -152,9 +158,9 @@ def test_hierarchical_pool_and_refresh_selection():
         scores = index_scores(q, states[2].index_k, w, scale=m2.indexer.scale, mask_TL=in_pool[0])
     want, ok = top_positions(scores, 3)
     for t in range(T):
-        assert set(want[0, t][ok[0, t]].tolist()) == set(m2.last_selection[0, t][ok[0, t]].tolist())
+        assert set(want[0, t][ok[0, t]].tolist()) == set(selection[2][0, t][ok[0, t]].tolist())
     # the reuser between them read the root's selection
-    assert torch.equal(mods[1].last_selection, root_sel)
+    assert torch.equal(selection[1], root_sel)
 
 
 def test_block_pool_holds_the_top_positions():

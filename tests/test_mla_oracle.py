@@ -15,6 +15,7 @@ from transformers import AutoConfig
 
 from storelab.ops.attention import causal_mask
 from storelab.ops.indexer import index_scores
+from storelab.stores.base import observe
 from storelab.stores.dsa import HF_INDEXER_NAMES, DSAConfig, SelectionCache, SelectionShare
 from storelab.stores.mla import HF_NAMES, MLAConfig
 from tests.helpers import assert_close, capture, tiny_hf_model
@@ -140,16 +141,18 @@ def test_dsa_indexer_selects_the_oracle_sets(family, interleaved):
     copy_weights(ours.mla, attn, MLA_NAMES)
     copy_weights(ours.indexer, attn.indexer, INDEXER_NAMES)
     x = kw_attn["hidden_states"]
-    y, state = ours(x)
+    with observe(ours) as seen:
+        y, state = ours(x)
+    selected = seen.last(ours, "selection")
     # our scores, recomputed from our own modules, for the tie check
     with torch.no_grad():
         p = ours.mla.project(x, torch.arange(T))
         q_BTHK, w_BTH = ours.indexer.queries(x, p.q_src_BTQ, torch.arange(T))
         scores = index_scores(q_BTHK, state.index_k, w_BTH, scale=ours.indexer.scale, mask_TL=causal_mask(T, T))
-    ties = assert_same_selection(ours.last_selection, hf_topk.long(), scores, f"{family} indexer")
+    ties = assert_same_selection(selected, hf_topk.long(), scores, f"{family} indexer")
     assert ties <= T // 2
     # where both sets agree, the attention outputs agree too
-    same = torch.tensor([[set(ours.last_selection[b, t, : min(8, t + 1)].tolist())
+    same = torch.tensor([[set(selected[b, t, : min(8, t + 1)].tolist())
                           == {int(i) for i in hf_topk[b, t] if int(i) <= t} for t in range(T)] for b in range(2)])
     assert same.float().mean() > 0.5
     assert_close(y[same], hf_out[0][same], 1e-5, f"{family} attention output")

@@ -14,6 +14,7 @@ from storelab.ops.attention import (attend_causal, attend_causal_blocks, attend_
                                     merge_parts)
 from storelab.ops.indexer import _top_in_order, block_pool, index_scores, top_positions, top_positions_streamed
 from storelab.state import KVCache, append_rows, held_bytes, joined_rows, loose_views, reserved_bytes, upcoming
+from storelab.stores.base import observe
 from storelab.stores.dsa import DSAConfig, HierarchicalConfig, link_selection_states
 from storelab.stores.mla import MLAConfig
 from storelab.zoo import load_zoo
@@ -188,8 +189,9 @@ def test_dsa_streamed_selection_equals_full_scoring(monkeypatch):
     with torch.no_grad():
         state = link_selection_states([cfg])[0]
         _, state = m(x[:, :17], state)
-        _, state = m(x[:, 17:], state)
-        got = m.last_selection
+        with observe(m) as seen:
+            _, state = m(x[:, 17:], state)
+        got = seen.last(m, "selection")
         pos = torch.arange(17, 40)
         q, w = m.indexer.queries(x[:, 17:], m.mla.project(x[:, 17:], pos).q_src_BTQ, pos)
         full = index_scores(q, state.index_k, w, scale=m.indexer.scale, mask_TL=causal_mask(23, 40))

@@ -18,18 +18,27 @@ An optional ``lookup`` slot (Engram, arXiv 2601.07372) is read first; its output
 added to the token mixer's input and to what the token sublayer writes, which for the
 plain residual is the Engram paper's ``h <- h + engram(h)`` before the attention.
 
-Sharing a selection (GLM's IndexShare, V4.1-Flash's hierarchical groups) is the
-dsa/hierarchical stores' own mechanism: ``new_cache`` links their states with
-``link_selection_states``. Sharing a cache (``LayerConfig.cache_owner``):
+Sharing across layers is a small protocol between the model, the store configs and
+their states (storelab.state); the model names no store kind:
 
-* a latent cache (mla, dsa, hierarchical) is shared here: the reader's state is a
-  ``SharedLatentCache`` whose ``append`` writes nothing and returns the owner's
-  entries (and index keys), so the reader reads exactly the owner's cache and
-  holds no bytes of its own;
-* a store whose module says ``SHARES = True`` (csa, hca) is handed the owner's state
-  as ``shared=``, after the owner's call, and keeps no cache of its own;
-* any other store keeps its own cache at run time; the accounting still counts the
-  shared cache once, and ``Model.unshared`` lists them.
+* a layer's empty state comes from its config, ``new_state(groups, owner=...)``, for
+  the configs that declare sharing (``SHARES_SELECTION``, or ``CACHE_SHARING ==
+  "latent"``; the others make their own state on the first call). ``groups`` is a
+  scratch dict one cache's layers fill in order: a selection group (GLM's IndexShare,
+  V4.1-Flash's hierarchical groups) keeps its per-call share there;
+* sharing a cache (``LayerConfig.cache_owner``): a reader whose config and owner's
+  config say ``CACHE_SHARING == "latent"`` gets a view of the owner's state
+  (``owner=``), which writes nothing, returns the owner's entries and holds no bytes
+  of its own; a reader that says ``"handed"`` is called with ``shared=`` the owner's
+  state, after the owner's call, and keeps no cache of its own; any other store keeps
+  its own cache at run time (the accounting still counts the shared cache once, and
+  ``Model.unshared`` lists them);
+* before each layer runs, its state hears ``before_call(T)`` (a view takes its
+  position from the owner); after the first decoder layer, ``narrow(start)`` (a
+  selection it published for every token is cut to the decoder's tokens);
+* a cache assembled from copies (the probes swap states between caches) is linked
+  again by ``Model.relink``: every state takes the links (``LINKS``: a group's share,
+  a view's owner) of a fresh state made for that cache.
 
 Encoder-decoder (DeepSeek-V4.1-Flash, ``encoder_layers = E``): every token passes
 through the E encoder layers; the decoder layers see only the tokens the caller
@@ -50,8 +59,7 @@ from torch import Tensor, nn
 
 from storelab.models.config import LayerConfig, ModelConfig
 from storelab.ops.norm import RMSNorm
-from storelab.state import State, tensor_bytes, upcoming, upcoming_tokens
-from storelab.stores.dsa import SelectionCache, link_selection_states
+from storelab.state import State, upcoming, upcoming_tokens
 
 
 @dataclass
@@ -66,38 +74,10 @@ class LayerState:
     def nbytes(self) -> int:
         return sum(s.nbytes() for s in (self.token, self.channel, self.lookup) if s is not None)
 
-
-@dataclass
-class SharedLatentCache(SelectionCache):
-    """A reader's view of another layer's latent cache: ``append`` returns the owner's
-    entries and writes nothing; so does ``append_index`` (the owner's index keys)."""
-
-    owner: SelectionCache | None = None
-
-    def append(self, latent_BTC: Tensor, k_rope_BTR: Tensor) -> tuple[Tensor, Tensor]:
-        return self.owner.latent, self.owner.k_rope
-
-    def joined(self) -> Tensor | None:
-        return self.owner.joined()
-
-    def append_index(self, k_BTK: Tensor) -> Tensor:
-        if self.owner.index_k is None:
-            raise ValueError("cache_owner: the owner layer keeps no index keys for this reader's indexer")
-        return self.owner.index_k
-
-    @property
-    def entries(self) -> int:
-        return 0
-
-    def nbytes(self) -> int:
-        return tensor_bytes(self.index_k)  # always None: nothing of its own
-
-
-def _call_store(store: nn.Module, x_BTD: Tensor, state, token_ids, shared):
-    """Run a store; pass ``shared`` (another layer's state) only to stores that take it."""
-    if shared is not None and getattr(store, "SHARES", False):
-        return store(x_BTD, state, token_ids=token_ids, shared=shared)
-    return store(x_BTD, state, token_ids=token_ids)
+    def clone(self) -> "LayerState":
+        """Each state's ``clone()`` (its links kept: ``Model.relink`` the cloned cache to use it alone)."""
+        token, channel, lookup = (None if s is None else s.clone() for s in (self.token, self.channel, self.lookup))
+        return LayerState(token=token, channel=channel, lookup=lookup, seen=self.seen)
 
 
 class Block(nn.Module):
@@ -117,14 +97,16 @@ class Block(nn.Module):
 
     def forward(self, ds: Any, state: LayerState, token_ids_BT: Tensor, shared: State | None = None,
                 keep_from: int = 0):
-        """``keep_from``: drop the tokens before it after the token mixer (the first decoder layer)."""
+        """``shared``: the owner's state, handed to a token store that reads it (``CACHE_SHARING ==
+        "handed"``). ``keep_from``: drop the tokens before it after the token mixer (the first decoder layer)."""
         state.seen += token_ids_BT.shape[1]  # tokens through the token mixer
         x_BTD = self.depth_token.read(ds)
         e_BTD = None
         if self.lookup is not None:  # Engram: its output joins the stream before the token mixer reads it
             e_BTD, state.lookup = self.lookup(self.norm_lookup(x_BTD), state.lookup, token_ids=token_ids_BT)
             x_BTD = x_BTD + e_BTD
-        y_BTD, state.token = _call_store(self.token, self.norm_token(x_BTD), state.token, token_ids_BT, shared)
+        handed = {} if shared is None else {"shared": shared}
+        y_BTD, state.token = self.token(self.norm_token(x_BTD), state.token, token_ids=token_ids_BT, **handed)
         ds = self.depth_token.write(ds, y_BTD if e_BTD is None else y_BTD + e_BTD)
         if keep_from:
             ds, token_ids_BT = _slice_time(ds, keep_from), token_ids_BT[:, keep_from:]
@@ -150,39 +132,58 @@ class Model(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.unshared = [i for i, lay in enumerate(cfg.layers) if not cfg.owns_cache(i)
-                         and not getattr(self.blocks[i].token, "SHARES", False) and not self._latent(i)]
+        # how each layer reads another layer's cache, from the configs' declared CACHE_SHARING
+        sharing = [lay.token.CACHE_SHARING if not cfg.owns_cache(i) else "" for i, lay in enumerate(cfg.layers)]
+        self._views = [s == "latent" and cfg.layers[lay.cache_owner].token.CACHE_SHARING == "latent"
+                       for s, lay in zip(sharing, cfg.layers)]   # a view of the owner's latent cache
+        self._handed = [s == "handed" for s in sharing]          # called with shared= the owner's state
+        self.unshared = [i for i in range(cfg.n_layers)
+                         if not cfg.owns_cache(i) and not self._views[i] and not self._handed[i]]
 
-    def _latent(self, i: int) -> bool:
-        """Layer i reads another layer's latent cache through a SharedLatentCache."""
-        o = self.cfg.layers[i].cache_owner
-        return o not in (None, i) and self.cfg.layers[i].token.KIND in LATENT_KINDS \
-            and self.cfg.layers[o].token.KIND in LATENT_KINDS
+    def _new_state(self, i: int, groups: dict, cache: list[LayerState]) -> State | None:
+        """Layer i's empty token state, linked through ``groups`` and, for a view, to its owner's
+        state in ``cache`` (an earlier layer). Stores that share nothing make theirs on the first call."""
+        cfg = self.cfg.layers[i].token
+        if not (cfg.SHARES_SELECTION or cfg.CACHE_SHARING == "latent"):
+            return None
+        owner = cache[self.cfg.layers[i].cache_owner].token if self._views[i] else None
+        try:
+            return cfg.new_state(groups, owner=owner)
+        except ValueError as e:
+            raise ValueError(f"layer {i}: {e}") from None
 
     def new_cache(self) -> list[LayerState]:
-        """Empty per-layer states; selection groups and latent-cache readers linked."""
-        tokens = link_selection_states([lay.token for lay in self.cfg.layers])
-        cache = [LayerState(token=t) for t in tokens]
-        for i in range(len(cache)):
-            if self._latent(i):
-                o = self.cfg.layers[i].cache_owner
-                if cache[o].token is None:
-                    cache[o].token = SelectionCache()
-                share = cache[i].token.share if cache[i].token is not None else None
-                cache[i].token = SharedLatentCache(share=share, owner=cache[o].token)
+        """Empty per-layer states; selection groups and readers of another layer's cache linked."""
+        groups: dict = {}
+        cache: list[LayerState] = []
+        for i in range(self.cfg.n_layers):
+            cache.append(LayerState(token=self._new_state(i, groups, cache)))
+        return cache
+
+    def relink(self, cache: list[LayerState]) -> list[LayerState]:
+        """Link the token states of ``cache`` as ``new_cache`` links them: each selection group one
+        fresh per-call share, each view its owner's state in this cache. For a cache assembled from
+        copies (``LayerState.clone``, states taken from another cache); returns ``cache``."""
+        groups: dict = {}
+        for i, st in enumerate(cache):
+            linked = self._new_state(i, groups, cache)
+            if linked is None:
+                continue
+            if st.token is None:
+                st.token = linked
+            else:
+                st.token.relink(linked)
         return cache
 
     def _run(self, blocks: range, ds: Any, cache: list[LayerState], ids_BT: Tensor, keep_from: int = 0) -> Any:
         for i in blocks:
-            lay = self.cfg.layers[i]
             st = cache[i].token
-            if isinstance(st, SharedLatentCache):
-                # the owner has already written this call's entries: the reader's tokens are its last T
-                st.seen = st.owner.seen - ids_BT.shape[1]
-            shared = cache[lay.cache_owner].token if lay.cache_owner not in (None, i) else None
+            if st is not None:
+                st.before_call(ids_BT.shape[1])
+            shared = cache[self.cfg.layers[i].cache_owner].token if self._handed[i] else None
             ds, cache[i] = self.blocks[i](ds, cache[i], ids_BT, shared, keep_from)
-            if keep_from:
-                _narrow_share(cache[i].token, keep_from)
+            if keep_from and cache[i].token is not None:
+                cache[i].token.narrow(keep_from)
         return ds
 
     def forward(self, token_ids_BT: Tensor, cache: list[LayerState] | None = None, *,
@@ -223,22 +224,6 @@ class Model(nn.Module):
         if ds is None:
             return None
         return self._run(range(E + 1, len(self.blocks)), ds, cache, ids_BT[:, decode_from:])
-
-
-LATENT_KINDS = ("mla", "dsa", "hierarchical")
-
-
-def _narrow_share(state: State | None, start: int) -> None:
-    """After the first decoder layer ran on every token of a call, the selection it published
-    covers them all; the decoder layers after it see only the tokens from ``start`` on."""
-    share = getattr(state, "share", None)
-    if share is None or share.pos_BTk is None:
-        return
-    share.seen, share.T = share.seen + start, share.T - start
-    # copies: the narrowed selection must not keep the encoder tokens' rows alive
-    share.pos_BTk, share.valid_BTk = share.pos_BTk[:, start:].clone(), share.valid_BTk[:, start:].clone()
-    if share.pool_BTP is not None:
-        share.pool_BTP, share.pool_valid_BTP = share.pool_BTP[:, start:].clone(), share.pool_valid_BTP[:, start:].clone()
 
 
 def _slice_time(ds: Any, start: int) -> Any:

@@ -10,12 +10,14 @@ heads, and how stable the ranking of heads from fast to slow is across documents
 Spearman correlation between every pair of documents; 1 = the same order every time,
 fixed by the weights).
 
-From the weights alone (after DASC, arXiv 2608.30386), for KDA: drop the input-dependent
-part of the gate (f = 0), so each channel's log retention is its bias term,
-``g_k = lb * sigmoid(exp(A_log) * dt_bias_k)`` (Kimi K3's bounded gate) or
-``-exp(A_log) * softplus(dt_bias_k)``. A channel fades to a thousandth within 64 tokens
-when ``64 g_k <= ln 1e-3``; a head *mixes* when it has such a channel and one that lasts
-longer. Reported: the fraction of KDA heads that mix.
+From the weights alone (after DASC, arXiv 2608.30386), for the layers whose decay is per
+key channel (KDA; found from the gates themselves, [B, T, H, K] rather than [B, T, H]): drop
+the input-dependent part of the gate (f = 0, the gate's value at x = 0), so each channel's
+log retention is its bias term, for KDA ``g_k = lb * sigmoid(exp(A_log) * dt_bias_k)``
+(Kimi K3's bounded gate) or ``-exp(A_log) * softplus(dt_bias_k)``. A channel fades to a
+thousandth within 64 tokens when ``64 g_k <= ln 1e-3``; a head *mixes* when it has such a
+channel and one that lasts longer. Reported: the fraction of those heads that mix
+(``kda_mixing_fraction``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from storelab.probes.common import recurrent_layers, spearman
 
@@ -65,14 +66,13 @@ def half_lives(g: torch.Tensor) -> torch.Tensor:
     return math.log(2.0) / (-per_tok).clamp_min(1e-12)
 
 
+@torch.no_grad()
 def kda_weight_estimate(store) -> dict:
-    """Per head of one KDA layer: the f = 0 log retention of each channel and whether the head mixes."""
-    cfg = store.cfg
-    H, K = cfg.n_heads, cfg.head_k_dim
-    rate = store.A_log.detach().float().exp()[:, None]           # H 1
-    bias = store.dt_bias.detach().float().view(H, K)
-    lb = cfg.gate_lower_bound
-    g_HK = lb * torch.sigmoid(rate * bias) if lb is not None else -rate * F.softplus(bias)
+    """Per head of one layer with a decay per key channel (KDA): the f = 0 log retention of each
+    channel (its gate at x = 0, the bias term alone) and whether the head mixes."""
+    w = next(store.parameters())
+    zero_11D = torch.zeros(1, 1, store.cfg.d_model, device=w.device, dtype=w.dtype)
+    g_HK = store._log_decay(zero_11D)[0, 0].float()               # H K
     fades = WITHIN * g_HK <= math.log(FADE)                       # to a thousandth within 64 tokens
     mixes = fades.any(-1) & (~fades).any(-1)
     return {"log_retention": g_HK, "fades": fades, "mixes": mixes}
@@ -105,8 +105,8 @@ def forgetting(model, task=None, *, inputs=None, n: int = 8, seed: int = 0) -> d
         })
     else:
         out.update({"heads": [], "median_half_life": None, "ranking_stability": None})
-    kda_layers = [i for i in recurrent_layers(model) if model.cfg.layers[i].token.KIND == "kda"]
-    mixes = [kda_weight_estimate(model.blocks[i].token)["mixes"] for i in kda_layers]
+    per_channel = [i for i, g in sorted(gates.items()) if g.dim() == 4]   # a decay per key channel (KDA)
+    mixes = [kda_weight_estimate(model.blocks[i].token)["mixes"] for i in per_channel]
     if mixes:
         m = torch.cat(mixes)
         out["kda_heads"] = int(m.numel())

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from storelab.stores.depth import MHCConfig
 from storelab.tasks import IGNORE
 
 ESSAY_MHC = {"source": "Zhao et al., arXiv 2609.05309 (DeepSeek-V4-Flash), perplexity change",
@@ -30,12 +31,8 @@ def mhc_mixers(model, half: str) -> list:
     """The mHC mixers (token and channel sublayers) of the layers in the ``first`` or ``second`` half."""
     n = len(model.blocks)
     layers = range(0, n // 2) if half == "first" else range(n // 2, n)
-    out = []
-    for i in layers:
-        for m in (model.blocks[i].depth_token, model.blocks[i].depth_channel):
-            if hasattr(m, "coefficients") and hasattr(m.cfg, "n_streams"):
-                out.append(m)
-    return out
+    return [m for i in layers if isinstance(model.cfg.layers[i].depth, MHCConfig)
+            for m in (model.blocks[i].depth_token, model.blocks[i].depth_channel)]
 
 
 @contextmanager

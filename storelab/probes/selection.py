@@ -25,6 +25,7 @@ import torch
 from storelab.ops.attention import causal_mask
 from storelab.ops.indexer import selection_mask
 from storelab.ops.msa import block_mask
+from storelab.stores.base import observe
 from storelab.stores.dsa import SelectionAttention
 from storelab.stores.msa import BlockSparseAttention
 
@@ -54,19 +55,18 @@ def msa_view(store: BlockSparseAttention, x_BTD: torch.Tensor) -> tuple[torch.Te
     return w_BGTL, sel, c.budget, c.block_size
 
 
-def dsa_view(store: SelectionAttention, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(full weights [B, 1, T, L], selected [B, 1, T, L], budget, 1) of one DSA call from 0 (absorbed MLA)."""
+def dsa_view(store: SelectionAttention, x_BTD: torch.Tensor, sel_pos_BTk: torch.Tensor) \
+        -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(full weights [B, 1, T, L], selected [B, 1, T, L], budget, 1) of one DSA call from 0 (absorbed MLA),
+    given the positions the call selected (what it emitted as ``"selection"``)."""
     B, T, _ = x_BTD.shape
     pos = torch.arange(T)
     p = store.mla.project(x_BTD, pos)
     q_BTHX = store.mla.absorbed_query(p)
     keys_BLX = torch.cat([p.latent_BTC, p.k_rope_BTR], dim=-1)
     w_BHTL = _softmax_causal(torch.einsum("bthx,blx->bhtl", q_BTHX, keys_BLX) * store.mla.cfg.scale)
-    sel_pos = store.last_selection
-    sel = selection_mask(sel_pos, torch.ones_like(sel_pos, dtype=torch.bool), T)
-    c = store.cfg
-    budget = c.topk if getattr(c, "KIND", "") == "hierarchical" else c.index_topk
-    return w_BHTL.mean(1, keepdim=True), sel[:, None] & causal_mask(T, T), budget, 1
+    sel = selection_mask(sel_pos_BTk, torch.ones_like(sel_pos_BTk, dtype=torch.bool), T)
+    return w_BHTL.mean(1, keepdim=True), sel[:, None] & causal_mask(T, T), store.selector.k, 1
 
 
 def selection_metrics(w_BGTL: torch.Tensor, sel_BGTL: torch.Tensor, budget: int, first: int) -> dict:
@@ -102,15 +102,18 @@ def selection(model, task=None, *, inputs=None, n: int = 8, seed: int = 0) -> di
              for i in layers]
     try:
         # one call from an empty cache, so every layer's selection covers the whole input
-        model(inputs)
+        with observe(*(model.blocks[i].token for i in layers)) as seen:
+            model(inputs)
     finally:
         for h in hooks:
             h.remove()
     rows = []
     for i in layers:
         store = model.blocks[i].token
-        view = msa_view if isinstance(store, BlockSparseAttention) else dsa_view
-        w, sel, budget, first = view(store, xs[i])
+        if isinstance(store, BlockSparseAttention):
+            w, sel, budget, first = msa_view(store, xs[i])
+        else:
+            w, sel, budget, first = dsa_view(store, xs[i], seen.last(store, "selection"))
         rows.append({"layer": i, "kind": model.cfg.layers[i].token.KIND, "budget": budget, "first_block": first,
                      **selection_metrics(w, sel, budget, first)})
     scored = [r for r in rows if r.get("eligible_queries")]

@@ -27,23 +27,29 @@ here, V4.1's cross-layer cache sharing is a model-level matter).
 Sharing mechanism. A ``SelectionShare`` is a small mutable object that carries, for
 the call in progress, the selection (and the pool) published by the group's most
 recent indexer layer. Every layer's state (``SelectionCache``) holds a reference
-to its group's share; the layers of one group hold the same object.
-``link_selection_states(configs)`` builds those initial states for a stack of
-layer configs (None for the other layers); pass them as the states of the first
-call. A layer that runs an indexer given ``state=None`` makes a share of its own;
-a reusing layer must be given one. Layers must run in order within each call,
-and a reuser checks that the published selection is for the same tokens
+to its group's share (its ``LINKS``); the layers of one group hold the same object.
+The config makes that state: ``cfg.new_state(groups)`` links it through ``groups``,
+a scratch dict the layers of one model fill in order (a group starts at a dsa layer
+that runs its indexer, or a hierarchical root, and runs to the next one of the same
+kind); ``link_selection_states(configs)`` does it for a stack of store configs (None
+for the other stores). A layer that runs an indexer given ``state=None`` makes a
+share of its own; a reusing layer must be given one. Layers must run in order within
+each call, and a reuser checks that the published selection is for the same tokens
 (``seen`` and ``T``). The share is per-call scratch, not context state: it is not
-counted in ``nbytes()``.
+counted in ``nbytes()``. A layer that reads another layer's latent cache
+(``cache_owner``) gets a ``SelectionView`` (mla.py's ``LatentView`` plus its group's
+share and the owner's index keys).
 
 The selection half is a ``Selector`` module (indexer + role), so the same logic can
-sit in front of another cache: it needs a state with ``share``, ``index_k`` and
-``append_index``. Ties in the index score (frequent: the ReLU zeroes whole rows) go
-to the earlier position, so chunked prefill reads what one full pass reads.
-Each call records ``last_selection`` [B, T, k] and ``log`` (``ReadLog``: entries
-read and scored per query), so a test can count what was read. The top-k passes no
-gradient to the indexer; ``SelectionAttention.indexer_loss(x)`` is its training
-objective (imitate the main attention, KL; dense or restricted to the selection).
+sit in front of another cache: it needs a state with ``share`` and ``append_index``.
+Ties in the index score (frequent: the ReLU zeroes whole rows) go to the earlier
+position, so chunked prefill reads what one full pass reads. Each call emits
+(``storelab.stores.base.emit``; kept only inside an ``observe()`` block)
+``"selection"``, the positions read [B, T, k], and ``"reads"``, a ``ReadLog`` of the
+entries read and scored per query, so a test or a probe can count what was read.
+The top-k passes no gradient to the indexer; ``SelectionAttention.indexer_loss(x)``
+is its training objective (imitate the main attention, KL; dense or restricted to
+the selection).
 
 Parameters: MLA's (see mla.py), plus for a layer with an indexer
 ``Qs*Hi*Ki + D*Ki + 2*Ki + D*Hi`` (Qs = q_lora_rank, or d_model without it).
@@ -67,8 +73,8 @@ from storelab.ops.indexer import (index_scores, index_scores_at, indexer_distill
                                   top_positions_streamed)
 from storelab.ops.rope import apply_rope
 from storelab.state import append_rows
-from storelab.stores.base import TOKEN, Card, Footprint, ParamCount, check_input, register
-from storelab.stores.mla import MLA, LatentCache, LatentFields, entry_bytes
+from storelab.stores.base import TOKEN, Card, Footprint, ParamCount, check_input, emit, register
+from storelab.stores.mla import MLA, LatentCache, LatentFields, LatentView, entry_bytes
 
 # submodule names in transformers' DeepseekV32Indexer / GlmMoeDsaIndexer -> ours (LightningIndexer)
 HF_INDEXER_NAMES = {"wq_b": "q_up", "wk": "k_proj", "k_norm": "k_norm", "weights_proj": "head_weights"}
@@ -118,6 +124,18 @@ class SelectionShare:
             raise ValueError("state: the group's selection has no pool; a refresh layer needs a hierarchical root")
         return self.pool_BTP, self.pool_valid_BTP
 
+    def narrow(self, start: int) -> None:
+        """Keep the published selection of the call's tokens from ``start`` on: the first decoder
+        layer selected for every token, the decoder layers after it see only those."""
+        if self.pos_BTk is None:
+            return
+        self.seen, self.T = self.seen + start, self.T - start
+        # copies: the narrowed selection must not keep the encoder tokens' rows alive
+        self.pos_BTk, self.valid_BTk = self.pos_BTk[:, start:].clone(), self.valid_BTk[:, start:].clone()
+        if self.pool_BTP is not None:
+            self.pool_BTP = self.pool_BTP[:, start:].clone()
+            self.pool_valid_BTP = self.pool_valid_BTP[:, start:].clone()
+
 
 @dataclass
 class SelectionCache(LatentCache):
@@ -127,37 +145,53 @@ class SelectionCache(LatentCache):
     index_k: Tensor | None = None
     share: SelectionShare | None = None
 
+    LINKS = ("share",)
+
     def append_index(self, k_BTK: Tensor) -> Tensor:
         return append_rows(self, ("index_k",), (k_BTK,))[0]
+
+    def narrow(self, start: int) -> None:
+        if self.share is not None:
+            self.share.narrow(start)
+
+
+@dataclass
+class SelectionView(LatentView):
+    """A selection layer's view of another layer's latent cache (``cache_owner``): the owner's
+    entries and index keys, read, never written, plus a reference to its own group's share."""
+
+    share: SelectionShare | None = None
+
+    LINKS = ("owner", "share")
+
+    def append_index(self, k_BTK: Tensor) -> Tensor:
+        if not isinstance(self.owner, SelectionCache) or self.owner.index_k is None:
+            raise ValueError("cache_owner: the owner layer keeps no index keys for this reader's indexer")
+        return self.owner.index_k
+
+    def narrow(self, start: int) -> None:
+        if self.share is not None:
+            self.share.narrow(start)
 
 
 @dataclass
 class ReadLog:
-    """Per-query counts of the last call: entries read and entries scored, [B, T]."""
+    """Per-query counts of one call: entries read and entries scored, [B, T] (emitted as ``"reads"``)."""
 
     read: Tensor
     scored: Tensor
 
 
 def link_selection_states(configs: list) -> list[SelectionCache | None]:
-    """Initial states for a stack of layer configs: each dsa / hierarchical layer gets an
-    empty ``SelectionCache`` holding its group's ``SelectionShare``; other layers get None.
-
-    A group starts at a dsa layer that runs its indexer (or a hierarchical root) and
-    runs to the next one of the same kind.
-    """
-    current: dict[str, SelectionShare | None] = {"dsa": None, "hierarchical": None}
+    """Initial states for a stack of store configs: each selection store (``SHARES_SELECTION``)
+    gets an empty ``SelectionCache`` holding its group's ``SelectionShare``; the others None."""
+    groups: dict = {}
     states: list[SelectionCache | None] = []
     for i, cfg in enumerate(configs):
-        kind = getattr(cfg, "KIND", "")
-        if kind not in current:
-            states.append(None)
-            continue
-        if cfg.starts_group:
-            current[kind] = SelectionShare()
-        if current[kind] is None:
-            raise ValueError(f"layers[{i}]: a {kind} layer that reuses a selection has no earlier indexer layer")
-        states.append(SelectionCache(share=current[kind]))
+        try:
+            states.append(cfg.new_state(groups) if cfg.SHARES_SELECTION else None)
+        except ValueError as e:
+            raise ValueError(f"layers[{i}]: {e}") from None
     return states
 
 
@@ -203,7 +237,7 @@ class Selector(nn.Module):
     pool), "refresh" (scores the pool only) or "reuse" (no indexer).
     ``select(x_BTD, q_src_BTQ, positions_T, state)`` returns (pos_BTk, valid_BTk,
     scored_BT) for the T new tokens at ``positions_T``; ``state`` is any state with
-    ``share`` (a SelectionShare), ``index_k`` and ``append_index`` (as SelectionCache),
+    ``share`` (a SelectionShare) and ``append_index`` (as SelectionCache and SelectionView),
     and positions index the main cache, which holds positions_T[-1] + 1 entries.
     """
 
@@ -281,6 +315,17 @@ class _IndexFields(LatentFields):
         index_flops = 2 * scored * self.index_n_heads * (self.index_head_dim + 1)
         return Footprint(context=L, kept=L, read=read, scored=scored, state_bytes=state,
                          read_flops=self.mla_read_flops(read, L, absorbed=True) + index_flops, note=note)
+
+    def new_state(self, groups: dict, *, owner: LatentCache | None = None) -> SelectionCache | SelectionView:
+        """The layer's empty state in a new model cache, holding its group's share: a layer that
+        starts a group puts a new one in ``groups`` (under its kind), the others take the latest.
+        With ``owner`` (the layer reads that layer's latent cache) a view of the owner's state."""
+        if self.starts_group:
+            groups[self.KIND] = SelectionShare()
+        share = groups.get(self.KIND)
+        if share is None:
+            raise ValueError(f"a {self.KIND} layer that reuses a selection has no earlier indexer layer")
+        return SelectionCache(share=share) if owner is None else SelectionView(share=share, owner=owner)
 
     def indexer_shape(self) -> dict[str, int]:
         return dict(d_model=self.d_model, q_src_dim=self.q_lora_rank or self.d_model, n_heads=self.index_n_heads,
@@ -394,8 +439,6 @@ class SelectionAttention(nn.Module):
                                      pool_block=cfg.pool_block)
         else:
             self.selector = Selector(role="index" if cfg.runs_indexer else "reuse", k=cfg.index_topk, indexer=indexer)
-        self.last_selection: Tensor | None = None  # [B, T, k] positions of the last call
-        self.log: ReadLog | None = None
 
     @property
     def indexer(self) -> LightningIndexer | None:
@@ -407,7 +450,7 @@ class SelectionAttention(nn.Module):
         if state.share is None:
             if self.selector.role in ("reuse", "refresh"):
                 raise ValueError("state: a layer that reuses its group's selection needs a SelectionCache holding "
-                                 "the group's SelectionShare (see link_selection_states)")
+                                 "the group's SelectionShare (the config's new_state, or link_selection_states)")
             state.share = SelectionShare()
         T = x_BTD.shape[1]
         positions_T = torch.arange(state.seen, state.seen + T, device=x_BTD.device)
@@ -416,8 +459,8 @@ class SelectionAttention(nn.Module):
         pos_BTk, valid_BTk, scored_BT = self.selector.select(x_BTD, p.q_src_BTQ, positions_T, state)
         state.seen += T
         o_BTHV = self.mla.read_selected(p, latent_BLC, k_rope_BLR, pos_BTk, valid_BTk)
-        self.last_selection = pos_BTk
-        self.log = ReadLog(read=valid_BTk.sum(-1), scored=scored_BT)
+        emit(self, "selection", pos_BTk)
+        emit(self, "reads", lambda: ReadLog(read=valid_BTk.sum(-1), scored=scored_BT))
         return self.mla.finish(o_BTHV, x_BTD), state
 
     def indexer_loss(self, x_BTD: Tensor, *, sparse: bool = False) -> Tensor:

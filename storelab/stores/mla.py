@@ -13,7 +13,10 @@ Features
 * ``use_rope=False``: no rotary anywhere, the rope slot stays (Kimi K3's MLA /
   transformers ``KimiLinearAttention``);
 * ``output_gate``: the heads' output times sigmoid(W_g x), channel by channel,
-  before the output projection (Kimi K3's gated MLA).
+  before the output projection (Kimi K3's gated MLA);
+* a layer that reads another layer's cache (``cache_owner``, ``CACHE_SHARING =
+  "latent"``) gets a ``LatentView`` of the owner's state from ``new_state(groups,
+  owner=...)``: it reads the owner's entries and keeps none of its own.
 
 Update rule: append (c_t, k_r,t) for every token; nothing is ever removed.
 Parameters (no biases): q: D*H*(N+R), or D*Q + Q + Q*H*(N+R) with a q latent of
@@ -75,6 +78,35 @@ class LatentCache(State):
         return joined_rows(self, ("latent", "k_rope"))
 
 
+@dataclass
+class LatentView(LatentCache):
+    """A reader's view of another layer's latent cache (``cache_owner``; V4.1-Flash's shared caches).
+
+    The owner runs first in each call and writes the call's entries; the view's ``append``
+    writes nothing and returns the owner's entries, so the reader reads exactly the owner's
+    cache and keeps no bytes of its own. Its position is the owner's before the call
+    (``before_call``): the reader's tokens are the owner's last ones (in an encoder-decoder
+    the owner also saw the encoder-only tokens).
+    """
+
+    owner: LatentCache | None = None
+
+    LINKS = ("owner",)
+
+    @property
+    def entries(self) -> int:
+        return 0
+
+    def before_call(self, tokens: int) -> None:
+        self.seen = self.owner.seen - tokens
+
+    def append(self, latent_BTC: Tensor, k_rope_BTR: Tensor) -> tuple[Tensor, Tensor]:
+        return self.owner.latent, self.owner.k_rope
+
+    def joined(self) -> Tensor | None:
+        return self.owner.joined()
+
+
 @dataclass(kw_only=True)
 class LatentFields(StoreConfig):
     """The fields of MLA's cache and main attention, shared by mla, dsa and hierarchical."""
@@ -111,6 +143,12 @@ class LatentFields(StoreConfig):
     @property
     def scale(self) -> float:
         return self.softmax_scale if self.softmax_scale is not None else self.qk_head_dim ** -0.5
+
+    def new_state(self, groups: dict, *, owner: LatentCache | None = None) -> LatentCache:
+        """The layer's empty state in a new model cache: a cache of its own, or a view of ``owner``'s
+        (the state of the layer it reads, ``cache_owner``). ``groups``: the model's scratch for what
+        its layers share, filled in layer order (the selection stores keep their groups there)."""
+        return LatentCache() if owner is None else LatentView(owner=owner)
 
     def cache_entry_bytes(self, fmt: str) -> float:
         """The latent and rotary key in the quantised layout of ``storelab.ops.quant.entry_bytes``
