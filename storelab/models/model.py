@@ -21,9 +21,9 @@ plain residual is the Engram paper's ``h <- h + engram(h)`` before the attention
 Sharing across layers is a small protocol between the model, the store configs and
 their states (storelab.state); the model names no store kind:
 
-* a layer's empty state comes from its config, ``new_state(groups, owner=...)``, for
-  the configs that declare sharing (``SHARES_SELECTION``, or ``CACHE_SHARING ==
-  "latent"``; the others make their own state on the first call). ``groups`` is a
+* a layer's empty state comes from its config, ``new_state(groups, owner=...)``
+  (``StoreConfig.new_state``: None for stores that share nothing, which make their own
+  state on the first call). ``groups`` is a
   scratch dict one cache's layers fill in order: a selection group (GLM's IndexShare,
   V4.1-Flash's hierarchical groups) keeps its per-call share there;
 * sharing a cache (``LayerConfig.cache_owner``): a reader whose config and owner's
@@ -144,8 +144,6 @@ class Model(nn.Module):
         """Layer i's empty token state, linked through ``groups`` and, for a view, to its owner's
         state in ``cache`` (an earlier layer). Stores that share nothing make theirs on the first call."""
         cfg = self.cfg.layers[i].token
-        if not (cfg.SHARES_SELECTION or cfg.CACHE_SHARING == "latent"):
-            return None
         owner = cache[self.cfg.layers[i].cache_owner].token if self._views[i] else None
         try:
             return cfg.new_state(groups, owner=owner)

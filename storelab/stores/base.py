@@ -158,6 +158,15 @@ class StoreConfig:
         """Whether this layer selects for its group (stores with ``SHARES_SELECTION``)."""
         return self.SHARES_SELECTION
 
+    def new_state(self, groups: dict, *, owner=None):
+        """The layer's empty state before the first call, or None to let the store make its own then.
+
+        ``groups`` is one scratch dict per model cache, through which the layers that share
+        something within a call (a selection group) link their states; ``owner`` is the state
+        of the layer whose cache this one reads (``cache_owner``, for ``CACHE_SHARING ==
+        "latent"``). Stores that share nothing return None."""
+        return None
+
     def cache_entry_bytes(self, fmt: str) -> float:
         """Bytes of one main cache entry (key and value, no indexer key) in entry format ``fmt``."""
         return 0.0
