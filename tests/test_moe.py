@@ -7,7 +7,7 @@ import torch
 from storelab.ops.norm import rms_norm
 from storelab.ops.routing import dense_moe_reference, expert_load, grouped_swiglu, route_fixed, route_topk
 from storelab.state import EmptyState
-from storelab.stores import build_store
+from storelab.stores import build_store, observe
 from storelab.stores.moe import MoEConfig
 from tests.helpers import assert_close
 
@@ -69,10 +69,11 @@ def test_load_statistics_sum_to_tokens_times_topk(kw):
     cfg = _cfg(**kw)
     m = cfg.build()
     B, T = 3, 5
-    y, st = m(torch.randn(B, T, D))
+    with observe() as seen:
+        y, st = m(torch.randn(B, T, D))
     assert y.shape == (B, T, D) and isinstance(st, EmptyState) and st.seen == T
-    assert m.last_load.shape == (cfg.n_experts,)
-    assert int(m.last_load.sum()) == B * T * cfg.top_k
+    assert seen.last(m, "load").shape == (cfg.n_experts,)
+    assert int(seen.last(m, "load").sum()) == B * T * cfg.top_k
 
 
 def test_moe_matches_a_per_token_loop():
@@ -132,10 +133,11 @@ def test_hash_routing_uses_the_table_and_needs_token_ids():
     assert tab.shape == (20, 2) and all(len(set(r)) == 2 for r in tab.tolist())
     ids = torch.randint(0, 20, (2, 6))
     x = torch.randn(2, 6, D)
-    y, _ = m(x, token_ids=ids)
+    with observe() as seen:
+        y, _ = m(x, token_ids=ids)
     w, e = m.route(x.reshape(-1, D), ids.reshape(-1))
     assert torch.equal(e, tab[ids.reshape(-1)])
-    assert torch.equal(m.last_load, expert_load(tab[ids.reshape(-1)], 6))
+    assert torch.equal(seen.last(m, "load"), expert_load(tab[ids.reshape(-1)], 6))
     with pytest.raises(ValueError, match="token_ids"):
         m(x)
     with pytest.raises(ValueError, match="token_ids"):

@@ -5,6 +5,7 @@ bias-routed blocks (sqrt-softplus scores, clipped SwiGLU, routed scaling)."""
 import pytest
 import torch
 
+from storelab.stores import observe
 from storelab.stores.ffn import FFNConfig
 from storelab.stores.moe import MoEConfig
 from tests.helpers import assert_close, capture, tiny_hf_model
@@ -70,9 +71,10 @@ def test_qwen3_next_sparse_block(qwen3_next):
         ours.shared_gate.weight.copy_(hf.shared_expert_gate.weight)
     _copy_experts(ours, hf.experts)
     _copy_shared(ours, hf.shared_expert)
-    y, _ = ours(x)
+    with observe() as seen:
+        y, _ = ours(x)
     assert_close(y, want, 1e-5, "qwen3_next moe")
-    assert int(ours.last_load.sum()) == x.shape[0] * x.shape[1] * 2
+    assert int(seen.last(ours, "load").sum()) == x.shape[0] * x.shape[1] * 2
     assert cfg.num_params().stored == sum(p.numel() for p in hf.parameters())
 
 
@@ -103,9 +105,10 @@ def test_deepseek_v4_hash_routing(deepseek_v4):
         ours.table.copy_(hf.gate.tid2eid)
     _copy_experts(ours, hf.experts)
     _copy_shared(ours, hf.shared_experts)
-    y, _ = ours(x, token_ids=ids)
+    with observe() as seen:
+        y, _ = ours(x, token_ids=ids)
     assert_close(y, want, 1e-5, "deepseek_v4 hash moe")
-    assert torch.equal(ours.last_load, torch.bincount(hf.gate.tid2eid[ids].reshape(-1), minlength=4))
+    assert torch.equal(seen.last(ours, "load"), torch.bincount(hf.gate.tid2eid[ids].reshape(-1), minlength=4))
     # the clip is active here: without it the output differs
     ours.cfg.swiglu_limit = None
     assert (ours(x, token_ids=ids)[0] - want).abs().max() > 1e-3

@@ -13,12 +13,17 @@ Learned routing (a mixture of experts; Shazeer et al., arXiv 1701.06538):
   their sum when ``normalize`` and times ``scaling``.
 * ``route_fixed(logits_NE, experts_NK, ...)``: the same weights for experts chosen in
   advance, as DeepSeek-V4's hash routing does (``experts = table[token id]``).
+* ``swiglu(gate, up, limit=)`` is the experts' unit, silu(gate) * up, clipped first when
+  ``limit`` is given (DeepSeek-V4); ``clamped_swiglu(gate, up, alpha=, limit=, up_shift=)`` is
+  gpt-oss's (arXiv 2508.10925; MiniMax-M3's experts and MLPs),
+  ``g sigmoid(alpha g) (u + up_shift)`` of the clipped halves: ``swiglu`` at alpha = 1, shift 0.
 * ``grouped_swiglu`` runs the chosen experts on their tokens only: sort the N*K
   (token, expert) slots by expert, run each expert once on its contiguous slice,
   put the weighted results back in slot order and sum each token's K slots (no
   scatter-add: it is slow on the CPU and not deterministic on the GPU).
   ``dense_moe_reference`` computes every expert on every token and masks: the slow
-  form the tests compare against.
+  form the tests compare against. Both take the unit as ``act(gate, up)`` (default: ``swiglu``
+  with ``limit``), so a store hands them the one it chose at construction.
 
 Fixed addresses (Engram, arXiv 2601.07372):
 
@@ -30,14 +35,15 @@ Fixed addresses (Engram, arXiv 2601.07372):
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "ROUTER_SCORES", "route_topk", "route_fixed", "expert_load", "swiglu", "grouped_swiglu",
+    "ROUTER_SCORES", "route_topk", "route_fixed", "expert_load", "swiglu", "clamped_swiglu", "grouped_swiglu",
     "dense_moe_reference", "next_prime", "is_prime", "ngram_rows",
 ]
 
@@ -94,13 +100,31 @@ def swiglu(gate: Tensor, up: Tensor, *, limit: float | None = None) -> Tensor:
     return F.silu(gate) * up
 
 
+def clamped_swiglu(gate: Tensor, up: Tensor, *, alpha: float, limit: float | None = None,
+                   up_shift: float = 0.0) -> Tensor:
+    """gpt-oss's unit (arXiv 2508.10925), gate and up halves not interleaved:
+
+        g = min(gate, limit),  u = clamp(up, -limit, limit),  act = g * sigmoid(alpha * g) * (u + up_shift)
+
+    (no clip without ``limit``); ``swiglu`` is alpha = 1, up_shift = 0."""
+    if limit is not None:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+    return gate * torch.sigmoid(alpha * gate) * (up + up_shift)
+
+
+Unit = Callable[[Tensor, Tensor], Tensor]  # act(gate, up) of a gated expert
+
+
 def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up_EFD: Tensor, down_EDI: Tensor,
-                   *, limit: float | None = None) -> Tensor:
+                   *, limit: float | None = None, act: Unit | None = None) -> Tensor:
     """sum_k w_nk * expert_{e_nk}(x_n), each expert run once on its own tokens.
 
     gate_up_EFD is [E, 2I, D] (gate rows first, then up rows), down_EDI is [E, D_out, I]:
-    the layout of transformers' 3-D expert tensors.
+    the layout of transformers' 3-D expert tensors. ``act(gate, up)`` is the experts' unit
+    (default: ``swiglu`` clipped at ``limit``).
     """
+    act = act if act is not None else partial(swiglu, limit=limit)
     N, K = experts_NK.shape
     E, D_out = gate_up_EFD.shape[0], down_EDI.shape[1]
     flat_e = experts_NK.reshape(-1)
@@ -116,7 +140,7 @@ def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up
             continue
         seg = slice(start, start + c)
         gate, up = F.linear(x_sorted[seg], gate_up_EFD[e]).chunk(2, dim=-1)   # [c, I] each
-        out_sorted[seg] = F.linear(swiglu(gate, up, limit=limit), down_EDI[e]) * w_sorted[seg, None]
+        out_sorted[seg] = F.linear(act(gate, up), down_EDI[e]) * w_sorted[seg, None]
         start += c
     # back to slot order (a permutation, no accumulation), then sum each token's K slots
     out_slots = torch.empty_like(out_sorted)
@@ -125,11 +149,12 @@ def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up
 
 
 def dense_moe_reference(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up_EFD: Tensor, down_EDI: Tensor,
-                        *, limit: float | None = None) -> Tensor:
+                        *, limit: float | None = None, act: Unit | None = None) -> Tensor:
     """The slow form: every expert on every token, then keep the chosen ones."""
+    act = act if act is not None else partial(swiglu, limit=limit)
     E = gate_up_EFD.shape[0]
     gate, up = torch.einsum("nd,efd->enf", x_ND, gate_up_EFD).chunk(2, dim=-1)    # [E, N, I]
-    out_END = torch.einsum("eni,edi->end", swiglu(gate, up, limit=limit), down_EDI)
+    out_END = torch.einsum("eni,edi->end", act(gate, up), down_EDI)
     mix_NE = torch.zeros(x_ND.shape[0], E, dtype=x_ND.dtype, device=x_ND.device)
     mix_NE.scatter_add_(1, experts_NK, weights_NK.to(x_ND.dtype))
     return torch.einsum("ne,end->nd", mix_NE, out_END)

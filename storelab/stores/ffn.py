@@ -12,27 +12,108 @@ nonlinearity decides how much the other keys' overlaps interfere with a recall:
               order d^p. We rectify rather than keep the sign (sign(h) |h|^p) so that
               p = 1 is ``relu`` and p = 2 is ``relu2`` exactly;
 * ``gelu``    x Phi(x), the exact (erf) form (Hendrycks and Gimpel, arXiv 1606.08415);
-* ``swiglu``  silu(W_gate x) * (W_up x), a gated unit (Shazeer, arXiv 2002.05202).
+* ``swiglu``  silu(W_gate x) * (W_up x), a gated unit (Shazeer, arXiv 2002.05202); with
+              ``swiglu_limit`` both halves are clipped first (gate <= limit, |up| <= limit);
+* ``clamped_swiglu``  gpt-oss's unit (arXiv 2508.10925; MiniMax-M3's MLPs and experts):
+              g sigmoid(swiglu_alpha g) (u + swiglu_up_shift) of the halves clipped as above.
+
+Each activation is a declared object (``ACTIVATIONS``): ``Pointwise`` reads one projection,
+``Gated`` two; the store takes its own at construction and forward just calls it. The ``moe``
+store's experts use the gated ones (``Gated.unit``).
 
 Update rule: none while reading; gradient descent writes the weights in training.
-Parameters: 2 D F (3 D F for swiglu), plus F + D biases (2F + D for swiglu) when ``bias``.
+Parameters: 2 D F (3 D F gated), plus F + D biases (2F + D gated) when ``bias``.
 State per token: none (EmptyState). Reading costs the whole layer for every token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from storelab.ops.routing import swiglu
+from storelab.ops.routing import Unit, clamped_swiglu, swiglu
 from storelab.state import EmptyState
 from storelab.stores.base import CHANNEL, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
-__all__ = ["FFNConfig", "FFN"]
+__all__ = ["FFNConfig", "FFN", "ACTIVATIONS", "Pointwise", "Gated", "check_activation"]
 
-ACTIVATIONS = ("relu", "relu2", "power", "gelu", "swiglu")
+
+# -- the activations, declared once; ``cfg`` gives their parameters (read at the call) -------------
+@dataclass(frozen=True)
+class Pointwise:
+    """act(h) of one projection, h = W_up x."""
+
+    fn: Callable[[Tensor, Any], Tensor]
+    gated: ClassVar[bool] = False
+
+    def hidden(self, ffn: "FFN", x_BTD: Tensor) -> Tensor:
+        return self.fn(ffn.up_proj(x_BTD), ffn.cfg)
+
+
+@dataclass(frozen=True)
+class Gated:
+    """act(gate, up) of two projections, gate = W_gate x and up = W_up x (a gated linear unit)."""
+
+    fn: Callable[[Tensor, Tensor, Any], Tensor]
+    gated: ClassVar[bool] = True
+
+    def hidden(self, ffn: "FFN", x_BTD: Tensor) -> Tensor:
+        return self.fn(ffn.gate_proj(x_BTD), ffn.up_proj(x_BTD), ffn.cfg)
+
+    def unit(self, cfg) -> Unit:
+        """act(gate, up) with this config's parameters (what ``grouped_swiglu`` runs per expert)."""
+        return partial(self.fn, cfg=cfg)
+
+
+def _relu(h: Tensor, cfg) -> Tensor:
+    return F.relu(h)
+
+
+def _relu2(h: Tensor, cfg) -> Tensor:
+    return F.relu(h).square()
+
+
+def _power(h: Tensor, cfg) -> Tensor:
+    return F.relu(h).pow(cfg.power)
+
+
+def _gelu(h: Tensor, cfg) -> Tensor:
+    return F.gelu(h)
+
+
+def _swiglu(gate: Tensor, up: Tensor, cfg) -> Tensor:
+    return swiglu(gate, up, limit=cfg.swiglu_limit)
+
+
+def _clamped_swiglu(gate: Tensor, up: Tensor, cfg) -> Tensor:
+    return clamped_swiglu(gate, up, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit, up_shift=cfg.swiglu_up_shift)
+
+
+ACTIVATIONS: dict[str, Pointwise | Gated] = {
+    "relu": Pointwise(_relu), "relu2": Pointwise(_relu2), "power": Pointwise(_power), "gelu": Pointwise(_gelu),
+    "swiglu": Gated(_swiglu), "clamped_swiglu": Gated(_clamped_swiglu),
+}
+SWIGLU_ALPHA, SWIGLU_UP_SHIFT = 1.702, 1.0  # gpt-oss's clamped_swiglu
+
+
+def check_activation(cfg, allowed: tuple[str, ...]) -> None:
+    """Validate ``activation`` and the ``swiglu_*`` fields of an ffn or moe config (errors name the field)."""
+    cfg.check(cfg.activation in allowed, "activation", f"must be one of {allowed}, got {cfg.activation!r}")
+    gated = ACTIVATIONS[cfg.activation].gated
+    if cfg.swiglu_limit is not None:
+        cfg.check(gated, "swiglu_limit", f"clips a gated unit; activation {cfg.activation!r} has none")
+        cfg.check(cfg.swiglu_limit > 0, "swiglu_limit", f"must be > 0, got {cfg.swiglu_limit!r}")
+    if cfg.activation == "clamped_swiglu":
+        cfg.check(cfg.swiglu_alpha > 0, "swiglu_alpha", f"must be > 0, got {cfg.swiglu_alpha!r}")
+    else:
+        cfg.check(cfg.swiglu_alpha == SWIGLU_ALPHA, "swiglu_alpha",
+                  f"used by activation='clamped_swiglu' only (activation is {cfg.activation!r})")
+        cfg.check(cfg.swiglu_up_shift == SWIGLU_UP_SHIFT, "swiglu_up_shift",
+                  f"used by activation='clamped_swiglu' only (activation is {cfg.activation!r})")
 
 
 @register("ffn")
@@ -40,8 +121,11 @@ ACTIVATIONS = ("relu", "relu2", "power", "gelu", "swiglu")
 class FFNConfig(StoreConfig):
     d_model: int
     d_ff: int
-    activation: str = "swiglu"
-    power: float = 2.0   # used by activation="power" only
+    activation: str = "swiglu"          # a key of ACTIVATIONS
+    power: float = 2.0                   # activation="power" only
+    swiglu_limit: float | None = None    # gated activations: clip gate <= limit, |up| <= limit first
+    swiglu_alpha: float = SWIGLU_ALPHA   # clamped_swiglu only: g sigmoid(alpha g) ...
+    swiglu_up_shift: float = SWIGLU_UP_SHIFT  # clamped_swiglu only: ... (u + up_shift)
     bias: bool = False
 
     SLOTS, FAMILY, CARD_ORDER = (CHANNEL,), "feed-forward", 10
@@ -57,14 +141,13 @@ class FFNConfig(StoreConfig):
 
     def __post_init__(self) -> None:
         self.check_positive("d_model", "d_ff")
-        self.check(self.activation in ACTIVATIONS, "activation",
-                   f"must be one of {ACTIVATIONS}, got {self.activation!r}")
+        check_activation(self, tuple(ACTIVATIONS))
         if self.activation == "power":
             self.check(self.power > 0, "power", f"must be > 0, got {self.power!r}")
 
     @property
     def gated(self) -> bool:
-        return self.activation == "swiglu"
+        return ACTIVATIONS[self.activation].gated
 
     def build(self) -> "FFN":
         return FFN(self)
@@ -82,7 +165,8 @@ class FFNConfig(StoreConfig):
 
 
 class FFN(nn.Module):
-    """W_down act(W_up x) (or W_down (silu(W_gate x) * W_up x)); weights named as in transformers."""
+    """W_down act(W_up x), or W_down act(W_gate x, W_up x) for a gated activation; weights named as in
+    transformers. ``act`` is the config's declared activation, taken once here."""
 
     def __init__(self, cfg: FFNConfig):
         super().__init__()
@@ -92,27 +176,12 @@ class FFN(nn.Module):
             self.gate_proj = nn.Linear(D, Fw, bias=cfg.bias)
         self.up_proj = nn.Linear(D, Fw, bias=cfg.bias)
         self.down_proj = nn.Linear(Fw, D, bias=cfg.bias)
-        self.act = _activation(cfg)
+        self.act = ACTIVATIONS[cfg.activation]
 
     def forward(self, x_BTD: Tensor, state: EmptyState | None = None, *, token_ids: Tensor | None = None
                 ) -> tuple[Tensor, EmptyState]:
         check_input(x_BTD, self.cfg.d_model)
         seen = 0 if state is None else state.seen
-        if self.cfg.gated:
-            h_BTF = swiglu(self.gate_proj(x_BTD), self.up_proj(x_BTD))
-        else:
-            h_BTF = self.act(self.up_proj(x_BTD))
+        h_BTF = self.act.hidden(self, x_BTD)
         return self.down_proj(h_BTF), EmptyState(seen=seen + x_BTD.shape[1])
 
-
-def _activation(cfg: FFNConfig):
-    if cfg.activation == "relu":
-        return F.relu
-    if cfg.activation == "relu2":
-        return lambda h: F.relu(h).square()
-    if cfg.activation == "power":
-        p = cfg.power
-        return lambda h: F.relu(h).pow(p)
-    if cfg.activation == "gelu":
-        return F.gelu
-    return None  # swiglu is applied in forward

@@ -18,12 +18,17 @@ any expert sees the query. Variants of the seven models:
 * ``latent_dim`` (Kimi K3's Stable LatentMoE, arXiv 2607.24653; NVIDIA's Nemotron-H LatentMoE):
   routed experts compute at a narrower width: z = RMSNorm(W_down x), y = W_up sum_k w_k
   expert_k(z); the router and the shared experts stay at full width.
-* ``swiglu_limit``: DeepSeek-V4 clips expert pre-activations (gate <= limit, |up| <= limit).
+* ``activation``: the unit of the routed and shared experts, one of the gated activations of
+  ``storelab.stores.ffn`` taken once at construction: "swiglu" (silu(gate) * up) or
+  "clamped_swiglu" (gpt-oss's g sigmoid(alpha g) (u + up_shift), MiniMax-M3; ``swiglu_alpha``,
+  ``swiglu_up_shift``). ``swiglu_limit`` clips both halves first (gate <= limit, |up| <= limit;
+  DeepSeek-V4, MiniMax-M3).
 
 Experts are 3-D tensors ``gate_up [E, 2I, W]`` and ``down [E, W, I]`` (W = latent_dim or
 d_model), the layout of transformers, so checkpoints copy in. Dispatch sorts the
 (token, expert) slots by expert and runs each expert on its own tokens only.
-After a forward, ``module.last_load`` holds the slots per expert (sums to tokens x top_k).
+Each call emits ``"load"``: the slots per expert, [E], summing to tokens x top_k (read it with
+``with observe() as seen: ...; seen.last(module, "load")``; computed only inside such a block).
 
 Update rule: none while reading; training writes the experts and the router.
 Parameters (W = latent_dim or D, I = d_expert, S = n_shared * d_shared):
@@ -40,13 +45,15 @@ import torch
 from torch import Tensor, nn
 
 from storelab.ops.norm import RMSNorm
-from storelab.ops.routing import ROUTER_SCORES, expert_load, grouped_swiglu, route_fixed, route_topk, swiglu
+from storelab.ops.routing import ROUTER_SCORES, expert_load, grouped_swiglu, route_fixed, route_topk
 from storelab.state import EmptyState
-from storelab.stores.base import CHANNEL, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import CHANNEL, Card, Footprint, ParamCount, StoreConfig, check_input, emit, register
+from storelab.stores.ffn import ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_UP_SHIFT, check_activation
 
 __all__ = ["MoEConfig", "MoE"]
 
 ROUTINGS = ("learned", "hash")
+EXPERT_ACTIVATIONS = tuple(k for k, a in ACTIVATIONS.items() if a.gated)  # experts are gated units
 
 
 @register("moe")
@@ -66,7 +73,10 @@ class MoEConfig(StoreConfig):
     shared_gate: bool = False
     latent_dim: int | None = None
     vocab_size: int | None = None    # hash routing only
+    activation: str = "swiglu"       # the experts' unit: "swiglu" or "clamped_swiglu"
     swiglu_limit: float | None = None
+    swiglu_alpha: float = SWIGLU_ALPHA        # clamped_swiglu only
+    swiglu_up_shift: float = SWIGLU_UP_SHIFT  # clamped_swiglu only
     norm_eps: float = 1e-6           # RMSNorm of the latent
 
     SLOTS, FAMILY, CARD_ORDER = (CHANNEL,), "experts", 20
@@ -97,8 +107,7 @@ class MoEConfig(StoreConfig):
         self.check(not self.shared_gate or self.n_shared > 0, "shared_gate", "needs n_shared > 0")
         if self.latent_dim is not None:
             self.check(self.latent_dim > 0, "latent_dim", f"must be > 0, got {self.latent_dim!r}")
-        if self.swiglu_limit is not None:
-            self.check(self.swiglu_limit > 0, "swiglu_limit", f"must be > 0, got {self.swiglu_limit!r}")
+        check_activation(self, EXPERT_ACTIVATIONS)
 
     # -- sizes ---------------------------------------------------------------
     @property
@@ -154,7 +163,7 @@ class MoE(nn.Module):
             self.shared_down_proj = nn.Linear(S, D, bias=False)
         if cfg.shared_gate:
             self.shared_gate = nn.Linear(D, 1, bias=False)
-        self.last_load: Tensor | None = None
+        self.act = ACTIVATIONS[cfg.activation]
 
     def route(self, x_ND: Tensor, token_ids_N: Tensor | None) -> tuple[Tensor, Tensor]:
         """(weights_NK, experts_NK) for these tokens."""
@@ -182,14 +191,15 @@ class MoE(nn.Module):
                 raise ValueError(f"token_ids: must lie in [0, vocab_size={cfg.vocab_size})")
         x_ND = x_BTD.reshape(-1, D)
         weights_NK, experts_NK = self.route(x_ND, ids_N)
-        self.last_load = expert_load(experts_NK, cfg.n_experts).detach()
+        emit(self, "load", lambda: expert_load(experts_NK, cfg.n_experts).detach())
 
+        act = self.act.unit(cfg)
         z_NW = self.latent_norm(self.latent_down(x_ND)) if cfg.latent_dim is not None else x_ND
-        y_NW = grouped_swiglu(z_NW, experts_NK, weights_NK, self.gate_up, self.down, limit=cfg.swiglu_limit)
+        y_NW = grouped_swiglu(z_NW, experts_NK, weights_NK, self.gate_up, self.down, act=act)
         y_ND = self.latent_up(y_NW) if cfg.latent_dim is not None else y_NW
 
         if cfg.shared_width:
-            h_NS = swiglu(self.shared_gate_proj(x_ND), self.shared_up_proj(x_ND), limit=cfg.swiglu_limit)
+            h_NS = act(self.shared_gate_proj(x_ND), self.shared_up_proj(x_ND))
             shared_ND = self.shared_down_proj(h_NS)
             if cfg.shared_gate:
                 shared_ND = torch.sigmoid(self.shared_gate(x_ND)) * shared_ND
