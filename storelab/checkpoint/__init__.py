@@ -13,7 +13,7 @@ in ``storelab/checkpoint/families/<family>.py``:
 | mimo_v2_flash                           | MiMo-V2-Flash (MiMo)        | window (sinks) + attention, ffn/moe  |
 | glm_moe_dsa                             | GLM-MoE-DSA (GLM-5.3)       | dsa with IndexShare, ffn/moe         |
 | deepseek_v4                             | DeepSeek-V4 (V4-Pro)        | csa + hca, mhc, moe with hash routing|
-| minimax_m3_vl(_text)                    | MiniMax-M3, text part       | msa + attention, ffn/moe (clamped SwiGLU adapter) |
+| minimax_m3_vl(_text)                    | MiniMax-M3, text part       | msa + attention, ffn/moe (clamped SwiGLU)         |
 | storelab                                | ours, written by ``save``   | any                                  |
 
 Weights are read lazily, shard by shard, with safetensors (never pickle). Before a byte is

@@ -1,105 +1,82 @@
-"""What a checkpoint family computes that our store configs cannot yet say.
+"""The ``adapters`` record of our config.json, read into the store configs and written from them.
 
-An adapter is data (a dict saved in our ``config.json``) plus a module class that
-replaces a built store's class in place, keeping its parameters and names. The loader
-applies a family's adapters after building the model; ``save`` writes them and
-``load`` applies them again, so a saved model gives the same logits.
+Our checkpoints once said MiniMax-M3's unit only there, beside the model config:
 
-``clamped_swiglu`` (MiniMax-M3's experts, dense and shared MLPs; the unit of gpt-oss,
-arXiv 2508.10925, with the gate and up halves not interleaved):
+    "adapters": [{"kind": "clamped_swiglu", "alpha": 1.702, "limit": 7.0, "up_shift": 1.0,
+                  "layers": [0, 1, ...]}]
 
-    g = min(gate, limit),  u = clamp(up, -limit, limit)
-    act = g * sigmoid(alpha * g) * (u + up_shift)
+and the loader swapped the listed layers' channel modules to a class computing it. The unit is
+now a field of the ``ffn``/``moe`` configs (``activation="clamped_swiglu"``, ``swiglu_alpha``,
+``swiglu_limit``, ``swiglu_up_shift``; ``storelab.stores.ffn``), so the model config says it all:
 
-where our ``moe``/``ffn`` stores compute ``silu(gate) * up`` (alpha = 1, shift = 0).
-It is applied to the ``channel`` store of the listed layers.
+* ``read_adapters(cfg, adapters)`` writes a record's unit into the listed layers' channel
+  configs (a checkpoint saved before the change); a layer whose config already says the same
+  unit is left as it is, one that says another is an error naming the record and the layer;
+* ``adapters_of(cfg)`` is the record of a model config, which ``save`` still writes so that a
+  config.json names the unit where it always did; ``load`` reads the configs and checks the
+  record against them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-import torch
-from torch import Tensor, nn
+from storelab.checkpoint.shards import CheckpointError
 
-from storelab.ops.routing import expert_load
-from storelab.state import EmptyState
-from storelab.stores.base import check_input
-from storelab.stores.ffn import FFN
-from storelab.stores.moe import MoE
+__all__ = ["read_adapters", "adapters_of", "KINDS"]
 
-__all__ = ["apply_adapters", "clamped_swiglu", "KINDS"]
+KINDS = ("clamped_swiglu",)
+GATED = ("swiglu", "clamped_swiglu")  # the activations the record may rewrite: the gated units
 
 
-def clamped_swiglu(gate: Tensor, up: Tensor, *, alpha: float, limit: float | None, up_shift: float) -> Tensor:
-    if limit is not None:
-        gate = gate.clamp(max=limit)
-        up = up.clamp(min=-limit, max=limit)
-    return gate * torch.sigmoid(alpha * gate) * (up + up_shift)
+def _unit(a: dict[str, Any], where: str) -> dict[str, Any]:
+    """The channel config fields a record entry stands for."""
+    if a.get("kind") not in KINDS:
+        raise CheckpointError(f"config.json: {where}.kind: unknown adapter kind {a.get('kind')!r} "
+                              f"(known: {', '.join(KINDS)})")
+    if "alpha" not in a:
+        raise CheckpointError(f"config.json: {where}.alpha: missing (the clamped SwiGLU's sigmoid slope)")
+    return {"activation": "clamped_swiglu", "swiglu_alpha": float(a["alpha"]), "swiglu_limit": a.get("limit"),
+            "swiglu_up_shift": float(a.get("up_shift", 0.0))}
 
 
-def _act(mod: nn.Module, gate: Tensor, up: Tensor) -> Tensor:
-    a = mod.adapter
-    return clamped_swiglu(gate, up, alpha=a["alpha"], limit=a.get("limit"), up_shift=a.get("up_shift", 0.0))
+def read_adapters(cfg, adapters: list[dict[str, Any]]):
+    """``cfg`` (a ModelConfig, changed in place and returned) with each record's unit in its layers' channels."""
+    for j, a in enumerate(adapters):
+        where = f"adapters[{j}]"
+        unit = _unit(a, where)
+        for i in a.get("layers", []):
+            if not 0 <= i < cfg.n_layers:
+                raise CheckpointError(f"config.json: {where}.layers: layer {i} is not among the model's "
+                                      f"{cfg.n_layers}")
+            lay = cfg.layers[i]
+            ch = lay.channel
+            now = ch.to_dict() if ch is not None else {}
+            if now.get("activation") not in GATED:
+                what = "no channel store" if ch is None else f"a {ch.KIND} channel (activation " \
+                                                             f"{now.get('activation')!r})"
+                raise CheckpointError(f"config.json: {where}: layer {i} has {what}; clamped_swiglu replaces the "
+                                      f"swiglu unit of an ffn or moe store")
+            if now["activation"] == "clamped_swiglu":
+                differ = sorted(k for k, v in unit.items() if now.get(k) != v)
+                if differ:
+                    raise CheckpointError(f"config.json: {where}: layer {i}'s channel says "
+                                          f"{differ[0]}={now.get(differ[0])!r}, the record {unit[differ[0]]!r}")
+                continue
+            try:
+                lay.channel = dataclasses.replace(ch, **unit)
+            except ValueError as e:
+                raise CheckpointError(f"config.json: {where}: layer {i}: {e}") from None
+    return cfg
 
 
-class ClampedSwigluFFN(FFN):
-    """An ``ffn`` (swiglu) whose unit is ``clamped_swiglu``."""
-
-    def forward(self, x_BTD: Tensor, state: EmptyState | None = None, *, token_ids: Tensor | None = None):
-        check_input(x_BTD, self.cfg.d_model)
-        seen = 0 if state is None else state.seen
-        h_BTF = _act(self, self.gate_proj(x_BTD), self.up_proj(x_BTD))
-        return self.down_proj(h_BTF), EmptyState(seen=seen + x_BTD.shape[1])
-
-
-class ClampedSwigluMoE(MoE):
-    """A learned-routing ``moe`` whose experts and shared experts use ``clamped_swiglu``."""
-
-    def forward(self, x_BTD: Tensor, state: EmptyState | None = None, *, token_ids: Tensor | None = None):
-        cfg = self.cfg
-        check_input(x_BTD, cfg.d_model)
-        B, T, D = x_BTD.shape
-        x_ND = x_BTD.reshape(-1, D)
-        ids_N = None if token_ids is None or cfg.routing != "hash" else token_ids.reshape(-1).long()
-        weights_NK, experts_NK = self.route(x_ND, ids_N)
-        self.last_load = expert_load(experts_NK, cfg.n_experts).detach()
-        y_ND = torch.zeros_like(x_ND)
-        for e in experts_NK.unique().tolist():  # each expert on its own tokens
-            tok_M, slot_M = torch.where(experts_NK == e)
-            gate, up = nn.functional.linear(x_ND[tok_M], self.gate_up[e]).chunk(2, dim=-1)
-            out = nn.functional.linear(_act(self, gate, up), self.down[e])
-            y_ND.index_add_(0, tok_M, out * weights_NK[tok_M, slot_M, None].to(out.dtype))
-        if cfg.shared_width:
-            h_NS = _act(self, self.shared_gate_proj(x_ND), self.shared_up_proj(x_ND))
-            shared_ND = self.shared_down_proj(h_NS)
-            if cfg.shared_gate:
-                shared_ND = torch.sigmoid(self.shared_gate(x_ND)) * shared_ND
-            y_ND = y_ND + shared_ND
-        seen = 0 if state is None else state.seen
-        return y_ND.reshape(B, T, D), EmptyState(seen=seen + T)
-
-
-KINDS = {"clamped_swiglu": {FFN: ClampedSwigluFFN, MoE: ClampedSwigluMoE}}
-
-
-def apply_adapters(model: nn.Module, adapters: list[dict[str, Any]]) -> None:
-    """Swap the listed layers' channel stores to the adapter's class; record the adapters on the model."""
-    for a in adapters:
-        kind = a.get("kind")
-        if kind not in KINDS:
-            raise ValueError(f"adapters: unknown adapter kind {kind!r} (known: {', '.join(KINDS)})")
-        for i in a["layers"]:
-            mod = model.blocks[i].channel
-            for base, cls in KINDS[kind].items():
-                if type(mod) is base or type(mod) is cls:
-                    if isinstance(mod, MoE) and mod.cfg.latent_dim is not None:
-                        raise ValueError(f"adapters: {kind} on layer {i}: latent experts are not supported")
-                    if isinstance(mod, FFN) and not mod.cfg.gated:
-                        raise ValueError(f"adapters: {kind} on layer {i}: needs a swiglu ffn")
-                    mod.__class__ = cls
-                    mod.adapter = dict(a)
-                    break
-            else:
-                raise ValueError(f"adapters: {kind} on layer {i}: its channel store is {type(mod).__name__}")
-    model.adapters = [dict(a) for a in adapters]
+def adapters_of(cfg) -> list[dict[str, Any]]:
+    """The record of a model config: one entry per clamped SwiGLU setting, with its layers."""
+    groups: dict[tuple, list[int]] = {}
+    for i, lay in enumerate(cfg.layers):
+        d = lay.channel.to_dict() if lay.channel is not None else {}
+        if d.get("activation") == "clamped_swiglu":
+            groups.setdefault((d["swiglu_alpha"], d["swiglu_limit"], d["swiglu_up_shift"]), []).append(i)
+    return [{"kind": "clamped_swiglu", "alpha": alpha, "limit": limit, "up_shift": shift, "layers": layers}
+            for (alpha, limit, shift), layers in groups.items()]

@@ -1,7 +1,8 @@
 """``load(path)``: a checkpoint folder -> a storelab ``Model``.
 
-1. ``config.json`` names the family (``model_type``); the family's module translates the
-   config into a ``ModelConfig`` and gives the name table (``storelab.checkpoint.table``).
+1. ``config.json`` names the family (``model_type``); the family (``families/_family.py``)
+   translates the config into a ``ModelConfig`` and gives the name table
+   (``storelab.checkpoint.table``) and the tensors it leaves out.
 2. The model is built on the ``meta`` device (no memory, no random init).
 3. Every entry of the table is checked against the shard headers before anything is read:
    each of our tensors has a source, each source exists, has a float dtype (an integer one
@@ -22,7 +23,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from storelab.checkpoint.adapters import apply_adapters
 from storelab.checkpoint.families import FAMILIES, family_for
 from storelab.checkpoint.quantized import QUANTIZED, SCALES, dequantize_table
 from storelab.checkpoint.shards import FLOAT_DTYPES, INT_DTYPES, TORCH_DTYPES, CheckpointError, Shards, read_config
@@ -59,21 +59,19 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
         raise
     except ValueError as e:
         raise CheckpointError(f"{path / 'config.json'}: {e}") from None
-    adapters = fam.adapters(hf, cfg) if hasattr(fam, "adapters") else []
     target = resolve_dtype(dtype, hf)
     with torch.device("meta"):
         model = Model(cfg)
-    apply_adapters(model, adapters)
     ours = ours_to_load(model)
     tab = dequantize_table(fam.table(hf, cfg, set(shards.names())), shards, hf)
-    check(tab, ours, shards, fam.ignored(hf) if hasattr(fam, "ignored") else getattr(fam, "IGNORED", ()))
+    check(tab, ours, shards, fam.ignored(hf))
     model = model.to(target)  # still on meta: the weights are then allocated in the target dtype
     if torch.device(device).type != "meta":
         model = model.to_empty(device=device)
         if cfg.tie_embeddings:
             model.lm_head.weight = model.embed.weight
         fill(model, tab, shards)
-    model.checkpoint = {"path": str(path), "family": fam.NAME, "model_type": hf.get("model_type")}
+    model.checkpoint = {"path": str(path), "family": fam.name, "model_type": hf.get("model_type")}
     return model.eval()
 
 
@@ -150,4 +148,4 @@ def fill(model: torch.nn.Module, tab: dict[str, Src], shards: Shards) -> None:
 
 
 def supported() -> list[str]:
-    return sorted(t for f in FAMILIES for t in f.MODEL_TYPES)
+    return sorted(t for f in FAMILIES for t in f.model_types)

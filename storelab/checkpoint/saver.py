@@ -3,7 +3,8 @@
 The layout is Hugging Face's: one ``model.safetensors``, or shards
 ``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json`` when the
 tensors exceed ``max_shard_bytes``. Names are ours (``blocks.3.token.q_proj.weight``);
-a tied LM head is written once, as the embedding.
+a tied LM head is written once, as the embedding. Beside the model config, ``adapters`` records
+the layers whose channel unit is MiniMax's clamped SwiGLU (``storelab.checkpoint.adapters``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from storelab.checkpoint.adapters import adapters_of
 from storelab.checkpoint.families.native import config_to_json
 from storelab.checkpoint.shards import INDEX, SINGLE
 from storelab.checkpoint.table import ours_to_load
@@ -37,7 +39,7 @@ def save(model, path: str | Path, *, max_shard_bytes: int = 5 * 2**30) -> list[P
     dtype = next((v.dtype for v in tensors.values() if v.dtype.is_floating_point), None)
     config = {"model_type": "storelab", "storelab_version": storelab.__version__,
               "dtype": DTYPE_LABELS.get(str(dtype), "float32"), "model": config_to_json(model.cfg),
-              "adapters": list(getattr(model, "adapters", []))}
+              "adapters": adapters_of(model.cfg)}
     shards: list[dict] = [{}]
     size = 0
     for k, v in tensors.items():

@@ -28,6 +28,7 @@ from __future__ import annotations
 from storelab.checkpoint.families._common import (layer_prefix, model_config,
                                                   beyond_layers, check_act, either, experts, field, linear, rope,
                                                   unsupported)
+from storelab.checkpoint.families._family import Family
 from storelab.checkpoint.table import Src, copy
 
 NAME = "deepseek_v4"
@@ -174,3 +175,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
         for ours, theirs in (("shared_gate_proj", "w1"), ("shared_up_proj", "w3"), ("shared_down_proj", "w2")):
             linear(tab, f"{c}.{ours}", f"{f}.shared_experts.{theirs}")
     return tab
+
+
+FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=ignored)

@@ -26,6 +26,7 @@ from storelab.checkpoint.families._common import (layer_prefix, model_config,
                                                   base_entries, beyond_layers, check_act, field, gated_mlp, linear,
                                                   mla_entries, rope, routed_moe, share_schedule, submodule_path,
                                                   unsupported)
+from storelab.checkpoint.families._family import Family
 from storelab.checkpoint.table import copy
 
 NAME = "glm_moe_dsa"
@@ -114,3 +115,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
         else:
             routed_moe(tab, c, m, names, lay.channel)
     return tab
+
+
+FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=ignored)

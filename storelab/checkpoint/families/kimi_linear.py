@@ -28,6 +28,7 @@ import torch
 from storelab.checkpoint.families._common import (layer_prefix, model_config,
                                                   base_entries, check_act, field, gated_mlp, linear,
                                                   mla_entries, routed_moe, unsupported)
+from storelab.checkpoint.families._family import Family, fixed
 from storelab.checkpoint.table import Src, copy
 
 NAME = "kimi_linear"
@@ -126,3 +127,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
         else:
             routed_moe(tab, c, m, names, ch)
     return tab
+
+
+FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=fixed(*IGNORED))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from storelab.checkpoint.families._common import (layer_prefix, model_config,
                                                   base_entries, check_act, either, experts, field, linear, rope,
                                                   unsupported)
+from storelab.checkpoint.families._family import Family, fixed
 from storelab.checkpoint.table import copy
 
 NAME = "mimo_v2_flash"
@@ -113,3 +114,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
             tab[f"{c}.choice_bias"] = copy(f"{m}.gate.e_score_correction_bias")
             experts(tab, c, f"{m}.experts", names, lay.channel.n_experts)
     return tab
+
+
+FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=fixed(*IGNORED))

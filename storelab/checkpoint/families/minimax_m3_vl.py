@@ -20,8 +20,8 @@ The release's own names (``language_model.model.`` prefix, ``block_sparse_moe``,
 ``w1/w3/w2``, ``index_*``) are read as well as transformers'.
 Every RMSNorm of MiniMax-M3 stores its scale as an offset from one (Gemma's form): we add 1.
 The experts, shared expert and dense MLPs use a clamped SwiGLU with ``swiglu_alpha`` and
-``up + 1`` (gpt-oss's unit), which our ``moe``/``ffn`` stores do not compute: the
-``clamped_swiglu`` adapter supplies it (storelab.checkpoint.adapters).
+``up + 1`` (gpt-oss's unit): their ``ffn``/``moe`` configs say ``activation="clamped_swiglu"``
+with the checkpoint's ``swiglu_alpha`` (default 1.702), ``swiglu_limit`` and ``swiglu_up_shift=1``.
 RoPE rotates ``int(head_dim * rope_parameters.partial_rotary_factor)`` channels (default all),
 as transformers 5.23 does; the config's ``rotary_dim`` is not read by transformers and not by us.
 """
@@ -31,6 +31,7 @@ from __future__ import annotations
 from storelab.checkpoint.families._common import (layer_prefix, model_config,
                                                   base_entries, either, experts, field, gated_mlp, linear, norm,
                                                   rope, unsupported)
+from storelab.checkpoint.families._family import Family, fixed
 from storelab.checkpoint.table import copy
 
 NAME = "minimax_m3_vl"
@@ -74,6 +75,8 @@ def to_config(hf: dict):
     theta, partial = rope(field(t, "rope_parameters", {}))
     attn = dict(d_model=D, n_heads=H, n_kv_heads=G, head_dim=K, partial_rotary=partial, rope_theta=theta,
                 qk_norm=True, norm_eps=eps)
+    unit = dict(activation="clamped_swiglu", swiglu_alpha=float(field(t, "swiglu_alpha", 1.702)),
+                swiglu_limit=field(t, "swiglu_limit", None), swiglu_up_shift=1.0)
     layers = []
     for i in range(field(t, "num_hidden_layers")):
         kind = t["layer_types"][i]
@@ -89,23 +92,17 @@ def to_config(hf: dict):
         else:
             raise unsupported(f"layer_types[{i}]", kind, "MiniMax-M3 has full_attention and minimax_m3_sparse")
         if t["mlp_layer_types"][i] == "dense":
-            channel = FFNConfig(d_model=D, d_ff=field(t, "dense_intermediate_size"))
+            channel = FFNConfig(d_model=D, d_ff=field(t, "dense_intermediate_size"), **unit)
         else:
             S = field(t, "shared_intermediate_size", 0)
             channel = MoEConfig(d_model=D, n_experts=field(t, "num_local_experts"),
                                 top_k=field(t, "num_experts_per_tok"),
                                 d_expert=field(t, "intermediate_size"), router="sigmoid", router_bias=True,
                                 norm_topk_prob=True, routed_scaling=float(field(t, "routed_scaling_factor", 1.0)),
-                                n_shared=1 if S else 0, d_shared=S or None)
+                                n_shared=1 if S else 0, d_shared=S or None, **unit)
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
     return model_config(hf, t, name="minimax-m3", title="MiniMax-M3 text (checkpoint)", d_model=D, layers=layers,
                         norm_eps=eps)
-
-
-def adapters(hf: dict, cfg) -> list[dict]:
-    t = text_config(hf)
-    return [{"kind": "clamped_swiglu", "alpha": float(field(t, "swiglu_alpha", 1.702)),
-             "limit": field(t, "swiglu_limit", None), "up_shift": 1.0, "layers": list(range(cfg.n_layers))}]
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:
@@ -139,3 +136,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
             gated_mlp(tab, (f"{c}.shared_gate_proj", f"{c}.shared_up_proj", f"{c}.shared_down_proj"),
                       f"{m}.shared_experts", names, ch.shared_width)
     return tab
+
+
+FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=fixed(*IGNORED))

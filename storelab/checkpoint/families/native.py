@@ -5,7 +5,9 @@ config.json holds ``{"model_type": "storelab", "model": {...}, "adapters": [...]
 full dict of each slot's store config (None values kept: ``ModelConfig.to_dict``'s compact
 file form drops them, and a None that differs from a field's default, such as KDA's
 ``gate_lower_bound``, would come back as the default). A ``config`` key in the compact file
-form (``ModelConfig.to_dict``) is read too. The safetensors hold our state dict under our own
+form (``ModelConfig.to_dict``) is read too. ``adapters`` is the older record of MiniMax's
+clamped SwiGLU layers, read into their channel configs (``storelab.checkpoint.adapters``).
+The safetensors hold our state dict under our own
 names (a tied LM head once, as ``embed.weight``), so the table is the identity.
 """
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from storelab.checkpoint.adapters import read_adapters
+from storelab.checkpoint.families._family import Family
 from storelab.checkpoint.shards import CheckpointError
 from storelab.checkpoint.table import copy
 
@@ -65,16 +69,14 @@ def to_config(hf: dict):
 
     if isinstance(hf.get("model"), dict):
         try:
-            return config_from_json(hf["model"])
+            cfg = config_from_json(hf["model"])
         except (KeyError, TypeError) as e:
             raise CheckpointError(f"config.json: model: malformed ({e})") from None
-    if isinstance(hf.get("config"), dict):
-        return ModelConfig.from_dict(hf["config"], source="config.json: config")
-    raise CheckpointError("config.json: model: missing (a storelab checkpoint keeps its model config there)")
-
-
-def adapters(hf: dict, cfg) -> list[dict]:
-    return list(hf.get("adapters", []))
+    elif isinstance(hf.get("config"), dict):
+        cfg = ModelConfig.from_dict(hf["config"], source="config.json: config")
+    else:
+        raise CheckpointError("config.json: model: missing (a storelab checkpoint keeps its model config there)")
+    return read_adapters(cfg, list(hf.get("adapters", [])))
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:
@@ -86,3 +88,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     with torch.device("meta"):
         model = Model(cfg)
     return {k: copy(k, integer=not v.dtype.is_floating_point) for k, v in ours_to_load(model).items()}
+
+
+FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from storelab.checkpoint.families._common import (layer_prefix, model_config,
                                                   base_entries, check_act, experts, field, gated_mlp, linear, norm,
                                                   rope, unsupported)
+from storelab.checkpoint.families._family import Family, fixed
 from storelab.checkpoint.table import Src, copy
 
 NAME = "qwen3_next"
@@ -151,3 +152,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
                       f"{m}.shared_expert", names, ch.shared_width)
             linear(tab, f"{c}.shared_gate", f"{m}.shared_expert_gate")
     return tab
+
+
+FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=fixed(*IGNORED))
