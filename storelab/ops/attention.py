@@ -24,18 +24,30 @@ a part whose value is zero) are merged by their log-sum-exps,
 arXiv 2205.14135). Nothing of size [T, L] is built, and the kernel skips the blocks above
 the diagonal. The kernel wants one head width for keys and values; when they differ the
 narrower side is zero-padded, ``KEY_BLOCK`` cache rows at a time, so the copy stays small.
+That kernel runs on CPU tensors without autograd (its log-sum-exp carries no gradient, so merged
+parts would get a wrong one); for other tensors (on CUDA, or in training) the same call is
+``attend`` with the causal mask. ``attend_lse`` follows the same rule.
+
+A store takes its kernel once, at construction, from ``KERNELS`` by its config's ``kernel``:
+
+* ``"fused"``: ``attend_causal`` for causal reads of a cache, ``attend`` for masked ones;
+* ``"reference"``: ``attend_causal_reference`` / ``attend_reference``, every score materialised.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["attend", "attend_causal", "attend_causal_blocks", "attend_lse", "merge_parts", "attend_reference",
-           "causal_mask", "window_mask"]
+__all__ = ["attend", "attend_causal", "attend_causal_blocks", "attend_causal_reference", "attend_lse", "merge_parts",
+           "attend_reference", "causal_mask", "window_mask", "Kernel", "KERNELS"]
 
 KEY_BLOCK = 8192
+FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # (out, lse); in every torch we pin
 
 
 def causal_mask(T: int, L: int, device=None) -> Tensor:
@@ -113,15 +125,9 @@ def attend(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask
     return out.transpose(1, 2)
 
 
-def _flash_op():
-    ops = getattr(torch.ops, "aten", None)
-    return getattr(ops, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def _fused(*tensors: Tensor) -> bool:
-    """The fused CPU kernel may run: it exists, the tensors are on the CPU, and no gradient is wanted."""
-    return _flash_op() is not None and tensors[0].device.type == "cpu" and not (
-        torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+def _flash_takes(*tensors: Tensor) -> bool:
+    """Whether ``FLASH_CPU`` may take these tensors: on the CPU, and no gradient wanted through them."""
+    return tensors[0].device.type == "cpu" and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def _part(q_BHTX: Tensor, k_BGLK: Tensor, v_BGLV: Tensor, *, scale: float, causal: bool, width: int) \
@@ -133,7 +139,7 @@ def _part(q_BHTX: Tensor, k_BGLK: Tensor, v_BGLV: Tensor, *, scale: float, causa
         k_BGLK = F.pad(k_BGLK, (0, width - K))
     if V < width:
         v_BGLV = F.pad(v_BGLV, (0, width - V))
-    o, lse = _flash_op()(q_BHTX, k_BGLK, v_BGLV, 0.0, causal, scale=scale)
+    o, lse = FLASH_CPU(q_BHTX, k_BGLK, v_BGLV, 0.0, causal, scale=scale)
     return o[..., :V], lse
 
 
@@ -153,12 +159,21 @@ def attend_causal(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: floa
         q_BTHK = F.pad(q_BTHK, (0, k_BLGK.shape[-1] - K))
         K = k_BLGK.shape[-1]
     L, G, V = k_BLGK.shape[1], k_BLGK.shape[2], v_BLGV.shape[-1]
-    if not _fused(q_BTHK, k_BLGK, v_BLGV):
+    if not _flash_takes(q_BTHK, k_BLGK, v_BLGV):
         if H % G:
             raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
         return attend(q_BTHK, k_BLGK, v_BLGV, scale=scale, mask_TL=causal_mask(T, L, q_BTHK.device), sinks_H=sinks_H)
     return attend_causal_blocks(q_BTHK, lambda s, e: (k_BLGK[:, s:e], v_BLGV[:, s:e]), L, G=G, V=V, scale=scale,
                                 sinks_H=sinks_H, block=L if K == V else KEY_BLOCK)  # else: padded block by block
+
+
+def attend_causal_reference(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float,
+                            sinks_H: Tensor | None = None, v_dim: int | None = None) -> Tensor:
+    """``attend_causal`` in the plain form: the [T, L] causal mask and every score materialised."""
+    T, K, L = q_BTHK.shape[1], q_BTHK.shape[-1], k_BLGK.shape[1]
+    o_BTHV = attend_reference(q_BTHK, k_BLGK[..., :K], v_BLGV, scale=scale, mask_TL=causal_mask(T, L, q_BTHK.device),
+                              sinks_H=sinks_H)
+    return o_BTHV if v_dim is None else o_BTHV[..., :v_dim]
 
 
 def attend_causal_blocks(q_BTHK: Tensor, kv, L: int, *, G: int, V: int, scale: float,
@@ -207,7 +222,7 @@ def attend_lse(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, 
         raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
     if L == 0:
         return q_BTHK.new_zeros(B, T, H, V), q_BTHK.new_full((B, H, T), float("-inf"), dtype=torch.float32)
-    if mask_TL is None and _fused(q_BTHK, k_BLGK, v_BLGV):
+    if mask_TL is None and _flash_takes(q_BTHK, k_BLGK, v_BLGV):
         width = max(K, V)
         q = q_BTHK.transpose(1, 2)
         if K < width:
@@ -256,3 +271,17 @@ def merge_parts(parts, *, sinks_H: Tensor | None = None, keep_lse: bool = False)
         out.mul_(torch.exp(lse - new).transpose(1, 2)[..., None])
         lse = new
     return (out.to(dtype), lse) if keep_lse else out.to(dtype)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The two reads of a softmax store, in one form (see the module docstring):
+    ``causal(q, k, v, *, scale, sinks_H=None, v_dim=None)`` of a whole cache, and
+    ``masked(q, k, v, *, scale, mask_TL=None, sinks_H=None)``."""
+
+    causal: Callable[..., Tensor]
+    masked: Callable[..., Tensor]
+
+
+KERNELS = {"fused": Kernel(causal=attend_causal, masked=attend),
+           "reference": Kernel(causal=attend_causal_reference, masked=attend_reference)}

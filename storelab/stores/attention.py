@@ -17,7 +17,9 @@ Full attention (Vaswani et al., arXiv 1706.03762) with the devices today's layer
 * ``logn``: Qwen's LogN scaling (arXiv 2309.16609): the logits of a query at position p are
   multiplied by ``max(1, log(p + 1) / log(logn_base))`` -- 1 up to ``logn_base`` tokens, then
   growing as the log of the context, which keeps the softmax sharp as competitors accumulate;
-* ``value_scale``: a constant on the values (MiMo's ``attention_value_scale``).
+* ``value_scale``: a constant on the values (MiMo's ``attention_value_scale``);
+* ``kernel``: "fused" (torch's fused kernels, ``storelab.ops.attention``) or "reference" (the
+  plain form, every score materialised), taken once at construction.
 
 Update rule (full):  cache <- cache ++ [(k_t, v_t)];  y_t = softmax(q_t K^T * scale) V.
 Update rule (window): cache <- last W of (cache ++ [(k_t, v_t)]).
@@ -49,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from storelab.ops.attention import attend, attend_causal, window_mask
+from storelab.ops.attention import KERNELS, window_mask
 from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
 from storelab.state import KVCache, WindowCache
@@ -84,6 +86,7 @@ class AttentionConfig(StoreConfig):
     qkv_bias: bool = False
     out_bias: bool = False
     norm_eps: float = 1e-6
+    kernel: str = "fused"                # "fused" or "reference" (storelab.ops.attention.KERNELS)
 
     SLOTS, FAMILY, CARD_ORDER, MIX_LABEL = (TOKEN,), "full", 40, "full"
     CARD = Card(
@@ -111,6 +114,7 @@ class AttentionConfig(StoreConfig):
                    f"rotates int({self.head_dim} * {self.partial_rotary}) = {self.rotary_dim} channels; must be even")
         self.check(self.logn_base > 1, "logn_base", f"must be > 1, got {self.logn_base}")
         self.check(self.attn_scale is None or self.attn_scale > 0, "attn_scale", f"must be > 0, got {self.attn_scale}")
+        self.check(self.kernel in KERNELS, "kernel", f"must be one of {tuple(KERNELS)}, got {self.kernel!r}")
 
     @property
     def rotary_dim(self) -> int:
@@ -184,7 +188,8 @@ class WindowConfig(AttentionConfig):
 
 
 class Attention(nn.Module):
-    """Causal GQA softmax attention with a full KV cache (see the module docstring)."""
+    """Causal GQA softmax attention with a full KV cache (see the module docstring); ``kernel`` is
+    the config's form of the softmax read (``storelab.ops.attention.KERNELS``), taken once here."""
 
     def __init__(self, cfg: AttentionConfig):
         super().__init__()
@@ -197,6 +202,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(K, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(K, cfg.norm_eps) if cfg.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(H)) if cfg.sink else None
+        self.kernel = KERNELS[cfg.kernel]
 
     def project(self, x_BTD: Tensor, positions_T: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Queries (LogN already applied), keys and values with positions, and the output gate."""
@@ -235,8 +241,8 @@ class Attention(nn.Module):
         q_BTHK, k_BTGK, v_BTGV, gate = self.project(x_BTD, self.positions(state.seen, T, x_BTD.device))
         state.append(k_BTGK, v_BTGV)
         k_BLGW, v_BLGW = state.same_width()  # views of the cache, no copy
-        o_BTHV = attend_causal(q_BTHK, k_BLGW, v_BLGW, scale=self.cfg.scale, sinks_H=self.sinks,
-                               v_dim=self.cfg.v_head_dim)
+        o_BTHV = self.kernel.causal(q_BTHK, k_BLGW, v_BLGW, scale=self.cfg.scale, sinks_H=self.sinks,
+                                    v_dim=self.cfg.v_head_dim)
         state.seen += T
         return self.finish(o_BTHV, gate), state
 
@@ -271,8 +277,8 @@ class WindowAttention(Attention):
         else:  # the old window then the slice; the mask cuts each query's view to W back
             k_BLGK, v_BLGV = torch.cat([old_k, k_BTGK], dim=1), torch.cat([old_v, v_BTGV], dim=1)
         L = k_BLGK.shape[1]
-        o_BTHV = attend(q_BTHK, k_BLGK, v_BLGV, scale=self.cfg.scale,
-                        mask_TL=window_mask(T, L, W + 1, x_BTD.device), sinks_H=self.sinks)
+        o_BTHV = self.kernel.masked(q_BTHK, k_BLGK, v_BLGV, scale=self.cfg.scale,
+                                    mask_TL=window_mask(T, L, W + 1, x_BTD.device), sinks_H=self.sinks)
         state.write(k_BTGK, v_BTGV)
         state.seen += T
         return self.finish(o_BTHV, gate)

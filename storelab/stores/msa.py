@@ -31,6 +31,8 @@ Nothing of size [T, L] is built: the index scores are made a run of blocks at a 
 merged into a running top of blocks (``select_blocks_streamed``), and each query gathers only its
 selected blocks' keys and values (``attend_blocks``). A long chunk is taken ``query_block`` (1024)
 queries at a time, each slice scoring the keys up to its last query; no selection changes.
+With ``kernel="reference"`` (taken once at construction) each slice uses the reference forms
+instead: the whole [B, G, T, L] index scores and block mask, and ``attend_reference`` over them.
 
 Shape legend: B batch, T new tokens, L kept, H query heads, G key/value groups, K key width,
 V value width, I index width, D model width.
@@ -44,7 +46,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from storelab.ops.msa import attend_blocks, select_blocks_streamed
+from storelab.ops.attention import attend_reference
+from storelab.ops.msa import attend_blocks, block_mask, block_scores, select_blocks, select_blocks_streamed
 from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
 from storelab.state import KVCache, append_rows
@@ -133,6 +136,7 @@ class BlockSparseAttention(Attention):
         self.index_q_norm = RMSNorm(I, cfg.norm_eps) if cfg.qk_norm else None
         self.index_k_norm = RMSNorm(I, cfg.norm_eps) if cfg.qk_norm else None
         self.query_block = 1024
+        self.read = {"fused": self._read_streamed, "reference": self._read_reference}[cfg.kernel]
         self.last_blocks: Tensor | None = None
         self.last_read_counts: Tensor | None = None
 
@@ -162,14 +166,37 @@ class BlockSparseAttention(Attention):
         for i in range(0, T, self.query_block):
             j = min(T, i + self.query_block)
             L = state.seen + j  # keys up to the slice's last query
-            blocks_BGTk = select_blocks_streamed(
-                iq_BTGI[:, i:j], ik_BLI[:, :L], positions_T=pos_T[i:j], block_size=c.block_size,
-                top_blocks=c.top_blocks, local_blocks=c.local_blocks, include_first_block=c.include_first_block)
-            o_BTHV, read_BGT = attend_blocks(q_BTHK[:, i:j], k_BLGK, v_BLGV, blocks_BGTk, positions_T=pos_T[i:j],
-                                             block_size=c.block_size, scale=c.scale, sinks_H=self.sinks)
+            o_BTHV, blocks_BGTk, read_BGT = self.read(q_BTHK[:, i:j], iq_BTGI[:, i:j], k_BLGK, v_BLGV, ik_BLI[:, :L],
+                                                      pos_T[i:j])
             outs.append(o_BTHV), blocks.append(blocks_BGTk), counts.append(read_BGT)
         width = max(b.shape[-1] for b in blocks)
         self.last_blocks = torch.cat([nn.functional.pad(b, (0, width - b.shape[-1]), value=-1) for b in blocks], 2)
         self.last_read_counts = torch.cat(counts, dim=-1)
         state.seen += T
         return self.finish(torch.cat(outs, dim=1), gate), state
+
+    # -- the read of one slice of queries, in the config's kernel --------------------------------
+    def _read_streamed(self, q_BTHK: Tensor, iq_BTGI: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, ik_BLI: Tensor,
+                       pos_T: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(o_BTHV, blocks_BGTk, read_BGT): the streamed selection and the gathered read (storelab.ops.msa)."""
+        c = self.cfg
+        blocks_BGTk = select_blocks_streamed(iq_BTGI, ik_BLI, positions_T=pos_T, block_size=c.block_size,
+                                             top_blocks=c.top_blocks, local_blocks=c.local_blocks,
+                                             include_first_block=c.include_first_block)
+        o_BTHV, read_BGT = attend_blocks(q_BTHK, k_BLGK, v_BLGV, blocks_BGTk, positions_T=pos_T,
+                                         block_size=c.block_size, scale=c.scale, sinks_H=self.sinks)
+        return o_BTHV, blocks_BGTk, read_BGT
+
+    def _read_reference(self, q_BTHK: Tensor, iq_BTGI: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, ik_BLI: Tensor,
+                        pos_T: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The same from the reference forms: all index scores, the block mask, every logit."""
+        c = self.cfg
+        L = ik_BLI.shape[1]
+        scores_BGTN = block_scores(iq_BTGI, ik_BLI, positions_T=pos_T, block_size=c.block_size)
+        blocks_BGTk = select_blocks(scores_BGTN, positions_T=pos_T, block_size=c.block_size, top_blocks=c.top_blocks,
+                                    local_blocks=c.local_blocks, include_first_block=c.include_first_block)
+        mask_BGTL = block_mask(blocks_BGTk, positions_T=pos_T, length=L, block_size=c.block_size)
+        mask_BHTL = mask_BGTL.repeat_interleave(c.n_heads // c.n_kv_heads, dim=1)
+        o_BTHV = attend_reference(q_BTHK, k_BLGK[:, :L], v_BLGV[:, :L], scale=c.scale, mask_TL=mask_BHTL,
+                                  sinks_H=self.sinks)
+        return o_BTHV, blocks_BGTk, mask_BGTL.sum(-1)
