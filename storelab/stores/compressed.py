@@ -23,19 +23,9 @@ P pool, IH x IC index heads):
 (output) ``+ H`` (sinks) ``+ 2*D*S*C + P*C + C`` (compressor); CSA adds
 ``2*D*S*IC + P*IC + IC + Q*IH*IC + D*IH`` (indexer). All are active for every token.
 
-State per token (``CompressedCache``): ``1/stride`` pooled entries (plus as many index
-keys for CSA) in the ``cache_format``, one entry per token for the last ``window``
-tokens, and the compressor projections of at most ``pool - 1`` tokens (the open stride
-block and the ``pool - stride`` tokens before it, which the next entry also pools):
-at a 1M context about 250,000 entries for CSA (pool 8, stride 4) and 7,812 for HCA
-(pool 128). Entry bytes: ``storelab.ops.quant.entry_bytes`` (584 B in V4-Pro's fp8).
-
-Cache formats (``cache_format``): None keeps entries in the compute dtype; "fp32"/"bf16"
-cast them; "fp8"/"fp4" store integer codes with one power-of-two scale per
-``quant_block`` no-rope channels and the rope channels in bf16. Entries are encoded on
-write and decoded on read, in the very pass that writes them, so a full pass and a
-chunked one read the same numbers. Compressor projections waiting in the tail are held
-in fp32 for "fp32", bf16 for the other formats, the compute dtype for None.
+State and cache formats: ``storelab.stores.compressed_cache`` (``CompressedCache``; 1/stride
+pooled entries per token, a window and a tail of open pools; entries stored as computed or in
+a quantised ``cache_format``, chosen once at construction).
 
 Agreement and differences: pooled entries, the indexer's choice and the layer's output
 match transformers' ``DeepseekV4CSACompressor`` / ``DeepseekV4HCACompressor`` /
@@ -57,25 +47,20 @@ top-k choice over the owner's index keys. Why: the index keys are pooled entries
 cache, so sharing the cache shares them; the selection depends on the reader's queries,
 and the report shares a selection only in the decoder (the hierarchical indexer), so a
 per-layer choice is the faithful and the simplest design (no selection to hand over,
-nothing to keep in step across chunkings). The owner's ``read_window`` (the window rows
-its last call read: the old window, then the call's own entries) lets a reader's early
-queries in a long chunk see entries the owner's trimmed window no longer keeps; it is the
-tensor ``window_kv`` is a view of, so ``nbytes`` leaves it out, but it holds the last call's
-``window + T`` rows until the next call (a chunk-sized working buffer, like the call's output).
+nothing to keep in step across chunkings). A reader's early queries in a long chunk read
+the owner's ``read_window`` (see ``CompressedCache``).
 
 Streaming (a long prompt read in chunks; DeepSeek-V4's 1M context). The owner's state is
-updated in place: entries and index keys grow in buffers it keeps (``append_rows``, one
-row per ``stride`` tokens, room reserved from the ``upcoming`` hint), so no call copies
-the cache. The read is one softmax written as parts over disjoint entries merged by
-their log-sum-exps with the sinks (``merge_parts``; blockwise softmax, arXiv 1805.02867),
-and never holds a [T, N] tensor: every query gathers its own window rows (and, CSA, its
-selected entries) into one small masked part, the queries folded into the batch; HCA
-reads the entries complete before the call in one unmasked fused part, in place (in
-blocks of rows when a cache format must be decoded), and those completed inside the call
-in a small masked part. CSA's indexer scores a few queries by a block of entries at a
-time into a running top-k (``select_topk_streamed``), with the tie rule of the stable
-sort. Every transient is bounded by ``SCORE_BUDGET`` / ``READ_BUDGET`` and the chunk; the
-read mask of ``step`` is built only when asked for.
+updated in place, with no copy of the cache per call. The read is one softmax written as
+parts over disjoint entries merged by their log-sum-exps with the sinks (``merge_parts``;
+blockwise softmax, arXiv 1805.02867), and never holds a [T, N] tensor: every query gathers
+its own window rows (and, CSA, its selected entries) into one small masked part, the queries
+folded into the batch; HCA reads the entries complete before the call in one unmasked fused
+part, in place (in blocks of rows when a cache format must be decoded), and those completed
+inside the call in a small masked part. CSA's indexer scores a few queries by a block of
+entries at a time into a running top-k (``select_topk_streamed``), with the tie rule of the
+stable sort. Every transient is bounded by ``SCORE_BUDGET`` / ``READ_BUDGET`` and the chunk;
+the read mask of ``step`` is built only when asked for.
 
 Shape legend: B batch, T tokens in this call, N pooled entries, L entries read
 (window then pooled), H query heads, K/C head width, S projection series, D d_model,
@@ -94,48 +79,17 @@ from storelab.ops.attention import attend_lse, merge_parts, window_mask
 from storelab.ops.compress import pool_entries, readable_entries, select_topk_streamed
 from storelab.ops.indexer import selection_mask
 from storelab.ops.norm import RMSNorm, rms_norm
-from storelab.ops.quant import FORMATS, decode_entries, encode_entries, entry_bytes
+from storelab.ops.quant import FORMATS, entry_bytes
 from storelab.ops.rope import apply_rope
-from storelab.state import State, append_rows, tensor_bytes
+from storelab.state import State, append_rows
 from storelab.stores.base import TOKEN, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.compressed_cache import CompressedCache, SharedCompressedCache, entry_format
 
 __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "SharedCompressedCache"]
 
 SCORE_BUDGET = 1 << 17  # indexer logits made at once (a few queries by one block of entries)
 SCORE_BLOCK = 1024      # entries per block of the indexer's running top-k (its cost per query row amortised)
 READ_BUDGET = 1 << 17   # numbers of one masked part, one gathered selection or one decoded block
-
-
-@dataclass
-class CompressedCache(State):
-    """What a compressed-attention layer keeps. Rows are entries in the cache format."""
-
-    pooled: Tensor | None = None          # [B, N, row]  pooled entries (key = value)
-    index_keys: Tensor | None = None      # [B, N, irow] pooled index keys (CSA)
-    window_kv: Tensor | None = None       # [B, min(seen, W), row] the last W tokens' own entries
-    tail_kv: Tensor | None = None         # [B, n_tail, S, C] projections of tokens in open pools
-    tail_z: Tensor | None = None          # [B, n_tail, S, C] their pooling scores
-    tail_index_kv: Tensor | None = None   # [B, n_tail, S, IC] (CSA)
-    tail_index_z: Tensor | None = None    # [B, n_tail, S, IC] (CSA)
-    read_window: Tensor | None = None     # [B, n_win, row] the window rows the last call read (for readers)
-
-    @property
-    def entries(self) -> int:
-        return 0 if self.pooled is None else self.pooled.shape[1]
-
-    def nbytes(self) -> int:
-        # read_window is the tensor window_kv is a view of: no bytes of its own
-        return tensor_bytes(self.pooled, self.index_keys, self.window_kv, self.tail_kv, self.tail_z,
-                            self.tail_index_kv, self.tail_index_z)
-
-
-@dataclass
-class SharedCompressedCache(State):
-    """A reader layer's state: only its token count; it reads the owner's ``CompressedCache``."""
-
-    @property
-    def entries(self) -> int:
-        return 0
 
 
 # --- configs -------------------------------------------------------------------------
@@ -321,6 +275,7 @@ class CompressedAttention(nn.Module):
             self.index_pooler = Pooler(D, cfg.index_head_dim, cfg.pool, cfg.stride, cfg.eps)
             self.index_q = nn.Linear(Q, cfg.index_heads * cfg.index_head_dim, bias=False)
             self.index_weights = nn.Linear(D, cfg.index_heads, bias=False)
+        self.fmt = entry_format(cfg.cache_format, cfg.quant_block)   # how entries are stored, once
 
     # -- small helpers ---------------------------------------------------------------
     def _rope(self, x_BTHK: Tensor, pos_T: Tensor) -> Tensor:
@@ -333,24 +288,16 @@ class CompressedAttention(nn.Module):
         return torch.cat([x_BTHK[..., :nope], rot], dim=-1)
 
     def _encode(self, x: Tensor, rope_dim: int) -> Tensor:
-        fmt = self.cfg.cache_format
-        return x if fmt is None else encode_entries(x, rope_dim=rope_dim, fmt=fmt, block=self.cfg.quant_block)
+        return self.fmt.encode(x, rope_dim)
 
     def _decode(self, rows: Tensor, width: int, rope_dim: int, dtype: torch.dtype) -> Tensor:
-        fmt = self.cfg.cache_format
-        if fmt is None:
-            return rows
-        return decode_entries(rows, head_dim=width, rope_dim=rope_dim, fmt=fmt, block=self.cfg.quant_block, dtype=dtype)
-
-    def _tail_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        fmt = self.cfg.cache_format
-        return dtype if fmt is None else (torch.float32 if fmt == "fp32" else torch.bfloat16)
+        return self.fmt.decode(rows, width, rope_dim, dtype)
 
     def _pool(self, pooler: Pooler, x_BTD: Tensor, tail_kv: Tensor | None, tail_z: Tensor | None, seen: int):
         """New pooled entries [B, N_new, C] (normalised, rotated) and the new tail."""
         cfg = self.cfg
         kv, z = pooler.project(x_BTD)
-        td = self._tail_dtype(x_BTD.dtype)
+        td = self.fmt.tail_dtype(x_BTD.dtype)
         kv, z = kv.to(td), z.to(td)                      # what the tail would hold: same in every path
         if tail_kv is not None:
             kv, z = torch.cat([tail_kv, kv], dim=1), torch.cat([tail_z, z], dim=1)
@@ -457,7 +404,7 @@ class CompressedAttention(nn.Module):
         cfg = self.cfg
         B, _, H, C = q_BTHK.shape
         scale = C ** -0.5
-        if cfg.cache_format is None:
+        if self.fmt.in_place:
             kv_BN1C = rows_BNr[:, :, None]
             return attend_lse(q_BTHK, kv_BN1C, kv_BN1C, scale=scale)
         block = max(1, READ_BUDGET // (B * C))
@@ -545,12 +492,4 @@ class CompressedAttention(nn.Module):
         """The owner's cache must hold this call's entries, in this layer's layout."""
         if not isinstance(shared, CompressedCache) or shared.read_window is None:
             raise ValueError(f"shared: expected the owner's CompressedCache after its call, got {type(shared).__name__}")
-        before = shared.seen - T
-        if state is not None and state.seen != before:
-            raise ValueError(f"shared: the owner has seen {shared.seen} tokens, this reader {state.seen} + {T}: "
-                             "the owner must run on the same tokens first")
-        if shared.read_window.shape[1] != min(before, self.cfg.window) + T:
-            raise ValueError("shared: the owner's window differs from this reader's (cache_owner needs the same layout)")
-        if self.cfg.indexed and shared.index_keys is None:
-            raise ValueError("shared: the owner keeps no index keys for this reader's indexer")
-        return shared
+        return shared.check_reader(state, T, window=self.cfg.window, indexed=self.cfg.indexed)
