@@ -4,6 +4,7 @@ fused form and the reference form agree, prefill and chunked, with and without a
 import pytest
 import torch
 
+from storelab.stores import observe
 from storelab.ops.attention import KERNELS
 from storelab.stores.attention import AttentionConfig, WindowConfig
 from storelab.stores.msa import MsaConfig
@@ -44,16 +45,16 @@ def test_fused_and_reference_kernels_agree(make, kw):
     fused, ref = _pair(make, **kw)
     assert fused.kernel is KERNELS["fused"] and ref.kernel is KERNELS["reference"]
     x = torch.randn(2, 21, D)
-    with torch.no_grad():
+    with torch.no_grad(), observe(fused, ref) as seen:
         want = ref(x)[0]
         assert_close(fused(x)[0], want, 1e-5, f"{make.__name__} prefill")
         assert_close(_chunked(fused, x, (1, 8, 9)), want, 1e-5, f"{make.__name__} chunked fused")
         assert_close(_chunked(ref, x, (4, 5, 17)), want, 1e-5, f"{make.__name__} chunked reference")
     if make is MsaConfig:
-        with torch.no_grad():
+        with torch.no_grad(), observe(fused, ref) as seen:
             fused(x), ref(x)
-        assert torch.equal(fused.last_blocks.sort(-1).values, ref.last_blocks.sort(-1).values)
-        assert torch.equal(fused.last_read_counts, ref.last_read_counts)
+        assert torch.equal(seen.last(fused, "blocks").sort(-1).values, seen.last(ref, "blocks").sort(-1).values)
+        assert torch.equal(seen.last(fused, "read_counts"), seen.last(ref, "read_counts"))
 
 
 @pytest.mark.parametrize("make,kw", CASES[:4])

@@ -4,7 +4,7 @@ the read budget, accounting and errors."""
 import pytest
 import torch
 
-from storelab.stores import build_store
+from storelab.stores import build_store, observe
 from storelab.stores.msa import MsaConfig
 from tests.helpers import assert_close, capture, tiny_hf_model
 
@@ -57,27 +57,27 @@ def _chosen(blocks_BGTk):
 def test_selection_matches_per_query_reference(opts):
     mod = _randomise(_cfg(**opts).build())
     x = torch.randn(2, 23, D)
-    with torch.no_grad():
+    with torch.no_grad(), observe(mod) as seen:
         mod(x)
-    assert _chosen(mod.last_blocks) == reference_blocks(mod, x)
+    assert _chosen(seen.last(mod, "blocks")) == reference_blocks(mod, x)
     if opts.get("include_first_block"):
-        assert all(0 in v for v in _chosen(mod.last_blocks).values())
+        assert all(0 in v for v in _chosen(seen.last(mod, "blocks")).values())
 
 
 @pytest.mark.parametrize("chunks", [[19], [1] * 19, [3, 5, 11], [4, 4, 4, 7], [9, 10], [2, 1, 16]])
 def test_prefill_then_step_equals_full(chunks):
     mod = _randomise(_cfg(sink=True, gate=True, include_first_block=True).build())
     x = torch.randn(2, 19, D)
-    with torch.no_grad():
+    with torch.no_grad(), observe(mod) as seen:
         full, _ = mod(x)
-        full_blocks, full_counts = _chosen(mod.last_blocks), mod.last_read_counts.clone()
+        full_blocks, full_counts = _chosen(seen.last(mod, "blocks")), seen.last(mod, "read_counts").clone()
         st, ys, counts, t = None, [], [], 0
         chosen = {}
         for c in chunks:
             y, st = mod(x[:, t:t + c], st)
             ys.append(y)
-            counts.append(mod.last_read_counts)
-            chosen.update({(b, g, t + i): v for (b, g, i), v in _chosen(mod.last_blocks).items()})
+            counts.append(seen.last(mod, "read_counts"))
+            chosen.update({(b, g, t + i): v for (b, g, i), v in _chosen(seen.last(mod, "blocks")).items()})
             t += c
     assert_close(torch.cat(ys, 1), full, 1e-5, f"chunks {chunks}")
     assert chosen == full_blocks
@@ -89,22 +89,22 @@ def test_prefill_then_step_equals_full(chunks):
 def test_query_slices_do_not_change_anything(query_block):
     mod = _randomise(_cfg(include_first_block=True).build())
     x = torch.randn(2, 19, D)
-    with torch.no_grad():
+    with torch.no_grad(), observe(mod) as seen:
         full, _ = mod(x)
-        blocks, counts = _chosen(mod.last_blocks), mod.last_read_counts
+        blocks, counts = _chosen(seen.last(mod, "blocks")), seen.last(mod, "read_counts")
         mod.query_block = query_block
         y, _ = mod(x)
     assert_close(y, full, 1e-5, f"query_block {query_block}")
-    assert _chosen(mod.last_blocks) == blocks and torch.equal(mod.last_read_counts, counts)
+    assert _chosen(seen.last(mod, "blocks")) == blocks and torch.equal(seen.last(mod, "read_counts"), counts)
 
 
 def test_reads_never_exceed_the_budget_and_fill_it_when_possible():
     cfg = _cfg(block_size=4, top_blocks=3, include_first_block=True)
     mod = _randomise(cfg.build())
     x = torch.randn(1, 40, D)
-    with torch.no_grad():
+    with torch.no_grad(), observe(mod) as seen:
         mod(x)
-    counts = mod.last_read_counts  # [B, G, T]
+    counts = seen.last(mod, "read_counts")  # [B, G, T]
     assert counts.max().item() <= cfg.budget == cfg.footprint(40).read
     # a query reads every earlier position while they fit, then 2 whole blocks + its partial own block
     pos = torch.arange(40)
@@ -204,7 +204,7 @@ def test_msa_matches_minimax_m3_indexer_and_sparse_layer():
                        "top_blocks": 2, "local_blocks": 1, "index_head_dim": 16,
                        "norm_eps": model.config.rms_norm_eps})
     ours = cfg.build()
-    with torch.no_grad():
+    with torch.no_grad(), observe(ours) as seen:
         for dst, src in [(ours.q_proj, hf.q_proj), (ours.k_proj, hf.k_proj), (ours.v_proj, hf.v_proj),
                          (ours.o_proj, hf.o_proj), (ours.index_q, hf.indexer.q_proj),
                          (ours.index_k, hf.indexer.k_proj)]:
@@ -213,9 +213,9 @@ def test_msa_matches_minimax_m3_indexer_and_sparse_layer():
                          (ours.index_q_norm, hf.indexer.q_norm), (ours.index_k_norm, hf.indexer.k_norm)]:
             dst.weight.copy_(1.0 + src.weight)
         y, _ = ours(kw["hidden_states"])
-    assert hf_blocks.shape == ours.last_blocks.shape
-    assert _chosen(ours.last_blocks) == _chosen(hf_blocks)
-    assert ((ours.last_blocks < 0) == (hf_blocks < 0)).all()
+    assert hf_blocks.shape == seen.last(ours, "blocks").shape
+    assert _chosen(seen.last(ours, "blocks")) == _chosen(hf_blocks)
+    assert ((seen.last(ours, "blocks") < 0) == (hf_blocks < 0)).all()
     assert_close(y, out[0], 1e-5, "MiniMaxM3VLAttention (sparse layer)")
     # the selection is not trivial: some query leaves out a block it could have read
-    assert (ours.last_read_counts < torch.arange(1, 44)).any()
+    assert (seen.last(ours, "read_counts") < torch.arange(1, 44)).any()

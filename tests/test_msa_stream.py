@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_flatten
 from storelab.ops.attention import attend_reference
 from storelab.ops.msa import attend_blocks, block_mask, block_scores, select_blocks, select_blocks_streamed
 from storelab.state import reserved_bytes, upcoming
-from storelab.stores import build_store
+from storelab.stores import build_store, observe
 from tests.helpers import assert_close
 
 D = 32
@@ -163,13 +163,13 @@ def dense_forward(mod, x_BTD):
 def test_chunked_prefill_and_steps_equal_the_dense_path(opts, chunks):
     mod = _randomise(_cfg(top_blocks=3, **opts).build())
     x = torch.randn(1, 700, D)
-    with torch.no_grad():
+    with torch.no_grad(), observe(mod) as seen:
         want, want_blocks, want_read = dense_forward(mod, x)
         st, ys, blocks, reads, t = None, [], [], [], 0
         for c in chunks:
             with upcoming(700 - t - c):
                 y, st = mod(x[:, t:t + c], st)
-            ys.append(y), blocks.append(mod.last_blocks), reads.append(mod.last_read_counts)
+            ys.append(y), blocks.append(seen.last(mod, "blocks")), reads.append(seen.last(mod, "read_counts"))
             t += c
     assert_close(torch.cat(ys, 1), want, 1e-5, f"chunks {chunks}")
     got_sets = [s for b in blocks for s in _sets(b.transpose(1, 2))]      # per (batch, query, group)

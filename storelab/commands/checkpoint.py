@@ -20,6 +20,7 @@ def save_model(source: str, out: Path, *, tiny: bool = False, config: bool = Fal
     import torch
 
     from storelab.checkpoint import load, save
+    from storelab.checkpoint.adapters import adapters_of
     from storelab.checkpoint.loader import resolve_dtype
 
     if checkpoint:
@@ -36,7 +37,7 @@ def save_model(source: str, out: Path, *, tiny: bool = False, config: bool = Fal
     n_params = sum(p.numel() for p in model.parameters())
     return {"model": model.cfg.name, "source": source, "out": str(out), "layers": model.cfg.n_layers,
             "mix": model.cfg.mix(), "parameters": n_params,
-            "adapters": [a["kind"] for a in getattr(model, "adapters", [])],
+            "adapters": [a["kind"] for a in adapters_of(model.cfg)],
             "files": [{"name": f.name, "bytes": f.stat().st_size} for f in files]}
 
 

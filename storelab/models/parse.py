@@ -28,8 +28,6 @@ import copy
 import dataclasses
 import json
 import tomllib
-import types
-import typing
 from pathlib import Path
 from typing import Any, Callable
 
@@ -173,21 +171,8 @@ def _first_use(slots: list[dict[str, Any]], nm: str) -> str:
     return f"stores.{nm}"
 
 
-def _tuple_fields(cls) -> set[str]:
-    """Fields of a config dataclass whose declared type is a tuple (TOML/JSON give lists)."""
-    hints = typing.get_type_hints(cls)
-    out = set()
-    for f in dataclasses.fields(cls):
-        t = hints.get(f.name)
-        options = typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
-        if any(o is tuple or typing.get_origin(o) is tuple for o in options):
-            out.add(f.name)
-    return out
-
-
 def _from_table(cls, sd: dict[str, Any]):
-    tuples = _tuple_fields(cls)
-    return cls.from_dict({k: (tuple(v) if k in tuples and isinstance(v, list) else v) for k, v in sd.items()})
+    return cls.from_dict(sd)  # lists become tuples where the field is one (StoreConfig.from_dict)
 
 
 def _build_stores(d: dict[str, Any], raw_stores: dict[str, Any], slots, err):

@@ -42,8 +42,10 @@ def _softmax_causal(logits_BHTL: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits_BHTL.float().masked_fill(~causal_mask(T, L), float("-inf")), dim=-1)
 
 
-def msa_view(store: BlockSparseAttention, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(full weights [B, G, T, L], selected [B, G, T, L], budget, first block size) of one MSA call from 0."""
+def msa_view(store: BlockSparseAttention, x_BTD: torch.Tensor, blocks_BGTk: torch.Tensor) \
+        -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(full weights [B, G, T, L], selected [B, G, T, L], budget, first block size) of one MSA call from 0,
+    given the blocks the call chose (what the store emitted as ``"blocks"``)."""
     c = store.cfg
     B, T, _ = x_BTD.shape
     pos = torch.arange(T)
@@ -51,7 +53,7 @@ def msa_view(store: BlockSparseAttention, x_BTD: torch.Tensor) -> tuple[torch.Te
     k_BTHK = k_BTGK.repeat_interleave(c.n_heads // c.n_kv_heads, dim=2)
     w_BHTL = _softmax_causal(torch.einsum("bthk,blhk->bhtl", q_BTHK, k_BTHK) * c.scale)
     w_BGTL = w_BHTL.view(B, c.n_kv_heads, -1, T, T).mean(2)
-    sel = block_mask(store.last_blocks, positions_T=pos, length=T, block_size=c.block_size)
+    sel = block_mask(blocks_BGTk, positions_T=pos, length=T, block_size=c.block_size)
     return w_BGTL, sel, c.budget, c.block_size
 
 
@@ -111,7 +113,7 @@ def selection(model, task=None, *, inputs=None, n: int = 8, seed: int = 0) -> di
     for i in layers:
         store = model.blocks[i].token
         if isinstance(store, BlockSparseAttention):
-            w, sel, budget, first = msa_view(store, xs[i])
+            w, sel, budget, first = msa_view(store, xs[i], seen.last(store, "blocks"))
         else:
             w, sel, budget, first = dsa_view(store, xs[i], seen.last(store, "selection"))
         rows.append({"layer": i, "kind": model.cfg.layers[i].token.KIND, "budget": budget, "first_block": first,

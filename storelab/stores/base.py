@@ -53,6 +53,8 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import types
+import typing
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
@@ -194,11 +196,25 @@ class StoreConfig:
     # -- (de)serialisation --------------------------------------------------
     @classmethod
     def from_dict(cls, d: dict[str, Any]):
+        """The config from a table (TOML, JSON): lists become tuples where the field is a tuple."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names - {"kind"})
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown option for store {cls.KIND!r} (known: {', '.join(sorted(names))})")
-        return cls(**{k: v for k, v in d.items() if k != "kind"})
+        tuples = cls.tuple_fields()
+        return cls(**{k: (tuple(v) if k in tuples and isinstance(v, list) else v) for k, v in d.items() if k != "kind"})
+
+    @classmethod
+    def tuple_fields(cls) -> set[str]:
+        """Fields whose declared type is a tuple (or a tuple or None)."""
+        hints = typing.get_type_hints(cls)
+        out = set()
+        for f in dataclasses.fields(cls):
+            t = hints.get(f.name)
+            options = typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
+            if any(o is tuple or typing.get_origin(o) is tuple for o in options):
+                out.add(f.name)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         out = {"kind": self.KIND}

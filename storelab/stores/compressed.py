@@ -36,8 +36,8 @@ position 0), so L tokens give ``L // stride`` entries. Ties in the indexer's sco
 ``rope_theta`` (the released config adds YaRN scaling, not modelled here).
 
 Shared caches (a model layer with ``cache_owner``, as in DeepSeek-V4.1-Flash, arXiv
-2609.19969, where each encoder cache serves six layers): the module says ``SHARES = True``
-and a reader layer is called with ``shared=`` the owner's ``CompressedCache``, after the
+2609.19969, where each encoder cache serves six layers): the config says
+``CACHE_SHARING = "handed"`` and a reader layer is called with ``shared=`` the owner's ``CompressedCache``, after the
 owner has run on the same tokens. What is shared is the whole cache: the window of own
 entries, the pooled entries and, for CSA, the pooled index keys. The reader writes
 nothing (its own entry and compressor weights go unused) and keeps a
@@ -312,9 +312,7 @@ class CompressedAttention(nn.Module):
         # copies: the tail (under one pool of tokens) must not keep the call's projections alive
         return entries, kv[:, keep_from - start:].clone(), z[:, keep_from - start:].clone()
 
-    # -- the protocol ----------------------------------------------------------------
-    SHARES = True   # a reader layer takes the owner's cache as ``shared=``
-
+    # -- the protocol: a reader layer takes the owner's cache as ``shared=`` (CACHE_SHARING) --------
     def forward(self, x_BTD: Tensor, state: State | None = None, *, token_ids: Tensor | None = None,
                 shared: CompressedCache | None = None):
         y_BTD, state, _ = self.step(x_BTD, state, shared=shared, want_mask=False)

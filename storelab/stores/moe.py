@@ -127,6 +127,10 @@ class MoEConfig(StoreConfig):
         n += 3 * D * self.shared_width + (D if self.shared_gate else 0)        # shared experts (+ gate)
         return n
 
+    def experts_per_token(self) -> tuple[int, int, int]:
+        """(chosen, available, shared) experts per token."""
+        return self.top_k, self.n_experts, self.n_shared
+
     def num_params(self) -> ParamCount:
         """Stored: every expert; active: top_k of them. The hash table is an integer buffer, not counted."""
         return ParamCount(stored=self._counts(self.n_experts), active=self._counts(self.top_k))

@@ -25,8 +25,8 @@ State per token: G*(K + V) + I numbers (keys, values and the index key).
 Footprint: keeps L, scores L (the indexer's work grows with the context), reads at most
 min(L, top_blocks * block_size) per group. MiniMax-M3: blocks of 128, 16 of them = 2,048 positions.
 
-After each forward the module keeps ``last_blocks`` ([B, G, T, k] block ids, -1 = none) and
-``last_read_counts`` ([B, G, T], positions each group of each query read) for inspection.
+Each call emits (``storelab.stores.observe``) ``"blocks"`` ([B, G, T, k] block ids, -1 = none) and
+``"read_counts"`` ([B, G, T], positions each group of each query read) for inspection.
 Nothing of size [T, L] is built: the index scores are made a run of blocks at a time and
 merged into a running top of blocks (``select_blocks_streamed``), and each query gathers only its
 selected blocks' keys and values (``attend_blocks``). A long chunk is taken ``query_block`` (1024)
@@ -52,7 +52,7 @@ from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
 from storelab.state import KVCache, append_rows
 from storelab.stores.attention import Attention, AttentionConfig
-from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, check_input, register
+from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, check_input, emit, register
 
 __all__ = ["MsaConfig", "MsaCache", "BlockSparseAttention"]
 
@@ -137,8 +137,6 @@ class BlockSparseAttention(Attention):
         self.index_k_norm = RMSNorm(I, cfg.norm_eps) if cfg.qk_norm else None
         self.query_block = 1024
         self.read = {"fused": self._read_streamed, "reference": self._read_reference}[cfg.kernel]
-        self.last_blocks: Tensor | None = None
-        self.last_read_counts: Tensor | None = None
 
     def index(self, x_BTD: Tensor, positions_T: Tensor) -> tuple[Tensor, Tensor]:
         """Index queries [B, T, G, I] and index keys [B, T, I], normalised and rotated."""
@@ -170,8 +168,9 @@ class BlockSparseAttention(Attention):
                                                       pos_T[i:j])
             outs.append(o_BTHV), blocks.append(blocks_BGTk), counts.append(read_BGT)
         width = max(b.shape[-1] for b in blocks)
-        self.last_blocks = torch.cat([nn.functional.pad(b, (0, width - b.shape[-1]), value=-1) for b in blocks], 2)
-        self.last_read_counts = torch.cat(counts, dim=-1)
+        emit(self, "blocks", lambda: torch.cat([nn.functional.pad(b, (0, width - b.shape[-1]), value=-1)
+                                                for b in blocks], 2))
+        emit(self, "read_counts", lambda: torch.cat(counts, dim=-1))
         state.seen += T
         return self.finish(torch.cat(outs, dim=1), gate), state
 

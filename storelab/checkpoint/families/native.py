@@ -43,10 +43,9 @@ def _store(d: dict, where: str):
     if kind not in REGISTRY:
         raise CheckpointError(f"config.json: {where}.kind: unknown store kind {kind!r}")
     cls = REGISTRY[kind]
-    d = {k: (tuple(v) if isinstance(v, list) and "tuple" in str(f.type) else v)
-         for f in dataclasses.fields(cls) for k, v in d.items() if k == f.name}
+    names = {f.name for f in dataclasses.fields(cls)}
     try:
-        return cls(**d)
+        return cls.from_dict({k: v for k, v in d.items() if k in names})
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"config.json: {where} ({kind}): {e}") from None
 
