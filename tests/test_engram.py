@@ -9,7 +9,7 @@ import torch
 from storelab.ops.norm import rms_norm
 from storelab.ops.routing import is_prime, next_prime
 from storelab.state import loose_views
-from storelab.stores import build_store
+from storelab.stores import build_store, observe
 from storelab.stores.engram import EngramConfig, EngramState
 from tests.helpers import assert_close
 
@@ -137,7 +137,8 @@ def test_forward_by_hand_and_gate_in_unit_interval():
         m.norm_key.weight.copy_(torch.rand(D) + 0.5)
         m.norm_query.weight.copy_(torch.rand(D) + 0.5)
     x, ids = 30 * torch.randn(1, 6, D, dtype=torch.float64), torch.randint(0, VOCAB, (1, 6))
-    y, _ = m(x, token_ids=ids)
+    with observe(m) as seen:
+        y, _ = m(x, token_ids=ids)
     rows = m.rows(ids)
     for t in range(6):
         e = torch.cat([m.table.weight[r] for r in rows[0, t]])
@@ -146,7 +147,7 @@ def test_forward_by_hand_and_gate_in_unit_interval():
         g = (k @ q).item() / math.sqrt(D)
         a = 1 / (1 + math.exp(-math.copysign(math.sqrt(max(abs(g), 1e-6)), g)))
         assert_close(y[0, t], a * (m.value_proj.weight @ e), 1e-10, f"token {t}")
-    assert ((m.last_gate > 0) & (m.last_gate < 1)).all()
+    assert ((seen.last(m, "gate") > 0) & (seen.last(m, "gate") < 1)).all()
 
 
 def test_num_params_count_the_module():

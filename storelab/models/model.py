@@ -50,6 +50,7 @@ Shape legend: B batch, T tokens in this call, D model width, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -230,9 +231,7 @@ def _slice_time(ds: Any, start: int) -> Any:
         return ds[:, start:]
     if isinstance(ds, (list, tuple)):
         return type(ds)(_slice_time(x, start) for x in ds)
-    if hasattr(ds, "__dataclass_fields__"):
-        import dataclasses
-
+    if dataclasses.is_dataclass(ds):
         return dataclasses.replace(ds, **{f: _slice_time(getattr(ds, f), start) for f in ds.__dataclass_fields__})
     return ds
 

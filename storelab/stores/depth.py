@@ -1,10 +1,9 @@
 """Stores over depth: how each block reads its input from, and writes its output into,
 the representations of one token's pass (essay section 4).
 
-Kinds: ``residual`` (plain sum, He et al., arXiv 1512.03385), ``mhc``
-(Manifold-Constrained Hyper-Connections, Xie et al., arXiv 2512.24880, after
-Hyper-Connections, Zhu et al., arXiv 2409.19606; DeepSeek-V4, with V4.1-Flash's
-Single-Pass variant) and ``attnres`` (Attention Residuals, Kimi Team, arXiv 2603.15031).
+Kinds: ``residual`` (plain sum, He et al., arXiv 1512.03385), ``mhc`` (Manifold-Constrained
+Hyper-Connections, Xie et al., arXiv 2512.24880, after Hyper-Connections, Zhu et al., arXiv 2409.19606;
+DeepSeek-V4, with V4.1-Flash's Single-Pass variant), ``attnres`` (Attention Residuals, arXiv 2603.15031).
 
 The depth-mixer protocol (it differs from the token stores')
 --------------------------------------------------------------
@@ -28,8 +27,7 @@ and ``DepthHead.forward(ds) -> h_BTD`` gives the final representation. A block i
 
 ``read`` does not change what the state holds (mHC caches the sublayer's coefficients on
 it so that ``write`` need not recompute them; ``write`` also works without a ``read``).
-Depth configs are recognised by ``isinstance(cfg, DepthConfig)``; their ``build`` takes
-the keywords above, unlike a token store's ``build()``.
+Depth configs declare ``SLOTS = (DEPTH,)``; their ``build`` takes the keywords above.
 
 A depth state lives only within one token's pass: nothing carries from one token to
 the next, so ``footprint(L)`` keeps 0 entries and 0 bytes at every context. What the
@@ -38,9 +36,7 @@ vector (residual), n vectors (mHC; plus n fp32 coefficients for Single-Pass), an
 AttnRes the embedding, the completed group sums and the running sum, at most
 ``cfg.max_sources(n_layers)`` vectors.
 
-``cfg.num_params()`` counts one mixer around a sublayer > 0; ``num_params(n_sublayers=N)``
-counts every mixer of an N-sublayer model plus the head.
-
+``cfg.num_params(n_sublayers=N)`` counts every mixer of an N-sublayer model plus the head (None: one mixer).
 Shape legend: B batch, T tokens, N streams, D model width, S depth sources.
 """
 
@@ -56,7 +52,7 @@ from torch import Tensor, nn
 from storelab.ops.norm import rms_norm
 from storelab.ops.sinkhorn import sinkhorn
 from storelab.state import tensor_bytes
-from storelab.stores.base import DEPTH, DEPTH, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import DEPTH, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
 __all__ = [
     "DepthConfig", "DepthState", "ResidualState", "MHCState", "AttnResState", "DepthMixer", "DepthHead",

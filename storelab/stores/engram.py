@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from storelab.ops.norm import RMSNorm
 from storelab.ops.routing import next_prime, ngram_rows
 from storelab.state import State
-from storelab.stores.base import LOOKUP, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import LOOKUP, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, emit, register
 
 __all__ = ["EngramConfig", "Engram", "EngramState"]
 
@@ -166,7 +166,6 @@ class Engram(nn.Module):
         if cfg.conv_kernel:
             self.norm_conv = RMSNorm(D, eps=cfg.norm_eps)
             self.conv_weight = nn.Parameter(torch.randn(D, cfg.conv_kernel) * cfg.conv_kernel ** -0.5)
-        self.last_gate: Tensor | None = None   # [B, T] gates of the latest call, for probes
 
     def rows(self, token_ids: Tensor, state: EngramState | None = None) -> Tensor:
         """[B, T, S] table rows the tokens read (offsets included), given the id tail in ``state``."""
@@ -203,7 +202,7 @@ class Engram(nn.Module):
         g_BT = (k_BTD * q_BTD).sum(-1) / math.sqrt(D)
         g_BT = torch.sigmoid(g_BT.sign() * g_BT.abs().clamp_min(1e-6).sqrt())
         v_BTD = g_BT[..., None] * self.value_proj(e_BTE)
-        self.last_gate = g_BT.detach()
+        emit(self, "gate", lambda: g_BT.detach())  # [B, T], for probes
 
         conv = None
         if cfg.conv_kernel:

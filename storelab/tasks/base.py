@@ -136,8 +136,18 @@ class Task:
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {"full": {}}  # size presets: option overrides
     vocab_size: int
 
+    HAS_TEST_SPLIT: ClassVar[bool] = False  # a held-out test distribution (``sample_test``) beside the eval one
+
     def sample(self, n: int, seed: int) -> Batch:  # pragma: no cover - each task says
         raise NotImplementedError
+
+    def sample_test(self, n: int, seed: int) -> Batch:
+        """The held-out test examples (tasks with ``HAS_TEST_SPLIT``); by default the training distribution."""
+        return self.sample(n, seed)
+
+    def score(self, logits_BTV, batch: Batch) -> dict[str, float]:
+        """Task-specific scores of a batch beside loss and accuracy, as means over its examples (none by default)."""
+        return {}
 
     def chance(self) -> float:
         """Accuracy of a uniform guess over the possible answers."""

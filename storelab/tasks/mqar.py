@@ -68,6 +68,8 @@ def mqar_batch(n: int, *, vocab_size: int, seq_len: int, pairs: int, power_a: fl
 class MQAR(Task):
     """MQAR over a mix of (seq_len, pairs); each batch draws its examples evenly from the mix."""
 
+    HAS_TEST_SPLIT = True
+
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "full": {"test_mix": MQAR_TEST_MIX},                   # Zoology's defaults
         "small": {"vocab_size": 256, "mix": ((64, 4), (64, 8), (128, 16)),          # minutes on a CPU

@@ -35,6 +35,7 @@ from storelab.tasks.base import IGNORE, Batch, Task, generator, register_task
 @register_task("parity")
 @dataclass(kw_only=True)
 class Parity(Task):
+    HAS_TEST_SPLIT = True
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {"full": {}, "small": {}, "tiny": {"len_max": 16, "eval_len": 32}}
 
     len_min: int = 8

@@ -141,7 +141,7 @@ def evaluate(model: Model, task, seed: int, n: int, *, split: str = "eval", dist
     dist = dist or Dist()
     was = model.training
     model.eval()
-    sampler = task.sample_test if split == "test" and hasattr(task, "sample_test") else task.sample
+    sampler = task.sample_test if split == "test" else task.sample
     batch = sampler(n, batch_seed(seed, split, 0))
     chunk = chunk or max(1, 2**24 // (batch.inputs.shape[1] * task.vocab_size))  # logits of ~64 MB at a time
     split_up = n % dist.world == 0  # otherwise every process scores all n (and nothing is summed)
@@ -152,9 +152,8 @@ def evaluate(model: Model, task, seed: int, n: int, *, split: str = "eval", dist
         part = batch.slice(s, min(hi, s + chunk))
         loss, c, logits = token_loss(model, part, 1)
         total, correct = total + loss.item(), correct + c
-        if hasattr(task, "score"):
-            for k, v in task.score(logits, part).items():
-                extra[k] = extra.get(k, 0.0) + v * len(part)
+        for k, v in task.score(logits, part).items():
+            extra[k] = extra.get(k, 0.0) + v * len(part)
     model.train(was)
     N = batch.n_scored
     out = {"loss": reduce(total) / N, "acc": reduce(correct) / N}
@@ -259,7 +258,7 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
             last_loss = next((h["loss"] for h in reversed(history) if "loss" in h), float("nan"))
     bar.close()
     test = evaluate(model, task, cfg.seed, cfg.eval_examples, split="test", dist=dist) \
-        if hasattr(task, "sample_test") else {}
+        if task.HAS_TEST_SPLIT else {}
     return TrainResult(model=model, model_config=mcfg, task=task, step=min(step + 1, cfg.steps), final_loss=last_loss,
                        eval=last_eval, test=test, history=history, seconds=time.time() - t0,
                        resumed_from=resumed_from)
