@@ -19,6 +19,11 @@ same rule. The module asks for it once, at construction, and never asks which ki
   ``Qwen3NextGatedDeltaNet``): S' = exp(g_t) S_{t-1}, then the delta write, with one decay per value head
   g_t = -exp(A_log) * softplus(W_a x_t + dt_bias); ``n_heads`` query/key heads serve ``n_v_heads`` value
   heads; output RMSNorm(o) * SiLU(W_z x).
+* ``gated_deltaproduct`` (Siems et al., arXiv 2502.10297; layout of fla's ``GatedDeltaProduct``): the
+  same decay once per token (``gated = false``: none, DeltaProduct), then ``num_householder`` = n delta
+  writes in a row, each with its own key, value and beta (k, v and beta projections n times as wide),
+  so a token multiplies the state by n factors I - beta k k^T; the read after the last. n = 1 is
+  ``gated_deltanet``, with the same parameters.
 * ``kda`` (Kimi Linear, arXiv 2510.26692; ``KimiLinearDeltaAttention``): the same with one decay per key
   channel from a low-rank gate, f = W_fb W_fa x_t; g = -exp(A_log) softplus(f + dt_bias), or with
   ``gate_lower_bound = lb`` (Kimi K3's published -5; transformers' Glm5Next "safe gate")
@@ -34,11 +39,14 @@ C = 2HK + HV*V conv channels, W conv_kernel, r gate_rank):
   linear_attention  D*C + C*W + V + HV*V*D
   deltanet          + D*H                                  (beta)
   gated_deltanet    + D*HV*V + 2*D*HV + 2*HV               (z, beta and decay projections, A_log, dt_bias)
+  gated_deltaproduct + D*HV*V + n*D*HV + D*HV + 2*HV        (z, beta n times, decay; C = (n+1)HK + n*HV*V;
+                                                             without the decay's D*HV + 2*HV when not gated)
   kda               + D*H + D*r + r*H*K + H*K + H + D*r + r*HV*V   (beta, forget gate, output gate)
 State per layer, whatever the context L: HV matrices K x V kept in fp32 (as Qwen3-Next keeps them) plus
 the conv tail of W-1 inputs x C channels in the entry dtype, HV*K*V*4 + (W-1)*C*bytes bytes; per token
 that falls as 1/L. ``footprint`` counts kept = read = HV matrices; reading costs 2*HV*K*V flops for
-the query, twice that for the delta rules (the write first reads the prediction S^T k).
+the query, twice that for the delta rules (the write first reads the prediction S^T k), n + 1 times
+that for n writes per token.
 
 On CUDA, the chunked Gated DeltaNet and KDA stores run fla's Triton kernels when fla is installed
 (``storelab.ops.fla``; chosen once at construction, ``STORELAB_FLA=0`` turns it off); elsewhere, and
@@ -60,10 +68,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from storelab.ops.delta import MODES, delta_rule, gated_delta_rule, kda, linear_attention
+from storelab.ops.delta_product import gated_delta_product
 from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, register
 from storelab.stores.recurrent_pipeline import RecurrentStore, Rule
 
-__all__ = ["LinearAttentionConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "KDAConfig", "RecurrentStore", "Rule"]
+__all__ = ["LinearAttentionConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "GatedDeltaProductConfig", "KDAConfig",
+           "RecurrentStore", "Rule"]
 
 _HOLDS = "about d clean associations per head (a d x d matrix)"
 _READS = "a fixed-size matrix per head, whatever the context length"
@@ -295,6 +305,61 @@ class GatedDeltaNetConfig(_RecurrentConfig):
     def _extra_params(self) -> int:
         D, HV = self.d_model, self.n_v_heads
         return D * HV * self.head_v_dim + 2 * D * HV + 2 * HV
+
+
+# ---------------------------------------------------------------------------- Gated DeltaProduct
+def _deltaproduct_params(cfg) -> dict[str, nn.Module]:
+    """DeltaProduct without the decay: n write steps per token and value head, the output gate W_z."""
+    return {**_beta_params(cfg), "z_proj": nn.Linear(cfg.d_model, cfg.n_value_heads * cfg.head_v_dim, bias=False)}
+
+
+# no fla kernel: fla's chunk_gated_delta_product refuses float32 inputs, and the stores compute in float32
+GATED_DELTAPRODUCT = Rule(op=gated_delta_product, params=_gdn_rule_params, beta=_beta, log_decay=_gdn_log_decay,
+                          output_gate=_silu_output_gate)
+DELTAPRODUCT = Rule(op=gated_delta_product, params=_deltaproduct_params, beta=_beta, output_gate=_silu_output_gate)
+
+
+@register("gated_deltaproduct")
+@dataclass(kw_only=True)
+class GatedDeltaProductConfig(_RecurrentConfig):
+    n_v_heads: int | None = None      # value heads; None = n_heads
+    beta_max: float = 1.0             # 2 lets each factor reflect (fla's allow_neg_eigval)
+    num_householder: int = 2          # n: delta writes per token (fla's default); 1 = gated_deltanet
+    gated: bool = True                # the per-head decay before a token's writes; False = DeltaProduct
+    # chunk_size counts writes (n per token), as fla's chunked form does
+
+    CARD_ORDER = 145
+    CARD = Card(
+        name="Gated DeltaProduct (recurrent state)",
+        written_by="each token, by n delta-rule corrections in a row (n Householder factors)",
+        holds=_HOLDS,
+        reading_costs=_READS,
+        forgets="by a learned decay, one number per head and token (unless gated = false), and by overwriting",
+        source="arXiv 2502.10297 (DeltaProduct, Siems et al.; Gated DeltaNet's decay, 2412.06464)",
+    )
+
+    def __post_init__(self):
+        if self.n_v_heads is None:
+            self.n_v_heads = self.n_heads
+        super().__post_init__()
+        self._check_value_heads()
+        self.check_positive("num_householder")
+        self.check(isinstance(self.gated, bool), "gated", f"must be true or false, got {self.gated!r}")
+
+    @property
+    def n_value_heads(self) -> int:
+        return self.n_v_heads
+
+    @property
+    def writes(self) -> tuple[int, ...]:
+        return (self.num_householder,)
+
+    def rule(self) -> Rule:
+        return GATED_DELTAPRODUCT if self.gated else DELTAPRODUCT
+
+    def _extra_params(self) -> int:
+        D, HV, n = self.d_model, self.n_v_heads, self.num_householder
+        return D * HV * self.head_v_dim + n * D * HV + ((D * HV + 2 * HV) if self.gated else 0)
 
 
 # ---------------------------------------------------------------------------- KDA
