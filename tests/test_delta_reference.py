@@ -3,8 +3,10 @@
 Float64, all four rules (linear attention with and without decay), lengths below a chunk, a multiple,
 one over and several chunks with a ragged end, with and without an initial state, two value heads
 per query/key head. Values against ``mode="recurrent"`` and ``mode="chunk"``; gradients (q, k, v, g,
-beta, initial state) against ``mode="recurrent"`` only: the tuned chunk form writes into reused
-buffers (``out=``) and is not differentiable. The last tests show the tolerance catches a wrong decay.
+beta, initial state) against ``mode="recurrent"``. The tuned chunk form writes into reused buffers
+(``out=``), so a chunk call whose inputs need gradients runs this form: the public ops' chunk mode
+is differentiable, and its gradients are held equal to the per-token rule's too. The last tests show
+the tolerance catches a wrong decay.
 """
 
 import pytest
@@ -88,9 +90,11 @@ def test_gradients_equal_the_per_token_rule(kind, T, with_state):
     names += (["beta"] if beta is not None else []) + (["S0"] if with_state else [])
     want = _grads(lambda: _op(kind, x, S0, "recurrent"), x, names)
     got = _grads(lambda: _reference(kind, x, S0), x, names)
-    for name, a, b in zip(names, got, want):
+    op_chunk = _grads(lambda: _op(kind, x, S0, "chunk", 16), x, names)  # the public op trains in its default mode
+    for name, a, b, c in zip(names, got, want, op_chunk):
         assert b.abs().max() > 1e-3, f"{kind}: d/d{name} is zero, the comparison would prove nothing"
         assert_close(a, b, 1e-9, f"{kind} T={T}: gradient with respect to {name}")
+        assert_close(c, b, 1e-9, f"{kind} T={T}: mode='chunk' gradient with respect to {name}")
 
 
 @pytest.mark.parametrize("kind", ["delta_rule", "kda"])

@@ -14,22 +14,20 @@ Three evaluations that agree (tests hold them equal): ``mode="recurrent"``, the 
 (default), here: within a chunk of C tokens the delta writes form a unit lower-triangular system
 (WY/UT, arXiv 2406.06484; read plainly in ``delta_reference.chunk_reference``):
     (I + strict_tril(diag(beta) (K K^T * Gamma))) [U | W] = [diag(beta) V | diag(beta) K * exp(G)]
-with Gamma_ij = exp(G_i - G_j) the decay between tokens j <= i and G the within-chunk
-cumulative log decay. Then, chunk by chunk (the one sequential loop, four products in place),
+with Gamma_ij = exp(G_i - G_j) the decay between tokens j <= i and G the within-chunk cumulative log
+decay. Then chunk by chunk (the one sequential loop, four products in place)
     V_new = U - W S = T (diag(beta) V - diag(beta) K exp(G) S),   T = (I + strict_tril(...))^-1,
     O = (Q * exp(G)) S + (Q K^T * Gamma)_tril V_new,   S <- exp(G_C) S + (K * exp(G_C - G))^T V_new.
-Everything else is a batched matrix product over a group of chunks: the scores, T (``_unit_lower_inverse``:
-a Neumann series on 16 x 16 diagonal blocks, then block substitution) and the intra-chunk part of O.
-T is applied in the loop, not to U and W beforehand: a C x C product per chunk is cheaper than two
-C x (K + V) ones. Chunks go in cache-sized groups, the state carried as S / P, P the decay since the
-group's start (``_rescales``): the loop has no decay product. Gamma is never formed when the chunk's
-decay is within exp's range: exp(G_i - G_j) = exp(G_i - m) exp(m - G_j), m half the chunk's decay,
-so the decays ride on q and k into one product; beyond it GDN forms Gamma pairwise and KDA (its Gamma
-per channel, C x C x K numbers) factors through sub-chunk reference points as in GLA (arXiv
-2312.06635): a matrix product without overflow. Why C = 32: docs/bench.md.
-
-Shape legend: B batch, T tokens, H heads, K key width, V value width, N chunks, C chunk size.
-"""
+The rest is batched products over a group of chunks: the scores, T (``_unit_lower_inverse``: a Neumann
+series on 16 x 16 diagonal blocks, then block substitution), the intra-chunk part of O. T is applied in
+the loop: a C x C product per chunk is cheaper than two C x (K + V) ones. Within a cache-sized group the
+state is carried as S / P, P the decay since the group's start (``_rescales``). Gamma is never formed
+while the chunk's decay is within exp's range (exp(G_i - G_j) = exp(G_i - m) exp(m - G_j)); beyond it
+GDN forms Gamma pairwise and KDA factors through sub-chunk reference points as in GLA (arXiv 2312.06635).
+Why C = 32: docs/bench.md. Training: the tuned form writes into reused buffers, which autograd cannot
+record, so a chunk call whose inputs need gradients runs ``chunk_reference`` (the same algorithm in plain
+differentiable products; inference keeps the tuned form). Legend: B batch, T tokens, H heads, K key
+width, V value width, N chunks, C chunk size."""
 
 from __future__ import annotations
 
@@ -41,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from storelab.ops.delta_reference import (_from_chunks, _recurrent, _to_chunks, check_delta_shapes,  # noqa: F401
-                                         prepare_delta_inputs, recurrent_step)
+                                         chunk_reference, prepare_delta_inputs, records_grad, recurrent_step)
 
 __all__ = ["linear_attention", "delta_rule", "gated_delta_rule", "kda", "recurrent_step"]
 
@@ -454,6 +452,8 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     V = v.shape[-1]
     if mode == "recurrent" or (mode == "chunk" and T == 1):  # one token: the step is the whole algorithm
         o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
+    elif mode == "chunk" and records_grad(q, k, v, g, beta, S0):  # training (module docstring)
+        o, S = chunk_reference(q, k, v, g=g, beta=beta, scale=scale, initial_state=S0, chunk_size=chunk_size)
     elif mode == "chunk":
         o, S = _chunked(q, k, v, g, beta, scale, S0, min(chunk_size, max(T, 1)))  # no padding below a chunk
     else:

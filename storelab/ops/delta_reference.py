@@ -150,6 +150,11 @@ def _from_chunks(x_NBCD: Tensor, B: int, T: int) -> Tensor:
     return x_NBCD.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).flatten(1, 2)[:, :T]
 
 
+def records_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd records a call on these tensors (grad mode on and one of them requires grad)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def chunk_reference(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, beta: Tensor | None = None,
                     scale: float | None, initial_state: Tensor | None = None,
                     chunk_size: int = 32) -> tuple[Tensor, Tensor]:

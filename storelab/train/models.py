@@ -7,7 +7,8 @@
 * a path ending in ``.toml`` or ``.json``: a model file;
 * a built-in stack, ``d_model`` / ``n_layers`` / ``n_heads`` / ``head_dim`` / ``d_ff`` /
   ``window`` / ``beta_max`` / ``depth`` / ``mode`` (the recurrent stores' evaluation form) set
-  by ``options`` (``mode="auto"``: the form autograd can train, ``TRAIN_MODE``):
+  by ``options`` (``mode="auto"``: the chunked form, which trains as it is: a chunk call whose inputs
+  need gradients runs the differentiable chunked form, see ``storelab.ops.delta``):
   ``attention``, ``window``, ``deltanet``, ``gated_deltanet``, ``kda`` (every layer that store) and
   ``hybrid`` (three KDA layers to one attention layer, Kimi's 3:1), ``hybrid-gdn`` (the
   same with Gated DeltaNet, Qwen's 3:1), or ``pattern:<letters>`` with one letter per
@@ -41,7 +42,7 @@ def store_dict(kind: str, o: dict[str, Any]) -> dict[str, Any]:
     if kind == "window":
         return {"kind": "window", "n_heads": H, "head_dim": K, "window": o["window"]}
     if REGISTRY[kind].RECURRENT:
-        mode = TRAIN_MODE if o["mode"] == "auto" else o["mode"]
+        mode = "chunk" if o["mode"] == "auto" else o["mode"]
         return {"kind": kind, "n_heads": H, "head_k_dim": K, "beta_max": o["beta_max"], "mode": mode}
     if kind == "mla":
         return {"kind": "mla", "n_heads": H, "kv_lora_rank": K, "qk_nope_head_dim": K // 2,
@@ -92,17 +93,4 @@ def resolve_model(name: str, vocab_size: int, **options: Any) -> ModelConfig:
     # stores that name the vocabulary themselves (hash-routed experts, Engram) follow the task's
     d["stores"] = {nm: ({**sd, "vocab_size": vocab_size} if "vocab_size" in sd else sd)
                    for nm, sd in d.get("stores", {}).items()}
-    if TRAIN_MODE != "chunk":
-        d["stores"] = {nm: ({**sd, "mode": TRAIN_MODE} if _recurrent(sd) else sd) for nm, sd in d.get("stores", {}).items()}
     return ModelConfig.from_dict(d, source=str(path))
-
-
-def _recurrent(sd: dict[str, Any]) -> bool:
-    cls = REGISTRY.get(sd.get("kind"))
-    return cls is not None and cls.RECURRENT
-
-
-# The recurrent stores' evaluation form for training: the chunked delta ops write into
-# preallocated buffers (``out=``), which autograd refuses, so training runs the per-token
-# loop, exact and slower. A declared fact, not a probe; a chunked backward would make it "chunk".
-TRAIN_MODE = "recurrent"
