@@ -142,3 +142,33 @@ def test_shapes_are_checked_as_in_the_ops():
         chunk_reference(x["q"], x["k"], x["v"], g=x["g_head"][..., :1], beta=x["beta"], scale=None)
     with pytest.raises(ValueError, match="chunk_size"):
         chunk_reference(x["q"], x["k"], x["v"], beta=x["beta"], scale=None, chunk_size=0)
+
+
+def test_training_keeps_one_state_per_chunk_not_every_chunks_products():
+    """``recompute=True`` (what the ops' chunk mode runs when inputs need gradients) saves for backward
+    the inputs and a K x V state per chunk; without it autograd keeps every chunk's C x C x K products."""
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, K = 1, 256, 2, 16
+    q = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).requires_grad_()
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).requires_grad_()
+    v = torch.randn(B, T, H, K, generator=gen).requires_grad_()
+    beta = torch.rand(B, T, H, generator=gen).requires_grad_()
+    g = (-torch.rand(B, T, H, K, generator=gen)).requires_grad_()
+
+    def saved_bytes(recompute):
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            o, S = chunk_reference(q, k, v, g=g, beta=beta, scale=None, chunk_size=32, recompute=recompute)
+        grads = torch.autograd.grad((o ** 2).sum() + S.sum(), [q, k, v, g, beta])
+        return sum(seen.values()), grads
+
+    kept, want = saved_bytes(False)
+    light, got = saved_bytes(True)
+    assert light * 4 < kept, (light, kept)
+    for a, b in zip(got, want):
+        assert_close(a, b, 1e-5, "recomputed chunks: gradient")

@@ -56,6 +56,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 __all__ = ["chunk_reference", "recurrent_step"]
 
@@ -155,9 +156,32 @@ def records_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _chunk_step(S: Tensor, Qc: Tensor, Kc: Tensor, Vc: Tensor, G: Tensor, b: Tensor | None,
+                causal: Tensor, I: Tensor) -> tuple[Tensor, Tensor]:
+    """One chunk of the WY/UT form: (O_c [BH, C, V], the state after the chunk [BH, K, V])."""
+    # Gamma_ijd = exp(G_id - G_jd) for j <= i, 0 above (exp(-inf): no overflow, no NaN in the gradient)
+    diff = G[:, :, None, :] - G[:, None, :, :]                                        # BH C C D
+    Gamma = torch.where(causal[:, :, None], diff, float("-inf")).exp()
+
+    def decayed_scores(X):  # (X K^T * Gamma)_ij = sum_d X_id K_jd Gamma_ijd              BH C C
+        return (X[:, :, None, :] * Kc[:, None, :, :] * Gamma).sum(-1)
+
+    eG, G_C = G.exp(), G[:, -1:]                                                      # BH C D, BH 1 D
+    if b is None:  # linear attention: every token writes its value
+        V_new = Vc
+    else:
+        A = (b * decayed_scores(Kc)).tril(-1)                                         # b: BH C 1
+        T_inv = torch.linalg.solve_triangular(I + A, I.expand_as(A), upper=False, unitriangular=True)
+        U = T_inv @ (b * Vc)                                                          # BH C V
+        W = T_inv @ (b * Kc * eG)                                                     # BH C K
+        V_new = U - W @ S
+    O = (Qc * eG) @ S + decayed_scores(Qc) @ V_new                                    # BH C V
+    return O, G_C.exp().transpose(-1, -2) * S + (Kc * (G_C - G).exp()).transpose(-1, -2) @ V_new
+
+
 def chunk_reference(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, beta: Tensor | None = None,
                     scale: float | None, initial_state: Tensor | None = None,
-                    chunk_size: int = 32) -> tuple[Tensor, Tensor]:
+                    chunk_size: int = 32, recompute: bool = False) -> tuple[Tensor, Tensor]:
     """The plain chunked WY/UT form of the module docstring; returns (o [B,T,HV,V], final S [B,HV,K,V]).
 
     Same layout and conventions as the ops: q, k [B,T,H,K], v [B,T,HV,V] (HV a multiple of H);
@@ -165,6 +189,9 @@ def chunk_reference(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None,
     delta rules, None for linear attention; ``scale`` multiplies q (None: K ** -0.5). o comes back
     in v's dtype, the state in the compute dtype (float64, else float32), as from the ops. The
     last chunk is zero padded: a padded token has k = 0 and no decay, so it changes nothing.
+    ``recompute=True`` (training): autograd keeps only each chunk's inputs and the state entering
+    it, and backward recomputes the chunk's products (as fla does on a GPU), so what a backward
+    needs grows with T by one K x V state per chunk, not by the C x C (x K) products of every chunk.
     """
     out_dtype = v.dtype
     q, k, v, g, beta, scale, S0 = prepare_delta_inputs("chunk_reference", q, k, v, g, beta, scale,
@@ -179,25 +206,8 @@ def chunk_reference(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None,
     I = torch.eye(C, dtype=q.dtype, device=q.device)
     o = []
     for n in range(G_N.shape[0]):
-        Qc, Kc, Vc, G = Q_N[n], K_N[n], V_N[n], G_N[n]                                # BH C K|V|D
-        # Gamma_ijd = exp(G_id - G_jd) for j <= i, 0 above (exp(-inf): no overflow, no NaN in the gradient)
-        diff = G[:, :, None, :] - G[:, None, :, :]                                    # BH C C D
-        Gamma = torch.where(causal[:, :, None], diff, float("-inf")).exp()
-
-        def decayed_scores(X):  # (X K^T * Gamma)_ij = sum_d X_id K_jd Gamma_ijd          BH C C
-            return (X[:, :, None, :] * Kc[:, None, :, :] * Gamma).sum(-1)
-
-        eG, G_C = G.exp(), G[:, -1:]                                                  # BH C D, BH 1 D
-        if b_N is None:  # linear attention: every token writes its value
-            V_new = Vc
-        else:
-            b = b_N[n]                                                                # BH C 1
-            A = (b * decayed_scores(Kc)).tril(-1)
-            T_inv = torch.linalg.solve_triangular(I + A, I.expand_as(A), upper=False, unitriangular=True)
-            U = T_inv @ (b * Vc)                                                      # BH C V
-            W = T_inv @ (b * Kc * eG)                                                 # BH C K
-            V_new = U - W @ S
-        o.append((Qc * eG) @ S + decayed_scores(Qc) @ V_new)                          # BH C V
-        S = G_C.exp().transpose(-1, -2) * S + (Kc * (G_C - G).exp()).transpose(-1, -2) @ V_new
+        args = (S, Q_N[n], K_N[n], V_N[n], G_N[n], None if b_N is None else b_N[n], causal, I)
+        O, S = checkpoint(_chunk_step, *args, use_reentrant=False) if recompute else _chunk_step(*args)
+        o.append(O)
     o_N = torch.stack(o) if o else V_N                                                # N BH C V
     return _from_chunks(o_N, B, T).to(out_dtype), S.view(B, H, K, V)
