@@ -164,6 +164,8 @@ def _chunk_step(S: Tensor, Qc: Tensor, Kc: Tensor, Vc: Tensor, G: Tensor, b: Ten
     Gamma = torch.where(causal[:, :, None], diff, float("-inf")).exp()
 
     def decayed_scores(X):  # (X K^T * Gamma)_ij = sum_d X_id K_jd Gamma_ijd              BH C C
+        if Gamma.shape[-1] == 1:  # one decay per head (or none): a product, then the decay per pair
+            return (X @ Kc.transpose(-1, -2)) * Gamma[..., 0]
         return (X[:, :, None, :] * Kc[:, None, :, :] * Gamma).sum(-1)
 
     eG, G_C = G.exp(), G[:, -1:]                                                      # BH C D, BH 1 D
