@@ -26,7 +26,7 @@ while the chunk's decay is within exp's range (exp(G_i - G_j) = exp(G_i - m) exp
 GDN forms Gamma pairwise and KDA factors through sub-chunk reference points as in GLA (arXiv 2312.06635).
 Why C = 32: docs/bench.md. Training: the tuned form writes into reused buffers, which autograd cannot
 record, so a chunk call whose inputs need gradients runs ``chunk_reference`` (the same algorithm in plain
-products, each chunk recomputed in backward; inference keeps the tuned form). Legend: B batch, T tokens,
+products; per-channel decays recompute each chunk in backward; inference keeps the tuned form). B batch, T tokens,
 H heads, K key width, V value width, N chunks, C chunk size."""
 
 from __future__ import annotations
@@ -454,7 +454,7 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
     elif mode == "chunk" and records_grad(q, k, v, g, beta, S0):  # training (module docstring)
         o, S = chunk_reference(q, k, v, g=g, beta=beta, scale=scale, initial_state=S0, chunk_size=chunk_size,
-                               recompute=True)
+                               recompute=g_per_channel)  # KDA's products are C x C x K per chunk: recompute
     elif mode == "chunk":
         o, S = _chunked(q, k, v, g, beta, scale, S0, min(chunk_size, max(T, 1)))  # no padding below a chunk
     else:
