@@ -172,3 +172,15 @@ def test_training_keeps_one_state_per_chunk_not_every_chunks_products():
     assert light * 4 < kept, (light, kept)
     for a, b in zip(got, want):
         assert_close(a, b, 1e-5, "recomputed chunks: gradient")
+    # the public op, in its default chunk mode with inputs that need gradients, takes the light path for KDA
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        o, S = kda(q, k, v, g=g, beta=beta, output_final_state=True)
+    assert sum(seen.values()) * 4 < kept, (sum(seen.values()), kept)
+    for a, b in zip(torch.autograd.grad((o ** 2).sum() + S.sum(), [q, k, v, g, beta]), want):
+        assert_close(a, b, 1e-5, "kda chunk mode under autograd: gradient")
