@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import types
 import typing
 from contextlib import contextmanager
@@ -205,16 +206,9 @@ class StoreConfig:
         return cls(**{k: (tuple(v) if k in tuples and isinstance(v, list) else v) for k, v in d.items() if k != "kind"})
 
     @classmethod
-    def tuple_fields(cls) -> set[str]:
-        """Fields whose declared type is a tuple (or a tuple or None)."""
-        hints = typing.get_type_hints(cls)
-        out = set()
-        for f in dataclasses.fields(cls):
-            t = hints.get(f.name)
-            options = typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
-            if any(o is tuple or typing.get_origin(o) is tuple for o in options):
-                out.add(f.name)
-        return out
+    def tuple_fields(cls) -> frozenset[str]:
+        """Fields whose declared type is a tuple (or a tuple or None); read once per class."""
+        return _tuple_fields(cls)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"kind": self.KIND}
@@ -233,6 +227,18 @@ class StoreConfig:
     def num_params(self) -> ParamCount:  # pragma: no cover
         """Parameters stored and active per token, from the config alone (no allocation)."""
         raise NotImplementedError
+
+
+@functools.cache
+def _tuple_fields(cls) -> frozenset[str]:
+    hints = typing.get_type_hints(cls)
+    out = set()
+    for f in dataclasses.fields(cls):
+        t = hints.get(f.name)
+        options = typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
+        if any(o is tuple or typing.get_origin(o) is tuple for o in options):
+            out.add(f.name)
+    return frozenset(out)
 
 
 def store_cards() -> list[dict[str, str]]:

@@ -145,12 +145,6 @@ class _RecurrentConfig(StoreConfig):
         if self.DELTA:
             self.check(0.0 < self.beta_max <= 2.0, "beta_max", f"must be in (0, 2], got {self.beta_max}")
 
-    def _check_value_heads(self) -> None:
-        """For kinds with a field n_v_heads (value heads, a multiple of the query/key heads)."""
-        self.check_positive("n_v_heads")
-        self.check(self.n_v_heads % self.n_heads == 0, "n_v_heads",
-                   f"{self.n_v_heads} value heads are not a multiple of {self.n_heads} query/key heads")
-
     def rule(self) -> Rule:  # pragma: no cover - each kind says
         """The kind's update rule and gates, as data (``storelab.stores.recurrent_pipeline.Rule``)."""
         raise NotImplementedError
@@ -273,10 +267,28 @@ GATED_DELTANET = Rule(op=gated_delta_rule, params=_gdn_rule_params, beta=_beta, 
                       output_gate=_silu_output_gate, fla="gated_delta_rule")
 
 
+@dataclass(kw_only=True)
+class _GroupedValueHeads(_RecurrentConfig):
+    """Kinds whose value heads may outnumber the query/key heads (not a store kind itself)."""
+
+    n_v_heads: int | None = None      # value heads (Qwen3-Next: more than q/k heads); None = n_heads
+
+    def __post_init__(self):
+        if self.n_v_heads is None:
+            self.n_v_heads = self.n_heads
+        super().__post_init__()
+        self.check_positive("n_v_heads")
+        self.check(self.n_v_heads % self.n_heads == 0, "n_v_heads",
+                   f"{self.n_v_heads} value heads are not a multiple of {self.n_heads} query/key heads")
+
+    @property
+    def n_value_heads(self) -> int:
+        return self.n_v_heads
+
+
 @register("gated_deltanet")
 @dataclass(kw_only=True)
-class GatedDeltaNetConfig(_RecurrentConfig):
-    n_v_heads: int | None = None      # value heads (Qwen3-Next: more than q/k heads); None = n_heads
+class GatedDeltaNetConfig(_GroupedValueHeads):
     beta_max: float = 1.0
 
     CARD_ORDER = 140
@@ -288,16 +300,6 @@ class GatedDeltaNetConfig(_RecurrentConfig):
         forgets="by a learned decay, one number per head and token, and by overwriting",
         source="arXiv 2412.06464 (Gated DeltaNet, as in Qwen3-Next and Qwen3.8)",
     )
-
-    def __post_init__(self):
-        if self.n_v_heads is None:
-            self.n_v_heads = self.n_heads
-        super().__post_init__()
-        self._check_value_heads()
-
-    @property
-    def n_value_heads(self) -> int:
-        return self.n_v_heads
 
     def rule(self) -> Rule:
         return GATED_DELTANET
@@ -321,8 +323,7 @@ DELTAPRODUCT = Rule(op=gated_delta_product, params=_deltaproduct_params, beta=_b
 
 @register("gated_deltaproduct")
 @dataclass(kw_only=True)
-class GatedDeltaProductConfig(_RecurrentConfig):
-    n_v_heads: int | None = None      # value heads; None = n_heads
+class GatedDeltaProductConfig(_GroupedValueHeads):
     beta_max: float = 1.0             # 2 lets each factor reflect (fla's allow_neg_eigval)
     num_householder: int = 2          # n: delta writes per token (fla's default); 1 = gated_deltanet
     gated: bool = True                # the per-head decay before a token's writes; False = DeltaProduct
@@ -339,16 +340,9 @@ class GatedDeltaProductConfig(_RecurrentConfig):
     )
 
     def __post_init__(self):
-        if self.n_v_heads is None:
-            self.n_v_heads = self.n_heads
         super().__post_init__()
-        self._check_value_heads()
         self.check_positive("num_householder")
         self.check(isinstance(self.gated, bool), "gated", f"must be true or false, got {self.gated!r}")
-
-    @property
-    def n_value_heads(self) -> int:
-        return self.n_v_heads
 
     @property
     def writes(self) -> tuple[int, ...]:
