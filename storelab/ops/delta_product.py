@@ -29,7 +29,7 @@ Three evaluations that agree (tests/test_delta_product.py holds them equal, and 
   run by ``storelab.ops.gated_delta_rule``'s chunked form: sub-step t n + j writes (k_{t,j}, v_{t,j},
   beta_{t,j}), decays by g_t at j = 0 and by nothing after (g = 0), and is read at j = n - 1 only
   (q there, 0 at the others, whose outputs are dropped). ``chunk_size`` counts sub-steps, as in
-  fla's ``chunk_gated_delta_product``. Like the delta rules' chunked form it refuses autograd;
+  fla's ``chunk_gated_delta_product``. Under autograd it trains by that op's hand-written backward;
 * ``mode="scan"``: the same sub-steps through the gated delta rule's parallel scan (differentiable).
 
 Shape legend: B batch, T tokens, n writes per token, H query/key heads, HV value heads, K key

@@ -1,0 +1,237 @@
+"""The delta rules' chunked form for training: a forward that keeps what backward needs, and a backward
+written by hand, chunk by chunk in matrix products (no per-token loop, no autograd graph of the chunks).
+
+The forward is the WY/UT form of ``storelab.ops.delta_reference`` (Yang et al., arXiv 2406.06484; with
+decay arXiv 2412.06464). Per chunk of C tokens, G the cumulative log decay from the chunk's start, one
+per head (D = 1) or per key channel (D = K, KDA):
+
+    Qg = Q * exp(G),  Kd = K * exp(G_C - G),  M = tril(Q K^T * Gamma)       (Gamma_ij = exp(G_i - G_j))
+    A = strict_tril(diag(beta) K K^T * Gamma),  T = (I + A)^-1
+    U = T diag(beta) V,  W = T diag(beta) K * exp(G)
+    V_new = U - W S,   O = Qg S + M V_new,   S <- exp(G_C) S + Kd^T V_new
+
+For per-channel decays ``(X Y^T * Gamma)`` means sum_d X_id Y_jd exp(G_id - G_jd), computed as the plain
+product (X exp(G - r)) (Y exp(r - G))^T with r the chunk's mid decay G_C / 2 (GLA, arXiv 2312.06635);
+that needs the chunk's decay span within twice exp's range, which the caller checks. Per head Gamma is
+formed pairwise (C x C), exact at any decay.
+
+Backward, with dS the gradient on the state leaving chunk n (the final state's gradient to start):
+    dV_new = M^T dO + Kd dS                      dS <- Qg^T dO + exp(G_C) dS - W^T dV_new
+the one sequential recursion (two products per chunk; M^T dO and Qg^T dO are made for all chunks at
+once). Everything else is batched over chunks: dQg = dO S^T, dM = dO V_new^T, dKd = V_new dS^T,
+dW = -dV_new S^T, dU = dV_new; through U, W: dT = dU (beta V)^T + dW (beta K exp(G))^T; through the
+inverse dA = -T^T dT T^T (strictly lower); through the scores and the decays: for X = dGamma * Gamma,
+dG_i += sum_j X_ij - sum_j X_ji, and each row factor exp(+-G) gives dG += dX * X (summed over the
+channels of a head's one decay). Last dg = reverse cumulative sum of dG within the chunk.
+
+Kept between forward and backward, all linear in T: the chunk inputs, the states entering each chunk
+([N, B*H, K, V]), Gamma or the factored keys, M, A, T, W and V_new. fp32 (or float64) throughout.
+
+Shape legend: N chunks, BH batch x (value) heads, C chunk size, K key width, V value width, D 1 | K.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from storelab.ops.delta_reference import _from_chunks, _to_chunks
+
+__all__ = ["chunk_train", "fits_factored", "training_chunk"]
+
+
+def _chunks(x: Tensor, C: int) -> Tensor:
+    """[B, T, H, *D] -> [N, B*H, C, D], contiguous (``_to_chunks`` may answer a strided view when B = 1;
+    products on those would copy matrix by matrix)."""
+    return _to_chunks(x, C).contiguous()
+
+
+def fits_factored(g: Tensor, C: int) -> bool:
+    """Whether per-channel decays g [B, T, H, K] stay within the factored form's range: every chunk's
+    decay span (start to end) at most twice exp's safe exponent, so exp(G - G_C / 2) and its inverse
+    are normal numbers."""
+    limit = 500.0 if g.dtype == torch.float64 else 40.0
+    G = _to_chunks(g, C).sum(2)                                                        # N BH K
+    return bool(G.numel() == 0 or -G.min().item() <= 2 * limit)
+
+
+def training_chunk(g: Tensor, chunk_size: int) -> int:
+    """The chunk size the factored per-channel form takes for decays g [B, T, H, K]: ``chunk_size``,
+    halved until every chunk's span fits (``fits_factored``); 0 when even single tokens do not (a decay
+    below exp(-80) in fp32: the caller then runs the plain chunked form)."""
+    C = chunk_size
+    while C >= 1 and not fits_factored(g, C):
+        C //= 2
+    return C
+
+
+def _decays(g: Tensor | None, N: int, BH: int, C: int, D: int, like: Tensor):
+    """G [N, BH, C, D] (cumulative), exp(G), exp(G_C - G), exp(G_C) [N, BH, D, 1]."""
+    if g is None:
+        G = like.new_zeros(N, BH, C, D)
+    else:
+        G = _chunks(g, C).cumsum(2)
+    GC = G[:, :, -1:]                                                                 # N BH 1 D
+    return G, G.exp(), (GC - G).exp(), GC.exp().transpose(-1, -2)
+
+
+class _Scores:
+    """(X Y^T * Gamma) for rows X and keys Y of one chunk, and its gradient: per head pairwise, per
+    channel factored through the chunk's mid decay (module docstring)."""
+
+    def __init__(self, G: Tensor, per_channel: bool):
+        C = G.shape[2]
+        self.per_channel = per_channel
+        causal = torch.ones(C, C, dtype=torch.bool, device=G.device).tril()
+        if per_channel:
+            mid = 0.5 * G[:, :, -1:]
+            self.fx, self.fy = (G - mid).exp(), (mid - G).exp()                       # N BH C K
+            self.mask = causal
+        else:
+            diff = G - G.transpose(-1, -2)                                            # N BH C C: G_i - G_j
+            self.gamma = torch.where(causal, diff, float("-inf")).exp()
+
+    def __call__(self, X: Tensor, Y: Tensor, strict: bool) -> Tensor:
+        if self.per_channel:
+            P = _mm(X * self.fx, (Y * self.fy).transpose(-1, -2))
+            return P.masked_fill_(~self.mask if not strict else ~self.mask.tril(-1), 0.0)
+        P = _mm(X, Y.transpose(-1, -2)).mul_(self.gamma)
+        return P.tril_(-1) if strict else P
+
+    def backward(self, dP: Tensor, P: Tensor, X: Tensor, Y: Tensor, dG: Tensor) -> tuple[Tensor, Tensor]:
+        """dX, dY of P = (X Y^T * Gamma) (dP already masked like P); adds the decays' part to dG."""
+        if self.per_channel:
+            Xf, Yf = X * self.fx, Y * self.fy
+            dXf, dYf = _mm(dP, Yf), _mm(dP.transpose(-1, -2), Xf)                           # N BH C K
+            dG.add_(dXf * Xf).sub_(dYf * Yf)
+            return dXf.mul_(self.fx), dYf.mul_(self.fy)
+        dPg = dP * self.gamma
+        Xs = dP.mul_(P)                                                               # dGamma * Gamma (dP reused)
+        dG.add_(Xs.sum(-1, keepdim=True)).sub_(Xs.sum(-2)[..., None])
+        return _mm(dPg, Y), _mm(dPg.transpose(-1, -2), X)
+
+
+def _mm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for [N, BH, m, n] x [N, BH, n, p] as one bmm over N * BH (operands may be transposed views:
+    bmm reads them in place, where ``@`` on 4-d operands would copy them)."""
+    N, BH = a.shape[:2]
+    return torch.bmm(a.flatten(0, 1), b.flatten(0, 1)).view(N, BH, a.shape[2], b.shape[3])
+
+
+def _reduce(x: Tensor, D: int) -> Tensor:
+    """A row factor's gradient onto its decay: per channel as it is, per head summed over the row."""
+    return x if D > 1 else x.sum(-1, keepdim=True)
+
+
+class _DeltaChunks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, S0, scale: float, C: int, per_channel: bool):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        Q, Kc, Vc = _chunks(q * scale, C), _chunks(k, C), _chunks(v, C)       # N BH C K|V
+        N, BH = Q.shape[:2]
+        D = K if per_channel else 1
+        G, eG, eK, eGC = _decays(g, N, BH, C, D, Q)
+        sc = _Scores(G, per_channel)
+        M = sc(Q, Kc, strict=False)                                                   # N BH C C
+        Kd = Kc * eK                                                                  # keys decayed to the chunk end
+        S_all = Q.new_empty(N + 1, BH, K, V)
+        S_all[0] = 0.0 if S0 is None else S0.reshape(BH, K, V)
+        if beta is not None:
+            b = _chunks(beta, C)                                                   # N BH C 1
+            Kb = Kc * b
+            A = sc(Kb, Kc, strict=True)
+            I = torch.eye(C, dtype=Q.dtype, device=Q.device)
+            Tm = torch.linalg.solve_triangular(I + A, I.expand_as(A), upper=False, unitriangular=True)
+            Tm = Tm.contiguous()  # LAPACK answers column-major; products on it would copy matrix by matrix
+            bV, bKe = Vc * b, Kb * eG
+            U, W = _mm(Tm, bV), _mm(Tm, bKe)
+            Vn = torch.empty_like(U)
+        else:
+            b = A = Tm = W = Kb = bV = bKe = None
+            Vn = Vc
+        KdT = Kd.transpose(-1, -2).contiguous()
+        for n in range(N):
+            S = S_all[n]
+            if beta is not None:
+                torch.baddbmm(U[n], W[n], S, alpha=-1, out=Vn[n])                     # V_new = U - W S
+            torch.baddbmm(S * eGC[n], KdT[n], Vn[n], out=S_all[n + 1])
+        Qg = Q * eG
+        O = torch.baddbmm(_mm(M, Vn).flatten(0, 1), Qg.flatten(0, 1), S_all[:-1].flatten(0, 1)).view(N, BH, C, V)
+        ctx.save_for_backward(Q, Kc, Vc, G, eG, eK, eGC, M, Kd, S_all, b, A, Tm, W, Vn, Kb, bV, bKe)
+        ctx.sc, ctx.shape, ctx.scale = sc, (B, T, H, K, V, C, D), scale
+        ctx.has = (g is not None, beta is not None, S0 is not None)
+        return _from_chunks(O, B, T).contiguous(), S_all[-1].view(B, H, K, V).clone()
+
+    @staticmethod
+    def backward(ctx, do, dS_final):
+        Q, Kc, Vc, G, eG, eK, eGC, M, Kd, S_all, b, A, Tm, W, Vn, Kb, bV, bKe = ctx.saved_tensors
+        B, T, H, K, V, C, D = ctx.shape
+        has_g, has_beta, has_S0 = ctx.has
+        sc = ctx.sc
+        N, BH = Q.shape[:2]
+        dO = _chunks(do.to(Q.dtype), C)                               # N BH C V (do may be expanded)
+        Qg = Q * eG
+        MtdO = _mm(M.transpose(-1, -2), dO)                                          # N BH C V
+        QtdO = _mm(Qg.transpose(-1, -2), dO)                                          # N BH K V
+        dS_after = Q.new_empty(N, BH, K, V)
+        dVn = torch.empty_like(MtdO)
+        dS = Q.new_zeros(BH, K, V) if dS_final is None else dS_final.reshape(BH, K, V).to(Q.dtype)
+        WT = None if W is None else W.transpose(-1, -2).contiguous()
+        for n in range(N - 1, -1, -1):  # the one sequential recursion
+            dS_after[n] = dS
+            torch.baddbmm(MtdO[n], Kd[n], dS, out=dVn[n])                             # dV_new
+            nxt = torch.addcmul(QtdO[n], eGC[n], dS)
+            dS = nxt if WT is None else nxt.baddbmm_(WT[n], dVn[n], alpha=-1)
+        S_in = S_all[:-1]
+        dG = torch.zeros_like(G)
+        dQg = _mm(dO, S_in.transpose(-1, -2))                                          # N BH C K
+        dG.add_(_reduce(dQg * Qg, D))
+        dM = _mm(dO, Vn.transpose(-1, -2))                                            # N BH C C
+        if sc.per_channel:
+            dM.masked_fill_(~sc.mask, 0.0)
+        dQ, dK = sc.backward(dM, M, Q, Kc, dG)
+        dQ.add_(dQg.mul_(eG))
+        dKd = _mm(Vn, dS_after.transpose(-1, -2))                                       # N BH C K
+        y = dKd * Kd
+        dK.add_(dKd.mul_(eK))
+        dG.sub_(_reduce(y, D))
+        dGC = y.sum(2, keepdim=True) + (dS_after * S_in).sum(-1)[:, :, None] * eGC.transpose(-1, -2)  # N BH 1 D
+        if not sc.per_channel:
+            dGC = dGC.sum(-1, keepdim=True)
+        if has_beta:
+            dW = _mm(dVn, S_in.transpose(-1, -2)).neg_()                                     # N BH C K
+            TT = Tm.transpose(-1, -2)
+            dT = _mm(dVn, bV.transpose(-1, -2)).add_(_mm(dW, bKe.transpose(-1, -2)))      # N BH C C
+            dbV, dbKe = _mm(TT, dVn), _mm(TT, dW)
+            dA = _mm(_mm(TT, dT), TT).neg_().tril_(-1)
+            if sc.per_channel:
+                dA.masked_fill_(~sc.mask.tril(-1), 0.0)
+            dKb, dK2 = sc.backward(dA, A, Kb, Kc, dG)
+            dK.add_(dK2)
+            dG.add_(_reduce(dbKe * bKe, D))
+            dKb.add_(dbKe.mul_(eG))
+            dK.add_(dKb * b)
+            db = (dKb * Kc).sum(-1, keepdim=True) + (dbV * Vc).sum(-1, keepdim=True)
+            dV = dbV.mul_(b)
+        else:
+            dV, db = dVn, None
+        dG[:, :, -1:] += dGC
+        dg = dG.flip(2).cumsum(2).flip(2) if has_g else None
+        dq = _from_chunks(dQ, B, T) * ctx.scale
+        dk, dv = _from_chunks(dK, B, T), _from_chunks(dV, B, T)
+        if dg is not None:
+            dg = _from_chunks(dg, B, T)
+            dg = dg if D > 1 else dg[..., 0]
+        dbeta = _from_chunks(db, B, T)[..., 0] if db is not None else None
+        dS0 = dS.view(B, H, K, V) if has_S0 else None
+        return dq, dk, dv, dg, dbeta, dS0, None, None, None
+
+
+def chunk_train(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None, S0: Tensor | None, *,
+                scale: float, chunk_size: int) -> tuple[Tensor, Tensor]:
+    """(o [B,T,H,V], final state [B,H,K,V]) with the hand-written backward; inputs as
+    ``delta_reference.prepare_delta_inputs`` returns them (heads matched, compute dtype, scale given).
+    ``g`` None, [B,T,H] or [B,T,H,K]; per-channel decays must pass ``fits_factored``."""
+    per_channel = g is not None and g.dim() == 4
+    return _DeltaChunks.apply(q, k, v, g, beta, S0, float(scale), int(chunk_size), per_channel)
