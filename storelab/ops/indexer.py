@@ -80,10 +80,10 @@ def index_scores_at(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, pos_BTP: Tenso
     dt = torch.promote_types(q_BTHK.dtype, torch.float32)
     b_idx = torch.arange(B, device=k_BLK.device)[:, None, None]
     out = []
-    for t in range(0, T, step):
+    for t, q_BtHK, w_BtH in zip(range(0, T, step), q_BTHK.split(step, dim=1), w_BTH.split(step, dim=1)):
         k_BTPK = k_BLK[b_idx, pos_BTP[:, t:t + step]].to(dt)                  # gather: B T P K
-        logits_BTHP = torch.einsum("bthk,btpk->bthp", q_BTHK[:, t:t + step].to(dt), k_BTPK) * scale
-        out.append(torch.einsum("bth,bthp->btp", w_BTH[:, t:t + step].to(dt), F.relu(logits_BTHP)))
+        logits_BTHP = torch.einsum("bthk,btpk->bthp", q_BtHK.to(dt), k_BTPK) * scale
+        out.append(torch.einsum("bth,bthp->btp", w_BtH.to(dt), F.relu(logits_BTHP)))
     return torch.cat(out, dim=1).masked_fill(~valid_BTP, float("-inf"))
 
 

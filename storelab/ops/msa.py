@@ -180,12 +180,13 @@ def attend_blocks(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, blocks_BGTk: T
     g_idx = torch.arange(G, device=k_BLGK.device)
     step = max(1, gather_budget // max(1, B * P * G * (K + V)))
     outs = []
-    for t in range(0, T, step):
+    q_chunks = q_BTHK.split(step, dim=1)  # split, not sliced: one backward, not a zero-filled q per slice
+    for i, t in enumerate(range(0, T, step)):
         u = min(T, t + step)
         n_q = B * (u - t)   # the slice's queries, each a batch entry of one query
         k_BtPGK = k_BLGK[b_idx, pos_BTPG[:, t:u], g_idx]
         v_BtPGV = v_BLGV[b_idx, pos_BTPG[:, t:u], g_idx]
-        part = attend_lse(q_BTHK[:, t:u].reshape(n_q, 1, H, K), k_BtPGK.reshape(n_q, P, G, K),
+        part = attend_lse(q_chunks[i].reshape(n_q, 1, H, K), k_BtPGK.reshape(n_q, P, G, K),
                           v_BtPGV.reshape(n_q, P, G, V), scale=scale,
                           mask_TL=read_BTHP[:, t:u].reshape(n_q, H, 1, P))
         o_n1HV = part[0] if sinks_H is None else merge_parts([part], sinks_H=sinks_H)

@@ -264,8 +264,7 @@ class WindowAttention(Attention):
         state = WindowCache(window=W) if state is None else state
         if state.window != W:
             raise ValueError(f"state: a WindowCache of window {state.window} given to a store of window {W}")
-        ys = [self._slice(x_BTD[:, i:i + self.query_block], state)
-              for i in range(0, x_BTD.shape[1], self.query_block)]
+        ys = [self._slice(x_BTD, state) for x_BTD in x_BTD.split(self.query_block, dim=1)]  # split: one backward
         return torch.cat(ys, dim=1), state
 
     def _slice(self, x_BTD: Tensor, state: WindowCache) -> Tensor:

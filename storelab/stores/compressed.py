@@ -384,15 +384,18 @@ class CompressedAttention(nn.Module):
         per_query = B * (H * (cfg.window + k + n_new) + (cfg.window + k) * C)   # logits and gathered numbers
         step = max(1, READ_BUDGET // per_query)
         outs = []
-        for a in range(0, T, step):
+        # chunks by split, not by slicing: a slice's backward fills a zero tensor of the whole q per chunk
+        q_chunks = q_BTHK.split(step, dim=1)
+        old_chunks = None if old is None else zip(old[0].split(step, dim=1), old[1].split(step, dim=2))
+        for i, a in enumerate(range(0, T, step)):
             b = min(T, a + step)
             sel = None if picks is None else (picks[0][:, a:b], picks[1][:, a:b])
-            parts = [self._gathered_part(q_BTHK[:, a:b], cache, T, a, sel)]
-            if old is not None:
-                parts.append((old[0][:, a:b], old[1][:, :, a:b]))
+            parts = [self._gathered_part(q_chunks[i], cache, T, a, sel)]
+            if old_chunks is not None:
+                parts.append(next(old_chunks))
             n_hi = min(cache.entries, (seen + b) // cfg.stride)
             if not cfg.indexed and n_hi > n_done:
-                parts.append(self._new_entries_part(q_BTHK[:, a:b], cache.pooled[:, n_done:n_hi], seen + a, n_done))
+                parts.append(self._new_entries_part(q_chunks[i], cache.pooled[:, n_done:n_hi], seen + a, n_done))
             outs.append(merge_parts(parts, sinks_H=self.sinks))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 

@@ -334,8 +334,8 @@ class MLA(nn.Module):
         width = latent_BLC.shape[-1] + k_rope_BLR.shape[-1]
         step = max(1, GATHER_BUDGET // max(1, B * k * width))
         q_BTHX = self.absorbed_query(p)
-        outs = [self._read_gathered(q_BTHX[:, t:t + step], latent_BLC, k_rope_BLR, pos_BTk[:, t:t + step],
-                                    valid_BTk[:, t:t + step]) for t in range(0, T, step)]
+        outs = [self._read_gathered(q, latent_BLC, k_rope_BLR, pos_BTk[:, t:t + step], valid_BTk[:, t:t + step])
+                for t, q in zip(range(0, T, step), q_BTHX.split(step, dim=1))]  # split: one backward, not one per slice
         return self.values_from_latent(torch.cat(outs, dim=1))
 
     def _read_gathered(self, q_BTHX: Tensor, latent_BLC: Tensor, k_rope_BLR: Tensor, pos_BTk: Tensor,

@@ -161,11 +161,11 @@ class BlockSparseAttention(Attention):
         k_BLGK, v_BLGV = state.append(k_BTGK, v_BTGV)
         ik_BLI = state.append_index(ik_BTI)
         outs, blocks, counts = [], [], []
-        for i in range(0, T, self.query_block):
-            j = min(T, i + self.query_block)
+        qb = self.query_block  # split, not sliced: one backward for all slices, not a zero-filled q per slice
+        for i, q_BtHK, iq_BtGI in zip(range(0, T, qb), q_BTHK.split(qb, dim=1), iq_BTGI.split(qb, dim=1)):
+            j = min(T, i + qb)
             L = state.seen + j  # keys up to the slice's last query
-            o_BTHV, blocks_BGTk, read_BGT = self.read(q_BTHK[:, i:j], iq_BTGI[:, i:j], k_BLGK, v_BLGV, ik_BLI[:, :L],
-                                                      pos_T[i:j])
+            o_BTHV, blocks_BGTk, read_BGT = self.read(q_BtHK, iq_BtGI, k_BLGK, v_BLGV, ik_BLI[:, :L], pos_T[i:j])
             outs.append(o_BTHV), blocks.append(blocks_BGTk), counts.append(read_BGT)
         width = max(b.shape[-1] for b in blocks)
         emit(self, "blocks", lambda: torch.cat([nn.functional.pad(b, (0, width - b.shape[-1]), value=-1)
