@@ -9,6 +9,7 @@ in ``storelab/checkpoint/families/<family>.py``:
 | model_type                              | family (essay model)        | stores                               |
 |-----------------------------------------|-----------------------------|--------------------------------------|
 | qwen3_next, qwen3_5_moe(_text)          | Qwen3-Next / Qwen3.5 (Qwen3.8) | gated_deltanet + gated attention, moe |
+| qwen3_5, qwen3_5_text                   | Qwen3.5 / Qwen3.6 dense     | gated_deltanet + gated attention, ffn |
 | kimi_linear                             | Kimi Linear (Kimi K3)       | kda + mla (no RoPE), moe             |
 | mimo_v2_flash                           | MiMo-V2-Flash (MiMo)        | window (sinks) + attention, ffn/moe  |
 | glm_moe_dsa                             | GLM-MoE-DSA (GLM-5.3)       | dsa with IndexShare, ffn/moe         |
