@@ -170,7 +170,7 @@ def layer_rows(cfg: ModelConfig, context: int, *, dtype: str = "bf16", cache_dty
             "bytes_per_token": terms[i]["bytes_per_token"],
             "bytes_per_sequence": terms[i]["bytes_per_sequence"],
             "cache_bytes_per_token": terms[i]["cache_bytes_per_token"],
-            "formats": terms[i]["formats"],
+            "formats": terms[i]["formats"], "token_format": terms[i]["token_format"],
             "growth_bytes_per_token": _growth(st, context, dtype) if owns else 0.0,
             "bytes_per_token_by_format": {f: (st.footprint(context, dtype=f).state_bytes / context if owns else 0.0)
                                           for f in FORMATS},

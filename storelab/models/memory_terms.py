@@ -85,7 +85,7 @@ def layer_terms(cfg: ModelConfig, *, cache: str | None = None, state: str = "fp3
     rows = []
     for i, lay in enumerate(cfg.layers):
         tok = per_seq = glob = 0.0
-        fmts = []
+        fmts, token_fmt = [], ""
         for slot, st in lay.stores().items():
             if slot == "token" and not cfg.owns_cache(i):
                 continue
@@ -93,9 +93,10 @@ def layer_terms(cfg: ModelConfig, *, cache: str | None = None, state: str = "fp3
             t = st.memory_terms(cache=fmt, state=state)
             tok, per_seq, glob = tok + t.per_token, per_seq + t.per_sequence, glob + t.cache_per_token
             if t.per_token or t.per_sequence:
-                fmts.append(fmt if not st.RECURRENT else state)
+                fmts.append(state if st.RECURRENT else fmt)
+                token_fmt = fmts[-1] if slot == "token" else token_fmt
         rows.append({"layer": i, "kind": lay.token.KIND, "bytes_per_token": tok, "bytes_per_sequence": per_seq,
-                     "cache_bytes_per_token": glob, "formats": sorted(set(fmts))})
+                     "cache_bytes_per_token": glob, "formats": sorted(set(fmts)), "token_format": token_fmt})
     return rows
 
 
@@ -132,10 +133,10 @@ def longest_contexts(per_token: float, per_sequence: float, *, budget: int, weig
     return out
 
 
-def human_bytes(n: float) -> str:
-    """1,234 B, 12.3 KiB, 598.5 MiB, 16.0 GiB: never split, at most 12 characters."""
-    for unit, size in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if abs(n) >= size:
-            v = n / size
-            return f"{v:,.3f}".rstrip("0").rstrip(".") + f" {unit}" if v < 100 else f"{v:,.1f} {unit}"
-    return f"{n:,.0f} B" if float(n).is_integer() else f"{n:,.1f} B"
+def human_bytes(n: float, *, unit: str | None = None) -> str:
+    """"890 B", "64 KiB", "149.625 MiB", "16 GiB": at most three decimals, never split; ``unit`` forces one."""
+    sizes = (("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB), ("B", 1))
+    for name, size in sizes:
+        if name == unit or (unit is None and (abs(n) >= size or size == 1)):
+            return f"{n / size:,.3f}".rstrip("0").rstrip(".") + f" {name}"
+    raise ValueError(f"unit: must be one of {', '.join(u for u, _ in sizes)}, got {unit!r}")

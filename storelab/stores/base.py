@@ -162,8 +162,8 @@ def _checked(footprint):
         if isinstance(context, bool) or not isinstance(context, numbers.Integral) or context < 0:
             raise ValueError(f"context: must be a whole number of tokens >= 0, got {context!r}")
         if dtype not in self.ENTRY_FORMATS:
-            raise ValueError(f"dtype: unknown entry format {dtype!r} for a {self.KIND or type(self).__name__} "
-                             f"store (accepted: {', '.join(self.ENTRY_FORMATS)})")
+            raise ValueError(f"dtype: unknown entry format {dtype!r} (store {self.KIND or type(self).__name__}; "
+                             f"accepted: {', '.join(self.ENTRY_FORMATS)})")
         return footprint(self, int(context), dtype=dtype)
 
     checked.checks_arguments = True
