@@ -212,3 +212,31 @@ def test_terms_agree_with_the_footprint():
                 assert t.at(L) >= a if pools else t.at(L) == pytest.approx(a, rel=1e-12), (st.KIND, t, a)
     with pytest.raises(ValueError, match="state dtype: unknown 'fp8'"):
         _zoo_stores()[0].memory_terms(state="fp8")
+
+
+def _family_types():
+    from tests.test_checkpoint import FAMILIES
+
+    return list(FAMILIES)
+
+
+@pytest.mark.parametrize("model_type", _family_types())
+def test_every_family_from_its_config_alone(model_type, tmp_path):
+    """transformers writes the tiny config.json (no model, no weights); ``memory --checkpoint`` reads it
+    through the family's own translation, the one ``load`` uses."""
+    from transformers import AutoConfig
+
+    from storelab.checkpoint import CheckpointError, load, read_model_config
+    from storelab.checkpoint.families import family_for
+    from tests.test_checkpoint import FAMILIES
+
+    AutoConfig.for_model(model_type, **FAMILIES[model_type]).save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    cfg = read_model_config(tmp_path)
+    assert cfg.layers == family_for(hf).to_config(hf).layers
+    tot = memory_json("--checkpoint", str(tmp_path), "--context", "4096")[-1]
+    assert tot["layers"] == cfg.n_layers and tot["bytes_per_token"] > 0
+    assert tot["total_bytes"] == tot["bytes_per_token"] * 4096 + tot["bytes_per_sequence"]
+    assert json.loads(run("models", "--checkpoint", str(tmp_path), "--json").stdout)[0]["params"]["stored"] > 0
+    with pytest.raises(CheckpointError, match="a config.json alone is enough for accounting"):
+        load(tmp_path)

@@ -23,13 +23,15 @@ or mis-shaped tensor is a ``CheckpointError`` naming the tensor and the file; an
 ``model_type`` lists the supported ones; a setting no store can express (grouped expert
 routing, YaRN, DeepSeek-V4's sliding-only layers) names the config key. FP8 block-quantized
 weights are dequantized on the way. ``device="meta"`` builds the model for accounting
-without reading any weight. The loaded model's ``.checkpoint`` says where it came from.
+without reading any weight; ``read_model_config(path)`` needs only the config.json (a folder
+or the file), no shards at all. The loaded model's ``.checkpoint`` says where it came from.
 """
 
+from storelab.checkpoint.config_only import read_model_config
 from storelab.checkpoint.loader import load, supported
 from storelab.checkpoint.saver import save
 from storelab.checkpoint.shards import CheckpointError
 
 SUPPORTED = supported()
 
-__all__ = ["load", "save", "CheckpointError", "SUPPORTED"]
+__all__ = ["load", "save", "read_model_config", "CheckpointError", "SUPPORTED"]
