@@ -12,6 +12,7 @@ from typing import Any
 from storelab.models.memory_terms import GIB, MIB, human_bytes
 
 WIDTH = 80
+LAYERS = 32  # the layers column
 _SHOWN = {"fp32": "f32", "fp16": "f16"}  # llama.cpp's names for the formats people type
 
 
@@ -42,22 +43,28 @@ def _fit(parts: list[str], width: int) -> str:
     return text
 
 
-def layers_text(idx: list[int], n_layers: int, width: int = 28) -> str:
+def _pattern(idx: list[int], n: int) -> str:
+    """"every 4th" (layers 3, 7, ..: every 4th counting from 1), "every 2nd from 2", "all but every 4th",
+    "all"; "" when ``idx`` (sorted, within range(n)) is none of these."""
+    rest = [i for i in range(n) if i not in set(idx)]
+    for ids, say in ((idx, "every"), (rest, "all but every")):
+        step = ids[1] - ids[0] if len(ids) > 2 else 0
+        if step > 1 and ids == list(range(ids[0], ids[-1] + 1, step)) and ids[-1] + step >= n:
+            return f"{say} {_ordinal(step)}" + (f" from {ids[0]}" if ids[0] != step - 1 else "")
+    return "all" if len(idx) == n else ""
+
+
+def layers_text(idx: list[int], n_layers: int, width: int = 32) -> str:
     """Which of a model's layers, summarised to ``width`` characters: ``"16 of 64: every 4th"`` (layers
-    3, 7, .., 63: every 4th counting from 1), ``"48 of 64: all but every 4th"``, ``"3 of 40: 2, 8, 14"``."""
+    3, 7, .., 63), ``"48 of 64: all but every 4th"``, ``"24 of 93: every 4th and the last"``,
+    ``"3 of 40: 2, 8, 14"``."""
     idx = sorted(idx)
     head = f"{len(idx)} of {n_layers}: "
-    step = idx[1] - idx[0] if len(idx) > 2 else 0
-    rest = sorted(set(range(n_layers)) - set(idx))
-    rstep = rest[1] - rest[0] if len(rest) > 2 else 0
-    if len(idx) == n_layers:
-        body = "all"
-    elif step > 1 and idx == list(range(idx[0], idx[-1] + 1, step)) and idx[-1] + step >= n_layers:
-        body = f"every {_ordinal(step)}" + (f" from {idx[0]}" if idx[0] != step - 1 else "")
-    elif rstep > 1 and rest == list(range(rest[0], rest[-1] + 1, rstep)) and rest[-1] + rstep >= n_layers:
-        body = f"all but every {_ordinal(rstep)}" + (f" from {rest[0]}" if rest[0] != rstep - 1 else "")
-    else:
-        body = ""
+    body = _pattern(idx, n_layers)
+    if not body and n_layers > 3:  # the pattern broken only by the last layer (Kimi K3's layer 93)
+        last = idx[-1] == n_layers - 1
+        body = _pattern(idx[:-1] if last else idx, n_layers - 1)
+        body = body and body + " and the last"
     if not body or len(head + body) > width:
         body = _fit(_runs(idx), width - len(head))
     return head + body
@@ -82,7 +89,7 @@ def _groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _row(cells: list[str]) -> str:
-    widths, align = (19, 28, 5, 11, 13), "<<<>>"
+    widths, align = (18, LAYERS, 4, 10, 12), "<<<>>"
     return " ".join(f"{c:{a}{w}}" for c, w, a in zip(cells, widths, align)).rstrip()
 
 
@@ -101,7 +108,7 @@ def model_text(cfg, rows: list[dict[str, Any]], tot: dict[str, Any]) -> list[str
     for g in _groups(rows):
         label = (g["part"][:3] + " " if g["part"] else "") + g["kind"] + ("*" if g["shared"] else "")
         shared |= g["shared"]
-        out.append(_row([label, layers_text(g["layers"], cfg.n_layers), shown(g["format"]),
+        out.append(_row([label, layers_text(g["layers"], cfg.n_layers, LAYERS), shown(g["format"]),
                          per_token_text(g["bytes_per_token"]), human_bytes(g["bytes_per_sequence"])]))
     out.append(_row(["total", "", "", per_token_text(tot["bytes_per_token"]),
                      human_bytes(tot["bytes_per_sequence"])]))

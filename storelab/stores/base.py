@@ -166,7 +166,6 @@ def _checked(footprint):
                              f"accepted: {', '.join(self.ENTRY_FORMATS)})")
         return footprint(self, int(context), dtype=dtype)
 
-    checked.checks_arguments = True
     return checked
 
 
@@ -211,9 +210,8 @@ class StoreConfig:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("footprint")
-        if own is not None and not getattr(own, "checks_arguments", False):
-            cls.footprint = _checked(own)
+        if "footprint" in cls.__dict__:  # the kind's own: checked, whichever kind defines it
+            cls.footprint = _checked(cls.__dict__["footprint"])
 
     @property
     def runs_indexer(self) -> bool:
