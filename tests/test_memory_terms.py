@@ -240,3 +240,21 @@ def test_every_family_from_its_config_alone(model_type, tmp_path):
     assert json.loads(run("models", "--checkpoint", str(tmp_path), "--json").stdout)[0]["params"]["stored"] > 0
     with pytest.raises(CheckpointError, match="a config.json alone is enough for accounting"):
         load(tmp_path)
+
+
+def test_layer_lists_are_summarised():
+    from storelab.report.memory_text import layers_text
+
+    assert layers_text(list(range(3, 92, 4)), 92) == "23 of 92: every 4th"
+    assert layers_text([i for i in range(92) if i % 4 != 3], 92) == "69 of 92: all but every 4th"
+    assert layers_text([*range(3, 92, 4), 92], 93) == "24 of 93: every 4th and the last"
+    assert layers_text(list(range(2, 61, 2)), 61) == "30 of 61: every 2nd from 2"
+    assert layers_text([2, 8, 14], 40) == "3 of 40: 2, 8, 14"
+    long = layers_text([i for i in range(70) if i % 7], 70)
+    assert len(long) <= 32 and long.endswith(", ..") and long.startswith("60 of 70: 1-6, 8-13")
+
+
+def test_every_zoo_model_fits_80_columns():
+    out = run("memory", "--budget", "1TiB", "--weights-dtype", "fp4").stdout
+    assert max(len(x) for x in out.splitlines()) <= 80
+    assert "DeepSeek-V4.1-Flash" in out and "the global cache: 890 B" in out
