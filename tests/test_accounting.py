@@ -113,7 +113,9 @@ def test_v41_flash_global_cache_is_890_bytes_per_token():
     owners = [r for r in recs[:-1] if r["global_bytes_per_token"]]
     assert [(r["layer"], r["global_bytes_per_token"]) for r in owners] == [(2, 178), (8, 178), (14, 178), (20, 356)]
     # everything the cache holds (windows, index keys included) stays near it
-    assert 890 < total["bytes_per_token"] < 1.1 * 890
+    assert 890 < total["average_bytes_per_token"] < 1.1 * 890
+    # the two terms, in the published formats: the 890 plus index keys (fp4) per token, windows fixed
+    assert total["cache_bytes_per_token"] == 890 and total["bytes_per_token"] == 890 + 3 * 68 / 2 + 68
     # shared caches are held once: readers of layer 2's cache keep nothing of their own
     assert all(r["state_bytes"] == 0 for r in recs[:-1] if r["cache_owner"] != r["layer"])
 

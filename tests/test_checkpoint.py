@@ -37,6 +37,8 @@ FAMILIES = {
     "qwen3_5_moe_text": dict(COMMON, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                              shared_expert_intermediate_size=32, linear_conv_kernel_dim=4, linear_key_head_dim=16,
                              linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4),
+    "qwen3_5_text": dict(COMMON, intermediate_size=96, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                         linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4),
     "kimi_linear": dict(COMMON, num_key_value_heads=4, intermediate_size=96, kv_lora_rank=16, q_lora_rank=None,
                         qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_experts=4,
                         num_experts_per_token=2, moe_intermediate_size=32, num_shared_experts=1,
@@ -132,7 +134,7 @@ def test_family_matches_transformers(model_type, saved, tmp_path):
 def test_supported_lists_every_family():
     import storelab
 
-    for mt in [*FAMILIES, "qwen3_5_moe", "minimax_m3_vl", "storelab"]:
+    for mt in [*FAMILIES, "qwen3_5_moe", "qwen3_5", "minimax_m3_vl", "storelab"]:
         assert mt in SUPPORTED
     assert storelab.load is load and storelab.save is save
 
@@ -369,6 +371,7 @@ def test_released_config_keys(model_type, saved):
 @pytest.mark.parametrize("model_type,vl_type,vision", [
     ("minimax_m3_vl_text", "minimax_m3_vl", "model.vision_tower.blocks.0.weight"),
     ("qwen3_5_moe_text", "qwen3_5_moe", "model.visual.blocks.0.weight"),
+    ("qwen3_5_text", "qwen3_5", "model.visual.blocks.0.weight"),
 ])
 def test_vision_language_checkpoint_text_part(model_type, vl_type, vision, saved, tmp_path):
     """A VL checkpoint: the text config under ``text_config``, the text weights under

@@ -9,6 +9,7 @@ in ``storelab/checkpoint/families/<family>.py``:
 | model_type                              | family (essay model)        | stores                               |
 |-----------------------------------------|-----------------------------|--------------------------------------|
 | qwen3_next, qwen3_5_moe(_text)          | Qwen3-Next / Qwen3.5 (Qwen3.8) | gated_deltanet + gated attention, moe |
+| qwen3_5, qwen3_5_text                   | Qwen3.5 / Qwen3.6 dense     | gated_deltanet + gated attention, ffn |
 | kimi_linear                             | Kimi Linear (Kimi K3)       | kda + mla (no RoPE), moe             |
 | mimo_v2_flash                           | MiMo-V2-Flash (MiMo)        | window (sinks) + attention, ffn/moe  |
 | glm_moe_dsa                             | GLM-MoE-DSA (GLM-5.3)       | dsa with IndexShare, ffn/moe         |
@@ -22,13 +23,15 @@ or mis-shaped tensor is a ``CheckpointError`` naming the tensor and the file; an
 ``model_type`` lists the supported ones; a setting no store can express (grouped expert
 routing, YaRN, DeepSeek-V4's sliding-only layers) names the config key. FP8 block-quantized
 weights are dequantized on the way. ``device="meta"`` builds the model for accounting
-without reading any weight. The loaded model's ``.checkpoint`` says where it came from.
+without reading any weight; ``read_model_config(path)`` needs only the config.json (a folder
+or the file), no shards at all. The loaded model's ``.checkpoint`` says where it came from.
 """
 
+from storelab.checkpoint.config_only import read_model_config
 from storelab.checkpoint.loader import load, supported
 from storelab.checkpoint.saver import save
 from storelab.checkpoint.shards import CheckpointError
 
 SUPPORTED = supported()
 
-__all__ = ["load", "save", "CheckpointError", "SUPPORTED"]
+__all__ = ["load", "save", "read_model_config", "CheckpointError", "SUPPORTED"]

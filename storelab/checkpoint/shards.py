@@ -74,7 +74,9 @@ class Shards:
             pickles = sorted(p.name for p in self.folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
             extra = f" (found {', '.join(pickles)}: pickle files are never read; convert them to safetensors)" \
                 if pickles else ""
-            raise CheckpointError(f"{self.folder}: no safetensors files{extra}")
+            only = " (a config.json alone is enough for accounting: storelab memory --checkpoint, " \
+                "storelab.checkpoint.read_model_config)" if not pickles and (self.folder / "config.json").exists() else ""
+            raise CheckpointError(f"{self.folder}: no safetensors files{extra}{only}")
         self.files = files
         for fname in files:
             with self._open(fname) as f:

@@ -1,4 +1,11 @@
-"""``storelab memory``: what each layer keeps and reads at a context length (essay worked example 2)."""
+"""``storelab memory``: what each layer keeps at a context length, in two terms (bytes per token,
+bytes per sequence), the totals at L for a batch, and the longest context that fits a budget.
+
+Models: zoo names, storelab model files (``--config``) or real checkpoints (``--checkpoint``, a
+folder or its config.json; no weights needed). Formats: ``--cache-dtype`` for caches (each store's
+published format when not given), ``--state-dtype`` for recurrent states and open pools,
+``--weights-dtype`` for the weights beside them under ``--budget``.
+"""
 
 from __future__ import annotations
 
@@ -7,75 +14,101 @@ from pathlib import Path
 
 import typer
 
-from storelab.console import console, emit_json, err_console, table
-from storelab.report.memory_plot import plot_memory
+from storelab.console import console, emit_json, err_console
+
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def _layers_text(idx: list[int]) -> str:
-    from storelab.models.fileformat import compact_indices
-
-    c = compact_indices(idx, 10**9)
-    items = c if isinstance(c, list) else [c]
-    out = []
-    for it in items:
-        if isinstance(it, str):
-            parts = it.split(":")
-            a, b = int(parts[0]), int(parts[1]) - 1
-            out.append(f"{a}-{b}" if len(parts) == 2 else f"{a},{a + int(parts[2])},..,{b - (b - a) % int(parts[2])}")
-        else:
-            out.append(str(it))
-    return ",".join(out)
+def _fail(msg: str) -> None:
+    err_console.print(f"[red]error:[/red] {msg}", markup=True, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def memory(
-        name: list[str] = typer.Argument(None, help="Zoo models (default: all)."),
-        context: int = typer.Option(1_000_000, "--context", help="Context length L in tokens."),
-        dtype: str = typer.Option("bf16", "--dtype", help="Entry format: fp32, bf16, fp8 or fp4."),
+        name: list[str] = typer.Argument(None, help="Zoo models (default: all, unless --config/--checkpoint)."),
+        context: int = typer.Option(None, "--context", help="Context length L in tokens (default: each model's "
+                                                            "published context, else 1,000,000)."),
+        batch: int = typer.Option(1, "--batch", help="Sequences held at once (totals at L are for all of them)."),
+        cache_dtype: str = typer.Option(None, "--cache-dtype", help="Cache format: f32, f16, bf16, fp8, fp4, "
+                                        "q8_0, q4_0 (default: each store's published format, else bf16)."),
+        state_dtype: str = typer.Option("f32", "--state-dtype", help="Recurrent states and open pools: f32 or bf16."),
+        weights_dtype: str = typer.Option("bf16", "--weights-dtype", help="Weights beside the cache (--budget)."),
+        budget: str = typer.Option(None, "--budget", help="Memory to fill, e.g. 24GiB: the longest context per "
+                                                          "batch size that fits beside the weights."),
+        dtype: str = typer.Option(None, "--dtype", hidden=True, help="Old name of --cache-dtype."),
         config: list[Path] = typer.Option(None, "--config", help="A model file instead of the zoo."),
+        checkpoint: list[Path] = typer.Option(None, "--checkpoint", help="A checkpoint folder or its config.json."),
         tiny: bool = typer.Option(False, "--tiny", help="The tiny versions."),
         plot: bool = typer.Option(False, "--plot", help="Draw cache bytes and read cost against context into a PNG."),
         out: Path = typer.Option(Path("memory.png"), "--out", help="Where --plot writes its PNG (and a JSON beside it)."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
-        """Per layer and model at context L: entries kept and read, bytes per token, read FLOPs."""
+        """Per layer and model at context L: bytes per token and per sequence, entries kept and read."""
         from storelab.commands.models import load_configs
-        from storelab.models.accounting import kind_summary, memory_report
+        from storelab.models.accounting import count_params, memory_report
+        from storelab.models.memory_terms import (cache_dtype as read_cache, longest_contexts, parse_size,
+                                                  state_dtype as read_state, weight_bytes,
+                                                  weights_dtype as read_weights)
 
-        if dtype not in ("fp32", "bf16", "fp8", "fp4"):
-            err_console.print(f"[red]error:[/red] dtype: must be fp32, bf16, fp8 or fp4, got {dtype!r}")
-            raise typer.Exit(2)
         try:
-            cfgs = load_configs(config, tiny, name)
-            records = [rec for cfg in cfgs for rec in memory_report(cfg, context, dtype=dtype)]
-        except ValueError as e:
-            err_console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2)
+            cache = read_cache(cache_dtype if cache_dtype is not None else dtype)
+            state, wdt = read_state(state_dtype), read_weights(weights_dtype)
+            room = parse_size(budget) if budget is not None else None
+            if batch <= 0:
+                raise ValueError(f"batch: must be > 0, got {batch}")
+            if context is not None and context <= 0:
+                raise ValueError(f"context: must be > 0, got {context}")
+            cfgs = load_configs(config, tiny, name, checkpoint)
+            reports = []
+            for cfg in cfgs:
+                L = context or cfg.context or 1_000_000
+                recs = memory_report(cfg, L, dtype=cache or "bf16", cache_dtype=cache, state_dtype=state, batch=batch)
+                tot = recs[-1]
+                if room is not None:
+                    stored = count_params(cfg).stored
+                    w = weight_bytes(stored, wdt)
+                    tot.update(budget_bytes=room, weights_dtype=wdt, weights_bytes=w, stored_params=stored,
+                               longest_context=longest_contexts(tot["bytes_per_token"], tot["bytes_per_sequence"],
+                                                                budget=room, weights=w,
+                                                                batches=sorted({*BATCHES, batch})))
+                reports.append((cfg, recs))
+        except ValueError as e:  # CheckpointError is one
+            _fail(str(e))
         if plot:
-            data = plot_memory(cfgs, out, dtype=dtype)
-            side = out.with_suffix(".json")
-            side.write_text(json.dumps({"command": "memory", "dtype": dtype, "models": [c.name for c in cfgs],
-                                        "configs": {c.name: c.to_dict() for c in cfgs}, "series": data}, indent=2))
+            from storelab.report.memory_plot import plot_memory, plot_path
+
+            try:
+                png = plot_path(out)
+                data = plot_memory(cfgs, png, dtype=cache or "bf16")
+                side = png.with_suffix(".json")
+                side.write_text(json.dumps({"command": "memory", "dtype": cache or "bf16",
+                                            "models": [c.name for c in cfgs],
+                                            "configs": {c.name: c.to_dict() for c in cfgs}, "series": data}, indent=2))
+            except (ValueError, OSError) as e:
+                _fail(str(e))
+            (err_console if json_ else console).print(f"wrote {png} and {side}", highlight=False, soft_wrap=True)
             if not json_:
-                console.print(f"wrote {out} and {side}")
                 return
         if json_:
-            emit_json(records)
+            emit_json([r for _, recs in reports for r in recs])
             return
-        for cfg in cfgs:
-            recs = [r for r in records if r["model"] == cfg.name]
-            tot = recs[-1]
-            glob: dict[int, float] = {r["layer"]: r["global_bytes_per_token"] for r in recs[:-1]}
-            rows = []
-            for g in kind_summary(recs[:-1]):
-                kind = ", ".join([g["kind"]] + ([g["part"]] if g["part"] else [])
-                                 + (["reads a shared cache"] if g["shared"] else []))
-                rows.append([kind, f"{len(g['layers'])}: {_layers_text(g['layers'])}", g["kept"], g["read"],
-                             g["scored"], sum(glob[i] for i in g["layers"]), g["bytes_per_token"],
-                             float(g["read_flops"])])
-            rows.append(["total", str(cfg.n_layers), tot["kept"], tot["read"], tot["scored"],
-                         tot["global_bytes_per_token"], tot["bytes_per_token"], float(tot["read_flops"])])
-            console.print(table(f"{cfg.title or cfg.name} at L = {context:,} ({dtype} entries)",
-                                ["Store", "Layers", "Kept (each)", "Read (each)", "Scored (each)",
-                                 "Global cache B/token", "All state B/token", "Read FLOPs"], rows))
+        _print(reports)
+
+
+def _print(reports) -> None:
+    from storelab.models.accounting import count_params
+    from storelab.report.memory_text import budget_text, model_text
+
+    for k, (cfg, recs) in enumerate(reports):
+        tot = recs[-1]
+        lines = model_text(cfg, recs[:-1], tot)
+        if "longest_context" in tot:
+            lines += budget_text(cfg, tot, tot["longest_context"], budget=tot["budget_bytes"],
+                                 weights=tot["weights_bytes"], weights_dtype=tot["weights_dtype"],
+                                 stored=count_params(cfg).stored)
+        if k:
+            console.print("")
+        for line in lines:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)

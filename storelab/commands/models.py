@@ -16,13 +16,18 @@ def _fmt_params(n: float | None) -> str:
     return f"{n / 1e12:.3g}T" if n >= 1e12 else f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
-def load_configs(config: list[Path] | None, tiny: bool, names: list[str] | None = None):
+def load_configs(config: list[Path] | None, tiny: bool, names: list[str] | None = None,
+                 checkpoint: list[Path] | None = None):
+    """Zoo models by name, model files (``config``) and checkpoints' config.json (``checkpoint``), in
+    that order; all zoo models when nothing is named."""
+    from storelab.checkpoint.config_only import read_model_config
     from storelab.models.config import load_model
     from storelab.zoo import load_zoo, zoo_names
 
-    if config:
-        return [load_model(p) for p in config]
-    return [load_zoo(n, tiny=tiny) for n in (names or zoo_names())]
+    out = [load_model(p) for p in config or []] + [read_model_config(p) for p in checkpoint or []]
+    if names or not out:
+        out = [load_zoo(n, tiny=tiny) for n in (names or zoo_names())] + out
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -30,12 +35,14 @@ def register(app: typer.Typer) -> None:
     def models(
         name: list[str] = typer.Argument(None, help="Zoo models to show (default: all)."),
         config: list[Path] = typer.Option(None, "--config", help="A model file (TOML or JSON) instead of the zoo."),
+        checkpoint: list[Path] = typer.Option(None, "--checkpoint", help="A checkpoint folder or its config.json "
+                                                                        "(no weights needed)."),
         tiny: bool = typer.Option(False, "--tiny", help="The tiny versions of the zoo models."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """List the zoo's models (or a model file): layers, store mix, parameters beside the publisher's."""
         try:
-            cfgs = load_configs(config, tiny, name)
+            cfgs = load_configs(config, tiny, name, checkpoint)
         except ValueError as e:
             err_console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2)
@@ -61,6 +68,14 @@ def register(app: typer.Typer) -> None:
         console.print(table("Models as data: parameters ours / the publisher's (ratio)",
                             ["Model", "Layers", "Token mixing", "Experts", "Depth", "Stored", "Active per token"],
                             rows))
+        console.print("Parameters count the embedding and the LM head matrices in full (once when tied), as the "
+                      "publishers do; active = per generated token.", highlight=False)
+        for r in recs:  # a model with no published figures (a checkpoint): without the embedding and head too
+            p = r["params"]
+            if not p.get("published_stored"):
+                console.print(f"[bold]{r['title']}[/bold]: stored {_fmt_params(p['stored'])}, active "
+                              f"{_fmt_params(p['active'])}; without the embedding and LM head, active "
+                              f"{_fmt_params(p['active_without_embedding'])}", highlight=False)
         for r in recs:  # where ours differs by more than 3 %, the zoo file says why
             p = r["params"]
             off = [k for k in ("stored_ratio", "active_ratio", "active_prefill_ratio", "engram_ratio")

@@ -11,10 +11,14 @@ and adds up. Two model-level facts change the sums:
   decoder's cache); a generated token passes through every layer and the LM head.
 
 Per layer at context L (``layer_rows``): entries kept, entries read by the next
-token, entries its indexer scores, state bytes (entries in ``dtype``), bytes per
-token of context, the growth of the state per added token (the "global cache per
-token": what a growing context costs, without windows and fixed states), and the
+token, entries its indexer scores, state bytes (entries in ``dtype``) and their
+average per token of context, the growth of the main cache per added token (the
+"global cache per token", without windows, index keys and fixed states), and the
 next token's read FLOPs. ``FORMATS`` gives the bytes per token for bf16, fp8, fp4.
+Beside them, the two terms of ``storelab.models.memory_terms`` (caches in
+``cache_dtype``, each store's published format when None, recurrent states in
+``state_dtype``): ``bytes_per_token`` and ``bytes_per_sequence``; the totals row adds
+``total_bytes`` for ``batch`` sequences at L.
 
 Active parameters count the embedding and LM head matrices in full, as the
 publishers' figures do (MiMo's 42B reproduces only that way).
@@ -143,11 +147,15 @@ def _growth(st, L: int, dtype: str) -> float:
     return (b - a) / L
 
 
-def layer_rows(cfg: ModelConfig, context: int, *, dtype: str = "bf16") -> list[dict[str, Any]]:
-    """One row per layer: kept, read, scored, bytes, bytes per token (per format), read FLOPs."""
+def layer_rows(cfg: ModelConfig, context: int, *, dtype: str = "bf16", cache_dtype: str | None = None,
+               state_dtype: str = "fp32") -> list[dict[str, Any]]:
+    """One row per layer: kept, read, scored, bytes, bytes per token and per sequence, read FLOPs."""
+    from storelab.models.memory_terms import layer_terms
+
     if context <= 0:
         raise ValueError(f"context: must be > 0, got {context}")
     rows = []
+    terms = layer_terms(cfg, cache=cache_dtype, state=state_dtype)
     for i, lay in enumerate(cfg.layers):
         st = lay.token
         fp = st.footprint(context, dtype=dtype)
@@ -158,7 +166,11 @@ def layer_rows(cfg: ModelConfig, context: int, *, dtype: str = "bf16") -> list[d
             "model": cfg.name, "layer": i, "kind": st.KIND,
             "kept": fp.kept, "read": fp.read, "scored": fp.scored,
             "state_bytes": state,
-            "bytes_per_token": state / context,
+            "average_bytes_per_token": state / context,
+            "bytes_per_token": terms[i]["bytes_per_token"],
+            "bytes_per_sequence": terms[i]["bytes_per_sequence"],
+            "cache_bytes_per_token": terms[i]["cache_bytes_per_token"],
+            "formats": terms[i]["formats"], "token_format": terms[i]["token_format"],
             "growth_bytes_per_token": _growth(st, context, dtype) if owns else 0.0,
             "bytes_per_token_by_format": {f: (st.footprint(context, dtype=f).state_bytes / context if owns else 0.0)
                                           for f in FORMATS},
@@ -179,15 +191,20 @@ def layer_rows(cfg: ModelConfig, context: int, *, dtype: str = "bf16") -> list[d
     return rows
 
 
-def model_totals(cfg: ModelConfig, rows: list[dict[str, Any]], context: int, *, dtype: str = "bf16") -> dict[str, Any]:
+def model_totals(cfg: ModelConfig, rows: list[dict[str, Any]], context: int, *, dtype: str = "bf16",
+                 cache_dtype: str | None = None, state_dtype: str = "fp32", batch: int = 1) -> dict[str, Any]:
     """Per-model sums of the layer rows (shared caches counted once: readers hold 0)."""
+    from storelab.models.memory_terms import model_terms
+
     tot = {
         "model": cfg.name, "layer": "total", "kind": "total", "context": context, "dtype": dtype,
+        "cache_dtype": cache_dtype or "published", "state_dtype": state_dtype,
         "kept": sum(r["kept"] for r in rows if cfg.owns_cache(r["layer"])),
         "read": sum(r["read"] for r in rows),
         "scored": sum(r["scored"] for r in rows),
         "state_bytes": sum(r["state_bytes"] + r["other_state_bytes"] for r in rows),
-        "bytes_per_token": sum(r["state_bytes"] + r["other_state_bytes"] for r in rows) / context,
+        "average_bytes_per_token": sum(r["state_bytes"] + r["other_state_bytes"] for r in rows) / context,
+        **model_terms(cfg, rows, context, batch=batch),
         "growth_bytes_per_token": sum(r["growth_bytes_per_token"] for r in rows),
         "bytes_per_token_by_format": {f: sum(r["bytes_per_token_by_format"][f] for r in rows) for f in FORMATS},
         "global_bytes_per_token": sum(r["global_bytes_per_token"] for r in rows),
@@ -199,10 +216,12 @@ def model_totals(cfg: ModelConfig, rows: list[dict[str, Any]], context: int, *, 
     return tot
 
 
-def memory_report(cfg: ModelConfig, context: int, *, dtype: str = "bf16") -> list[dict[str, Any]]:
+def memory_report(cfg: ModelConfig, context: int, *, dtype: str = "bf16", cache_dtype: str | None = None,
+                  state_dtype: str = "fp32", batch: int = 1) -> list[dict[str, Any]]:
     """The layer rows followed by the model's totals row (the ``storelab memory --json`` records)."""
-    rows = layer_rows(cfg, context, dtype=dtype)
-    return rows + [model_totals(cfg, rows, context, dtype=dtype)]
+    kw = dict(dtype=dtype, cache_dtype=cache_dtype, state_dtype=state_dtype)
+    rows = layer_rows(cfg, context, **kw)
+    return rows + [model_totals(cfg, rows, context, batch=batch, **kw)]
 
 
 def kind_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -215,9 +234,11 @@ def kind_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key = (r["kind"], r["kept"], r["read"], r["scored"], shared, r.get("part", ""))
         g = groups.setdefault(key, {"kind": r["kind"], "layers": [], "kept": r["kept"], "read": r["read"],
                                     "scored": r["scored"], "shared": shared, "part": r.get("part", ""),
-                                    "bytes_per_token": 0.0, "growth_bytes_per_token": 0.0, "read_flops": 0})
+                                    "bytes_per_token": 0.0, "bytes_per_sequence": 0.0, "average_bytes_per_token": 0.0,
+                                    "cache_bytes_per_token": 0.0, "growth_bytes_per_token": 0.0, "read_flops": 0})
         g["layers"].append(r["layer"])
-        g["bytes_per_token"] += r["bytes_per_token"]
+        for k in ("bytes_per_token", "bytes_per_sequence", "average_bytes_per_token", "cache_bytes_per_token"):
+            g[k] += r[k]
         g["growth_bytes_per_token"] += r["growth_bytes_per_token"]
         g["read_flops"] += r["read_flops"]
     return list(groups.values())

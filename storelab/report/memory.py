@@ -121,9 +121,9 @@ def memory_section(ctx: Context) -> SectionResult:
         data[cfg.name] = rep
         for g in kind_summary(rep):
             rows.append([cfg.name, g["kind"] + (" (shared)" if g["shared"] else ""), len(g["layers"]), g["kept"], g["read"],
-                         g["scored"], g["bytes_per_token"]])
+                         g["scored"], g["average_bytes_per_token"]])
         t = rep[-1]
-        rows.append([cfg.name, "total", cfg.n_layers, t["kept"], t["read"], t["scored"], t["bytes_per_token"]])
+        rows.append([cfg.name, "total", cfg.n_layers, t["kept"], t["read"], t["scored"], t["average_bytes_per_token"]])
     fig = ctx.out / "memory_vs_context.png"
     plot_memory(cfgs, fig, points=7 if ctx.quick else 13)
     return SectionResult(

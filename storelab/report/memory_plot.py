@@ -5,13 +5,30 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def plot_path(path: Path) -> Path:
+    """The file ``plot_memory`` writes for ``path``: ``path`` itself, with ".png" added when it has no
+    suffix; a suffix matplotlib cannot write is a ValueError naming it (before anything is drawn)."""
+    path = Path(path)
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    kinds = FigureCanvasAgg(Figure()).get_supported_filetypes()
+    if path.suffix[1:].lower() not in kinds:
+        raise ValueError(f"out: cannot draw a {path.suffix!r} file (accepted: {', '.join('.' + k for k in kinds)})")
+    return path
+
+
 def plot_memory(cfgs, path: Path, *, dtype: str = "bf16", points: int = 13) -> dict:
-    """Cache bytes and read FLOPs per generated token against context (log-log, 1K..1M), one line per model."""
+    """Cache bytes and read FLOPs per generated token against context (log-log, 1K..1M), one line per
+    model, drawn into ``plot_path(path)`` (which exists when this returns)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    path = plot_path(path)
     from storelab.models.accounting import layer_rows, model_totals
 
     contexts = [int(round(10 ** (3 + 3 * i / (points - 1)))) for i in range(points)]
@@ -34,6 +51,10 @@ def plot_memory(cfgs, path: Path, *, dtype: str = "bf16", points: int = 13) -> d
     a.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120, format=path.suffix[1:].lower())
+    finally:
+        plt.close(fig)
+    if not path.is_file():  # pragma: no cover - savefig raises first
+        raise OSError(f"out: {path} was not written")
     return data

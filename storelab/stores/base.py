@@ -32,7 +32,16 @@ list of kind names elsewhere:
 * ``cache_entry_bytes(fmt)`` - bytes of one main cache entry in entry format ``fmt``
                         (0 for a store that keeps no entry per token);
 * ``table_params()``  - parameters in lookup tables that publishers count apart (Engram);
-* ``cache_format``    - the entry format the store itself fixes (None: the caller's dtype).
+* ``cache_format``    - the entry format the store itself fixes (None: the caller's dtype);
+* ``published_cache_format()`` - the format its publisher's engine keeps the cache in
+                        (``storelab memory``'s default; None: bf16);
+* ``memory_terms(cache=, state=)`` - the two terms of its memory: bytes per token of context
+                        (caches, index keys, compressed entries at their ratio) and bytes per
+                        sequence that do not grow (recurrent states, conv tails, window rings,
+                        open pools), caches in ``cache`` and recurrent state in ``state``;
+* ``ENTRY_FORMATS``   - the formats ``footprint(dtype=)`` accepts. Every ``footprint`` checks its
+                        arguments first (a negative context or an unknown format is a ValueError
+                        naming it), whichever kind defines it.
 
 The state rule, stated once: ``forward(x, state)`` may update the state it is given in
 place and returns it (callers who need the state before the call keep ``state.clone()``);
@@ -54,6 +63,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import numbers
 import types
 import typing
 from contextlib import contextmanager
@@ -64,7 +74,11 @@ import torch
 
 TOKEN, CHANNEL, DEPTH, LOOKUP = "token", "channel", "depth", "lookup"  # the slots of a layer (essay section 1)
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
+# bytes per stored number; llama.cpp's q8_0 / q4_0 keep blocks of 32 codes with one fp16 scale
+# (34 and 18 bytes per block); fp8 and fp4 are 1 and 0.5 bytes (plain rows: per-tensor scales, as
+# vLLM keeps fp8 caches; the DeepSeek stores add their per-block scales in ``cache_entry_bytes``)
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5, "q8_0": 34 / 32, "q4_0": 18 / 32}
+STATE_DTYPES = ("fp32", "bf16", "fp16")  # what a recurrent state or an open pool may be kept in
 TORCH_DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.float64: 8}
 
 
@@ -118,6 +132,43 @@ class Footprint:
         return self.state_bytes / max(self.context, 1)
 
 
+@dataclass(frozen=True)
+class MemoryTerms:
+    """A layer's memory in two terms: at context L it holds ``per_token * L + per_sequence`` bytes
+    per sequence (exact once L is past its windows and a multiple of its pooling strides).
+
+    per_token:        bytes per token of context: caches, index keys, compressed entries at their ratio
+    per_sequence:     bytes per sequence that do not grow: recurrent states, conv tails, window rings,
+                      compressors' open pools (at their fullest)
+    cache_per_token:  of ``per_token``, the main cache entries alone (no index keys): the global cache
+    """
+
+    per_token: float = 0.0
+    per_sequence: float = 0.0
+    cache_per_token: float = 0.0
+
+    def at(self, context: int) -> float:
+        return self.per_token * context + self.per_sequence
+
+
+TERMS_AT = 1 << 20  # the default memory_terms read the footprint at 2^20 and 2^21 tokens
+
+
+def _checked(footprint):
+    """A kind's ``footprint`` with its arguments checked first (see the module docstring)."""
+
+    @functools.wraps(footprint)
+    def checked(self, context: int, *, dtype: str = "bf16") -> "Footprint":
+        if isinstance(context, bool) or not isinstance(context, numbers.Integral) or context < 0:
+            raise ValueError(f"context: must be a whole number of tokens >= 0, got {context!r}")
+        if dtype not in self.ENTRY_FORMATS:
+            raise ValueError(f"dtype: unknown entry format {dtype!r} (store {self.KIND or type(self).__name__}; "
+                             f"accepted: {', '.join(self.ENTRY_FORMATS)})")
+        return footprint(self, int(context), dtype=dtype)
+
+    return checked
+
+
 REGISTRY: dict[str, type["StoreConfig"]] = {}
 
 
@@ -155,6 +206,12 @@ class StoreConfig:
     SHARES_SELECTION: ClassVar[bool] = False
     MIX_LABEL: ClassVar[str] = ""
     cache_format: ClassVar[str | None] = None  # a field of its own in stores that fix their entry format
+    ENTRY_FORMATS: ClassVar[tuple[str, ...]] = tuple(DTYPE_BYTES)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "footprint" in cls.__dict__:  # the kind's own: checked, whichever kind defines it
+            cls.footprint = _checked(cls.__dict__["footprint"])
 
     @property
     def runs_indexer(self) -> bool:
@@ -173,6 +230,25 @@ class StoreConfig:
     def cache_entry_bytes(self, fmt: str) -> float:
         """Bytes of one main cache entry (key and value, no indexer key) in entry format ``fmt``."""
         return 0.0
+
+    def published_cache_format(self) -> str | None:
+        """The entry format the model's publisher keeps this store's cache in (None: not stated)."""
+        return self.cache_format
+
+    def memory_terms(self, *, cache: str = "bf16", state: str = "fp32") -> MemoryTerms:
+        """Bytes per token and per sequence, caches in ``cache``, recurrent state in ``state``.
+
+        This default reads the footprint at 2^20 and 2^21 tokens (past any window, a multiple of
+        any stride): its growth is the per-token term, the rest the per-sequence term. Stores whose
+        fixed state is not in the cache's format (recurrent states, open pools) or whose entries mix
+        formats (DeepSeek's) say their own."""
+        if state not in STATE_DTYPES:
+            raise ValueError(f"state dtype: unknown {state!r} (accepted: {', '.join(STATE_DTYPES)})")
+        a, b = self.footprint(TERMS_AT, dtype=cache), self.footprint(2 * TERMS_AT, dtype=cache)
+        per_token = (b.state_bytes - a.state_bytes) / TERMS_AT
+        entries_per_token = (b.kept - a.kept) / TERMS_AT
+        return MemoryTerms(per_token=per_token, per_sequence=max(a.state_bytes - per_token * TERMS_AT, 0.0),
+                           cache_per_token=entries_per_token * self.cache_entry_bytes(cache))
 
     def experts_per_token(self) -> tuple[int, int, int] | None:
         """(chosen, available, shared) experts per token for an expert store; None for any other."""

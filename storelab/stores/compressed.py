@@ -82,7 +82,8 @@ from storelab.ops.norm import RMSNorm, rms_norm
 from storelab.ops.quant import FORMATS, entry_bytes
 from storelab.ops.rope import apply_rope
 from storelab.state import State, append_rows
-from storelab.stores.base import TOKEN, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount, StoreConfig,
+                                  check_input, register)
 from storelab.stores.compressed_cache import CompressedCache, SharedCompressedCache, entry_format
 
 __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "SharedCompressedCache"]
@@ -138,8 +139,21 @@ class _CompressedConfig(StoreConfig):
         return CompressedAttention(self)
 
     def cache_entry_bytes(self, fmt: str) -> float:
-        """One compressed entry in the quantised layout of ``storelab.ops.quant.entry_bytes``."""
-        return entry_bytes(self.head_dim, self.rope_dim, fmt, self.quant_block)
+        """One entry: fp8/fp4 in DeepSeek's mixed layout (``storelab.ops.quant.entry_bytes``), else a plain row."""
+        return self._row(self.head_dim, self.rope_dim, fmt)
+
+    def _row(self, width: int, rope: int, fmt: str) -> float:
+        return entry_bytes(width, rope, fmt, self.quant_block) if fmt in FORMATS else width * DTYPE_BYTES[fmt]
+
+    def memory_terms(self, *, cache: str = "bf16", state: str = "fp32") -> MemoryTerms:
+        """Per token: an entry (and index key) per ``stride`` tokens. Per sequence: the window ring in the
+        cache's format, the open pools at their fullest (``pool - 1`` tokens) in ``state``."""
+        self.check(state in STATE_DTYPES, "state dtype", f"unknown {state!r} (accepted: {', '.join(STATE_DTYPES)})")
+        entry = self._row(self.head_dim, self.rope_dim, cache)
+        index = self._row(self.index_head_dim, 0, cache) if self.indexed else 0
+        pool = 2 * self.series * (self.head_dim + (self.index_head_dim if self.indexed else 0)) * DTYPE_BYTES[state]
+        return MemoryTerms(per_token=(entry + index) / self.stride, cache_per_token=entry / self.stride,
+                           per_sequence=self.window * entry + (self.pool - 1) * pool)
 
     def _pooler_params(self, width: int) -> int:
         return 2 * self.d_model * self.series * width + self.pool * width + width
@@ -154,26 +168,17 @@ class _CompressedConfig(StoreConfig):
         return ParamCount(n, n)
 
     def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
-        if dtype not in FORMATS:
-            raise ValueError(f"dtype: must be one of {FORMATS}, got {dtype!r}")
         L = context
-        kept = L // self.stride
-        win = min(L, self.window)
+        kept, win = L // self.stride, min(L, self.window)
         n_tail = min(L, L % self.stride + self.pool - self.stride)
         tail_elem = 4 if dtype == "fp32" else 2
-        row = entry_bytes(self.head_dim, self.rope_dim, dtype, self.quant_block)
-        state = (kept + win) * row + n_tail * 2 * self.series * self.head_dim * tail_elem
-        # per head: q.k and p.v over what is read
-        read = kept + win
-        scored = 0
-        if self.indexed:
-            read = min(kept, self.index_topk) + win
-            scored = kept
-            state += kept * entry_bytes(self.index_head_dim, 0, dtype, self.quant_block)
-            state += n_tail * 2 * self.series * self.index_head_dim * tail_elem
-        flops = 4 * self.n_heads * self.head_dim * read
-        if self.indexed:
-            flops += 2 * self.index_heads * self.index_head_dim * scored
+        index = self.index_head_dim if self.indexed else 0
+        rows = (kept + win) * self._row(self.head_dim, self.rope_dim, dtype) + kept * (
+            self._row(index, 0, dtype) if index else 0)
+        state = -int(-rows // 1) + n_tail * 2 * self.series * (self.head_dim + index) * tail_elem
+        # per head: q.k and p.v over what is read; the indexer scores every kept entry
+        read, scored = (min(kept, self.index_topk) + win, kept) if self.indexed else (kept + win, 0)
+        flops = 4 * self.n_heads * self.head_dim * read + 2 * (self.index_heads if index else 0) * index * scored
         return Footprint(context=L, kept=kept, read=read, scored=scored, state_bytes=state, read_flops=flops,
                          note=f"pool {self.pool} stride {self.stride}, window {self.window}")
 

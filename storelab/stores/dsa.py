@@ -74,7 +74,7 @@ from storelab.ops.indexer import (index_scores, index_scores_at, indexer_distill
 from storelab.ops.rope import apply_rope
 from storelab.state import append_rows
 from storelab.stores.base import TOKEN, Card, Footprint, ParamCount, check_input, emit, register
-from storelab.stores.mla import MLA, LatentCache, LatentFields, LatentView, entry_bytes
+from storelab.stores.mla import MLA, LatentCache, LatentFields, LatentView, entry_bytes, latent_row_bytes
 
 # submodule names in transformers' DeepseekV32Indexer / GlmMoeDsaIndexer -> ours (LightningIndexer)
 HF_INDEXER_NAMES = {"wq_b": "q_up", "wk": "k_proj", "k_norm": "k_norm", "weights_proj": "head_weights"}
@@ -308,6 +308,9 @@ class _IndexFields(LatentFields):
 
     def index_bytes(self, L: int, dtype: str) -> int:
         return math.ceil(L * self.index_head_dim * entry_bytes(dtype))
+
+    def index_key_bytes(self, fmt: str) -> float:
+        return latent_row_bytes(self.index_head_dim, 0, fmt) if self.runs_indexer else 0.0
 
     def _footprint(self, L: int, dtype: str, *, read: int, scored: int, note: str) -> Footprint:
         has_indexer = self.runs_indexer

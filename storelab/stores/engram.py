@@ -44,7 +44,8 @@ from torch import Tensor, nn
 from storelab.ops.norm import RMSNorm
 from storelab.ops.routing import next_prime, ngram_rows
 from storelab.state import State
-from storelab.stores.base import LOOKUP, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, emit, register
+from storelab.stores.base import (LOOKUP, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount, StoreConfig,
+                                  check_input, emit, register)
 
 __all__ = ["EngramConfig", "Engram", "EngramState"]
 
@@ -140,6 +141,11 @@ class EngramConfig(StoreConfig):
         return Footprint(context=context, kept=self.tail, read=self.lookups,
                          state_bytes=self.tail * ID_BYTES + conv_bytes, read_flops=flops,
                          note=f"tables are weights; kept = the last {self.tail} token ids")
+
+    def memory_terms(self, *, cache: str = "bf16", state: str = "fp32") -> MemoryTerms:
+        """Nothing grows with context: the last ``tail`` token ids, and the convolution's tail in ``state``."""
+        self.check(state in STATE_DTYPES, "state dtype", f"unknown {state!r} (accepted: {', '.join(STATE_DTYPES)})")
+        return MemoryTerms(per_sequence=self.tail * ID_BYTES + int(self.conv_tail * self.d_model * DTYPE_BYTES[state]))
 
     def build(self) -> "Engram":
         return Engram(self)

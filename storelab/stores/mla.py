@@ -39,7 +39,8 @@ from storelab.ops.attention import attend, attend_causal, attend_causal_blocks, 
 from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
 from storelab.state import State, append_rows, joined_rows
-from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
+from storelab.stores.base import (TOKEN, DTYPE_BYTES, Card, Footprint, MemoryTerms, ParamCount, StoreConfig, check_input,
+                                  register)
 
 GATHER_BUDGET = 1 << 20  # numbers gathered at once by a selective read (4 MiB in fp32)
 
@@ -56,6 +57,15 @@ def entry_bytes(dtype: str) -> float:
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
     return DTYPE_BYTES[dtype]
+
+
+def latent_row_bytes(width: int, rope: int, fmt: str) -> float:
+    """One row of ``width`` numbers (the last ``rope`` rotary): fp8/fp4 quantised, else plain."""
+    from storelab.ops.quant import FORMATS, entry_bytes as quantised_entry_bytes
+
+    if fmt in FORMATS:
+        return quantised_entry_bytes(width, rope, fmt, LATENT_QUANT_BLOCK)
+    return width * entry_bytes(fmt)
 
 
 @dataclass
@@ -124,9 +134,12 @@ class LatentFields(StoreConfig):
     output_gate: bool = False            # sigmoid gate per output channel (Kimi K3)
     softmax_scale: float | None = None   # None: (N + R)^-1/2; give YaRN's mscale^2 folded in here
     norm_eps: float = 1e-6
+    serving_format: str | None = None    # the entry format its publisher's engine keeps (accounting only)
 
     def __post_init__(self):
         self.check_positive("d_model", "n_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim")
+        self.check(self.serving_format is None or self.serving_format in DTYPE_BYTES, "serving_format",
+                   f"must be None or one of {', '.join(DTYPE_BYTES)}, got {self.serving_format!r}")
         self.check(self.qk_rope_head_dim >= 0 and self.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim",
                    f"must be even and >= 0, got {self.qk_rope_head_dim}")
         self.check(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank",
@@ -150,13 +163,23 @@ class LatentFields(StoreConfig):
         its layers share, filled in layer order (the selection stores keep their groups there)."""
         return LatentCache() if owner is None else LatentView(owner=owner)
 
-    def cache_entry_bytes(self, fmt: str) -> float:
-        """The latent and rotary key in the quantised layout of ``storelab.ops.quant.entry_bytes``
-        (no-rope channels at 8 or 4 bits, rope channels in bf16, a scale per LATENT_QUANT_BLOCK)."""
-        from storelab.ops.quant import entry_bytes as quantised_entry_bytes
+    def published_cache_format(self) -> str | None:
+        return self.serving_format
 
-        width = self.kv_lora_rank + self.qk_rope_head_dim
-        return quantised_entry_bytes(width, self.qk_rope_head_dim, fmt, LATENT_QUANT_BLOCK)
+    def cache_entry_bytes(self, fmt: str) -> float:
+        """The latent and rotary key: fp8/fp4 in the quantised layout of ``storelab.ops.quant.entry_bytes``
+        (no-rope channels at 8 or 4 bits, rope channels in bf16, a scale per LATENT_QUANT_BLOCK: DeepSeek's
+        mixed entry); any other format a plain row."""
+        return latent_row_bytes(self.kv_lora_rank + self.qk_rope_head_dim, self.qk_rope_head_dim, fmt)
+
+    def index_key_bytes(self, fmt: str) -> float:
+        """Bytes of the index key this layer keeps per token (0: no indexer)."""
+        return 0.0
+
+    def memory_terms(self, *, cache: str = "bf16", state: str = "fp32") -> MemoryTerms:
+        """Everything grows with context: one latent entry (and index key) per token."""
+        entry = self.cache_entry_bytes(cache)
+        return MemoryTerms(per_token=entry + self.index_key_bytes(cache), cache_per_token=entry)
 
     def cache_bytes(self, L: int, dtype: str) -> int:
         return math.ceil(L * (self.kv_lora_rank + self.qk_rope_head_dim) * entry_bytes(dtype))

@@ -69,7 +69,8 @@ from torch import Tensor, nn
 
 from storelab.ops.delta import MODES, delta_rule, gated_delta_rule, kda, linear_attention
 from storelab.ops.delta_product import gated_delta_product
-from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, register
+from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount,
+                                  StoreConfig, register)
 from storelab.stores.recurrent_pipeline import RecurrentStore, Rule
 
 __all__ = ["LinearAttentionConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "GatedDeltaProductConfig", "KDAConfig",
@@ -178,6 +179,14 @@ class _RecurrentConfig(StoreConfig):
         reads = 1 + (self.n_writes if self.DELTA else 0)  # each delta write reads S^T k; then the query reads S^T q
         return Footprint(context=context, kept=HV, read=HV, state_bytes=S_bytes + tail_bytes,
                          read_flops=2 * reads * HV * K * V, note="matrices per layer; the conv tail is counted in bytes")
+
+    def memory_terms(self, *, cache: str = "bf16", state: str = "fp32") -> MemoryTerms:
+        """Nothing grows with context: the matrices S [HV, K, V] and the convolution's last W - 1
+        inputs, both in ``state`` (llama.cpp's s and r tensors; fp32 there and in Qwen3-Next)."""
+        if state not in STATE_DTYPES:
+            raise ValueError(f"state dtype: unknown {state!r} (accepted: {', '.join(STATE_DTYPES)})")
+        numbers = self.n_value_heads * self.head_k_dim * self.head_v_dim + (self.conv_kernel - 1) * self.conv_channels
+        return MemoryTerms(per_sequence=numbers * DTYPE_BYTES[state])
 
     def _base_params(self) -> int:
         D, C, W, V, HVV = self.d_model, self.conv_channels, self.conv_kernel, self.head_v_dim, self.n_value_heads * self.head_v_dim

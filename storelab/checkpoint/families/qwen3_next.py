@@ -53,6 +53,12 @@ def _is_moe(t: dict, i: int) -> bool:
 
 
 def to_config(hf: dict):
+    return build_config(hf, text_config(hf), title="Qwen3-Next (checkpoint)")
+
+
+def build_config(hf: dict, t: dict, *, title: str):
+    """The ModelConfig of a Qwen3-Next style text config ``t`` (``layer_types`` filled in); ``hf`` is the
+    whole config.json (tied embeddings are read there, then in ``t``)."""
     from storelab.models.config import LayerConfig
     from storelab.stores.attention import AttentionConfig
     from storelab.stores.depth import ResidualConfig
@@ -60,7 +66,6 @@ def to_config(hf: dict):
     from storelab.stores.moe import MoEConfig
     from storelab.stores.recurrent import GatedDeltaNetConfig
 
-    t = text_config(hf)
     check_act(t)
     D, n = field(t, "hidden_size"), field(t, "num_hidden_layers")
     eps = field(t, "rms_norm_eps", 1e-6)
@@ -91,8 +96,9 @@ def to_config(hf: dict):
         else:
             channel = FFNConfig(d_model=D, d_ff=field(t, "intermediate_size"))
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
-    return model_config(hf, t, name=t.get("model_type", "qwen3-next").replace("_", "-"),
-                        title="Qwen3-Next (checkpoint)", d_model=D, layers=layers, norm_eps=eps)
+    tie = hf if "tie_word_embeddings" in hf else t
+    return model_config(tie, t, name=t.get("model_type", "qwen3-next").replace("_", "-"),
+                        title=title, d_model=D, layers=layers, norm_eps=eps)
 
 
 def _grouped(name: str, H: int, sizes: list[int], part: int) -> Src:

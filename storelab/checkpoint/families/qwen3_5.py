@@ -1,0 +1,41 @@
+"""Qwen3.5 / Qwen3.6 dense (0.8B to 27B; the family Lee et al. measured): Qwen3-Next's layers
+with a dense SwiGLU MLP in every layer. Gated DeltaNet (arXiv 2412.06464) in three of every four
+layers, gated full attention (arXiv 2505.06708) in every fourth (``full_attention_interval``).
+
+Two layouts of config.json: ``qwen3_5_text`` (the text model alone) and ``qwen3_5``, the
+multimodal wrapper, whose text model sits under ``text_config`` and whose weights sit under
+``model.language_model.`` beside a vision tower (ignored, as are the MTP layers).
+
+The tensor names are Qwen3.5-MoE's (``storelab.checkpoint.families.qwen3_next`` gives the table):
+``linear_attn.in_proj_qkv`` (q, k, v rows one after the other), ``in_proj_z``, ``in_proj_b``,
+``in_proj_a``, ``conv1d``, ``A_log``, ``dt_bias``, ``norm`` and ``out_proj``; ``self_attn.{q,k,v,o}_proj``
+(q_proj emits query and gate per head) with 1 + w ``q_norm``/``k_norm``; ``mlp.{gate,up,down}_proj``.
+
+Published sizes, Qwen3.5-27B (= Qwen3.6-27B): 64 layers, hidden 5120, 24 query heads and 4 KV heads
+of 256, Gated DeltaNet with 16 key and 48 value heads of 128, a convolution of 4, MLP 17,408, vocabulary
+248,320. Its memory (``storelab memory --checkpoint``): 64 KiB of f16 KV per token in its 16 attention
+layers, 149.625 MiB of fp32 recurrent state per sequence in its 48 Gated DeltaNet layers (llama.cpp's log).
+"""
+
+from __future__ import annotations
+
+from storelab.checkpoint.families import qwen3_next
+from storelab.checkpoint.families._family import Family, fixed
+
+NAME = "qwen3_5"
+MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+
+
+def text_config(hf: dict) -> dict:
+    """The text model's config (a ``qwen3_5`` wrapper's ``text_config``), ``layer_types`` filled in."""
+    t = dict(hf.get("text_config") or {}) if hf.get("model_type") == "qwen3_5" else dict(hf)
+    t.setdefault("model_type", "qwen3_5_text")
+    return qwen3_next.text_config(t)
+
+
+def to_config(hf: dict):
+    return qwen3_next.build_config(hf, text_config(hf), title="Qwen3.5 (checkpoint)")
+
+
+FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=qwen3_next.table,
+                ignored=fixed(*qwen3_next.IGNORED))

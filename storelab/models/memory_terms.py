@@ -1,0 +1,142 @@
+"""What a model's context memory costs, in two terms, and what fits beside the weights.
+
+Every store config says its two terms (``StoreConfig.memory_terms``): bytes per token of
+context (caches, index keys, compressed entries at their ratio) and bytes per sequence that
+do not grow (recurrent states, convolution tails, window rings, compressors' open pools).
+Here they are added up per layer and per model; at context L a batch of B sequences holds
+
+    B * (bytes_per_token * L + bytes_per_sequence)
+
+Formats, as engines keep them: the cache format (``CACHE_DTYPES``: f32, f16, bf16, fp8, fp4,
+and llama.cpp's q8_0 / q4_0 blocks of 32 codes with an fp16 scale, 34 and 18 bytes) is
+separate from the state format (``STATE_DTYPES``: recurrent states and open pools, f32 or
+bf16). fp8/fp4 on DeepSeek's stores are their mixed entries (no-rope codes, a scale byte
+per block, bf16 rope channels); on plain attention rows fp8 is one byte per number with
+per-tensor scales, as vLLM keeps it. With no cache format given, each store is accounted in
+its publisher's format (``published_cache_format()``: V4-Pro fp8, V4.1-Flash fp4), else bf16.
+
+A layer that reads another layer's cache (``cache_owner``) holds none of its own: the shared
+cache is counted once, at its owner.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from storelab.models.config import ModelConfig
+from storelab.stores.base import DTYPE_BYTES, STATE_DTYPES
+
+__all__ = ["CACHE_DTYPES", "STATE_DTYPES", "WEIGHT_DTYPES", "cache_dtype", "state_dtype", "weights_dtype",
+           "parse_size", "layer_terms", "model_terms", "longest_contexts", "GIB", "MIB"]
+
+GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
+CACHE_DTYPES = tuple(DTYPE_BYTES)   # fp32, bf16, fp16, fp8, fp4, q8_0, q4_0
+WEIGHT_DTYPES = CACHE_DTYPES        # bytes per weight (block scales of fp8 weights are not counted)
+_ALIASES = {"f32": "fp32", "float32": "fp32", "f16": "fp16", "float16": "fp16", "half": "fp16",
+            "bfloat16": "bf16", "float8": "fp8", "f8": "fp8", "q8": "q8_0", "q4": "q4_0"}
+_SHOWN = "f32, f16, bf16, fp8, fp4, q8_0, q4_0"
+
+
+def _dtype(what: str, value: str, accepted: tuple[str, ...], shown: str) -> str:
+    name = _ALIASES.get(str(value).strip().lower(), str(value).strip().lower())
+    if name not in accepted:
+        raise ValueError(f"{what}: unknown {value!r} (accepted: {shown})")
+    return name
+
+
+def cache_dtype(value: str | None) -> str | None:
+    """The canonical cache format of a user's string (None: each store's published format)."""
+    return None if value is None else _dtype("cache dtype", value, CACHE_DTYPES, _SHOWN)
+
+
+def state_dtype(value: str) -> str:
+    return _dtype("state dtype", value, STATE_DTYPES, "f32, bf16, f16")
+
+
+def weights_dtype(value: str) -> str:
+    return _dtype("weights dtype", value, WEIGHT_DTYPES, _SHOWN)
+
+
+_UNITS = {"": 1, "b": 1, "k": KIB, "kb": 10**3, "kib": KIB, "m": MIB, "mb": 10**6, "mib": MIB,
+          "g": GIB, "gb": 10**9, "gib": GIB, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size such as "24GiB", "24 GB" (10^9), "1.5T" (a bare letter is binary), "4096"."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise ValueError(f"budget: cannot read {text!r} as a size (examples: 24GiB, 80GB, 512MiB, 1.5T)")
+    n = float(m.group(1)) * _UNITS[unit]
+    if n <= 0:
+        raise ValueError(f"budget: must be > 0, got {text!r}")
+    return int(n)
+
+
+def _format_of(st, cache: str | None) -> str:
+    return cache or st.published_cache_format() or "bf16"
+
+
+def layer_terms(cfg: ModelConfig, *, cache: str | None = None, state: str = "fp32") -> list[dict[str, Any]]:
+    """One row per layer: bytes per token and per sequence of every store it holds, and the cache
+    format each was taken in."""
+    rows = []
+    for i, lay in enumerate(cfg.layers):
+        tok = per_seq = glob = 0.0
+        fmts, token_fmt = [], ""
+        for slot, st in lay.stores().items():
+            if slot == "token" and not cfg.owns_cache(i):
+                continue
+            fmt = _format_of(st, cache)
+            t = st.memory_terms(cache=fmt, state=state)
+            tok, per_seq, glob = tok + t.per_token, per_seq + t.per_sequence, glob + t.cache_per_token
+            if t.per_token or t.per_sequence:
+                fmts.append(state if st.RECURRENT else fmt)
+                token_fmt = fmts[-1] if slot == "token" else token_fmt
+        rows.append({"layer": i, "kind": lay.token.KIND, "bytes_per_token": tok, "bytes_per_sequence": per_seq,
+                     "cache_bytes_per_token": glob, "formats": sorted(set(fmts)), "token_format": token_fmt})
+    return rows
+
+
+def model_terms(cfg: ModelConfig, rows: list[dict[str, Any]], context: int, *, batch: int = 1) -> dict[str, Any]:
+    """The model's two terms, and the bytes of ``batch`` sequences at ``context`` tokens."""
+    if batch <= 0:
+        raise ValueError(f"batch: must be > 0, got {batch}")
+    tok = sum(r["bytes_per_token"] for r in rows)
+    seq = sum(r["bytes_per_sequence"] for r in rows)
+    return {"bytes_per_token": tok, "bytes_per_sequence": seq,
+            "cache_bytes_per_token": sum(r["cache_bytes_per_token"] for r in rows),
+            "batch": batch, "total_bytes": batch * (tok * context + seq)}
+
+
+def weight_bytes(stored_params: int, dtype: str) -> int:
+    return math.ceil(stored_params * DTYPE_BYTES[dtype])
+
+
+def longest_contexts(per_token: float, per_sequence: float, *, budget: int, weights: int,
+                     batches: list[int]) -> list[dict[str, Any]]:
+    """Per batch size, the longest context whose memory fits in ``budget`` beside ``weights`` bytes:
+    ``floor((budget - weights - B * per_sequence) / (B * per_token))``; None where any length fits
+    (nothing grows), 0 where not even the fixed part fits."""
+    out = []
+    for b in batches:
+        room = budget - weights - b * per_sequence
+        if room < 0:
+            L: int | None = 0
+        elif per_token == 0:
+            L = None
+        else:
+            L = int(room // (b * per_token))
+        out.append({"batch": b, "context": L, "fits": L is None or L > 0})
+    return out
+
+
+def human_bytes(n: float, *, unit: str | None = None) -> str:
+    """"890 B", "64 KiB", "149.625 MiB", "16 GiB": at most three decimals, never split; ``unit`` forces one."""
+    sizes = (("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB), ("B", 1))
+    for name, size in sizes:
+        if name == unit or (unit is None and (abs(n) >= size or size == 1)):
+            return f"{n / size:,.3f}".rstrip("0").rstrip(".") + f" {name}"
+    raise ValueError(f"unit: must be one of {', '.join(u for u, _ in sizes)}, got {unit!r}")
