@@ -389,8 +389,7 @@ class CompressedAttention(nn.Module):
         per_query = B * (H * (cfg.window + k + n_new) + (cfg.window + k) * C)   # logits and gathered numbers
         step = max(1, READ_BUDGET // per_query)
         outs = []
-        # chunks by split, not by slicing: a slice's backward fills a zero tensor of the whole q per chunk
-        q_chunks = q_BTHK.split(step, dim=1)
+        q_chunks = q_BTHK.split(step, dim=1)  # split, not sliced: a slice's backward zero-fills a whole q
         old_chunks = None if old is None else zip(old[0].split(step, dim=1), old[1].split(step, dim=2))
         for i, a in enumerate(range(0, T, step)):
             b = min(T, a + step)
