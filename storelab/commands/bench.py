@@ -118,8 +118,8 @@ def print_train(r: dict[str, Any]) -> None:
         f = o["flops"]
         speed_ok, frac_ok = o["targets"].values()
         rows.append([name, _round(o["ours_ms"], 1), _round(o["peer_ms"], 1), _round(o["speedup"], 2), _ok(speed_ok),
-                     f"{f['total'] / 1e9:.3g}", _round(o["ours_gflops"], 1),
-                     _round(o["matmul_gflops"], 1), _round(o["fraction_of_matmul"], 3), _ok(frac_ok)])
+                     f"{f['total'] / 1e9:.3g}", float(f"{o['ours_gflops']:.3g}"),
+                     _round(o["matmul_gflops"], 1), float(f"{o['fraction_of_matmul']:.3g}"), _ok(frac_ok)])
     o = next(iter(r["ops"].values()), None)
     if o is not None:
         s, t = o["shape"], list(o["targets"])
