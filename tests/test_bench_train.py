@@ -63,13 +63,23 @@ def _positive(x) -> bool:
     return x is not None and math.isfinite(x) and x > 0
 
 
-def test_bench_train_quick_json():
+@pytest.fixture
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)  # the CLI's --threads sets the process's count; later tests get theirs back
+
+
+def test_bench_train_quick_json(keep_threads):
     models = ["qwen3.8", "mimo-v2.6-pro"]  # a recurrent hybrid and an attention model (all seven: minutes)
-    res = runner.invoke(app, ["bench", "train", "--quick", "--json", *[a for m in models for a in ("--model", m)]])
+    # one thread: on a busy 2-core machine two threads' small calls wait for each other (docs/bench.md)
+    res = runner.invoke(app, ["bench", "train", "--quick", "--json", "--threads", "1",
+                              *[a for m in models for a in ("--model", m)]])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert {"date", "machine", "quick", "train"} <= set(out) and out["quick"]
     r = out["train"]
+    assert r["threads"] == 1
     assert set(r["ops"]) == {"gdn", "kda"}
     for name, o in r["ops"].items():
         for key in ("ours_ms", "peer_ms", "speedup", "matmul_gflops", "ours_gflops", "fraction_of_matmul"):
