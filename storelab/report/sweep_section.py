@@ -19,8 +19,8 @@ from storelab.report.core import Context, SectionResult, Table
 # entries per prompt against the per-head d of 32: an eighth of it to twice it
 ENTRIES = (4, 8, 16, 32, 64)
 SECONDS_EACH = 90.0
-QUICK_ENTRIES = (4, 32, 64)
-QUICK_SECONDS_EACH = 6.0
+QUICK_ENTRIES = (4, 40)  # --quick: two points, a smoke check
+QUICK_SECONDS_EACH = 5.0
 
 
 def capacity_sweep(entries: tuple[int, ...] = ENTRIES, seconds_each: float = SECONDS_EACH, *, seed: int = 0,
