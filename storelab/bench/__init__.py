@@ -10,6 +10,9 @@ matrix-product rate), and the ratio is what a reader should compare.
 * ``prefill`` - the tiny zoo models' chunked prefill: peak memory (the tensors' and the
   process's) against the accounting, tokens per second against transformers' tiny model
   of the same family;
+* ``train``   - training under autograd: the delta ops' forward + backward against transformers'
+  (FLOPs counted, the matmul rate beside them), the tiny zoo models' training steps against
+  the prefill bench's peers, and a training step's peak memory at two lengths; not part of ``all``;
 * ``gpu``     - ``python -m storelab.bench.gpu``: the prepared device check of the fla dispatch
   (our chunked rules against fla's Triton kernels, and prefill on CUDA); not part of ``all``.
 """

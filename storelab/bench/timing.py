@@ -48,15 +48,16 @@ def time_fn(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, min_
 
 
 def compare(fns: dict[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1,
-            budget_s: float | None = None) -> dict[str, Timing]:
+            budget_s: float | None = None, inference: bool = True) -> dict[str, Timing]:
     """Time several functions in interleaved rounds; one ``Timing`` per name.
 
     Each round calls every function once, in the given order. ``budget_s`` stops
     adding rounds once that much time has passed (after at least two rounds), so a
-    slow peer cannot make a run take minutes.
+    slow peer cannot make a run take minutes. ``inference=False`` runs them with autograd
+    recording (the training benches); otherwise under ``torch.inference_mode``.
     """
     times: dict[str, list[float]] = {name: [] for name in fns}
-    with torch.inference_mode():
+    with torch.inference_mode(inference):
         for _ in range(warmup):
             for fn in fns.values():
                 fn()

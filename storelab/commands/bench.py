@@ -1,8 +1,10 @@
-"""``storelab bench [gdn|kda|decode|prefill|all]``: ours against the peer, in one process, as ratios.
+"""``storelab bench [gdn|kda|decode|prefill|train|all]``: ours against the peer, in one process, as ratios.
 
 Every bench prints our time, the peer's time measured in the same run, their ratio, and
 the machine's fp32 matrix-product rate measured in the same run (see storelab/bench).
 ``--quick`` runs tiny sizes (seconds; for tests and smoke checks, not for figures).
+``train`` (the ops, the tiny models' training steps and their peak memory, under autograd) takes
+tens of minutes at its full sizes and is not part of ``all``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import typer
 
 from storelab.console import console, emit_json, err_console, table
 
-WHICH = ("gdn", "kda", "decode", "prefill", "all")
+WHICH = ("gdn", "kda", "decode", "prefill", "train", "all")
 
 # full sizes (the issue's targets) and quick sizes (smoke checks)
 FULL = {
@@ -26,6 +28,10 @@ FULL = {
     "kernel": dict(T=4096, H=8, K=64, repeats=30),
     "decode": dict(contexts=(1024, 65536), D=512, H=8, K=64, window=128, topk=512, repeats=40),
     "prefill": dict(length=131072, speed_length=16384),
+    # issue 16's sizes: the ops at B=1, 8 heads of 64, T=4,096 (KDA's peer takes tens of seconds a
+    # call: its rounds stop at the budget); the models' steps at B=4, T=2,048; memory at 4,096 and 16,384
+    "train": dict(ops=dict(T=4096, H=8, K=64, repeats=10, budget_s=120.0),
+                  step=dict(B=4, T=2048, repeats=3, budget_s=120.0), memory_lengths=(4096, 16384)),
 }
 # `all` reads 4,096-token prompts (memory and speed in one run per model); the target
 # lengths (131,072 and 16,384) take many minutes: `storelab bench prefill` runs them
@@ -34,6 +40,8 @@ QUICK = {
     "kernel": dict(T=256, H=2, K=16, repeats=2, matmul_n=256),
     "decode": dict(contexts=(64, 256), D=64, H=2, K=16, window=16, topk=16, repeats=3),
     "prefill": dict(length=512, speed_length=256),
+    "train": dict(ops=dict(T=256, H=2, K=16, repeats=1), step=dict(B=1, T=64, repeats=1),
+                  memory_lengths=(128, 512)),
 }
 
 
@@ -62,6 +70,13 @@ def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, 
             if repeats:
                 kw["repeats"] = repeats
             out[name] = bench_delta(name, **kw)
+        elif name == "train":
+            from storelab.bench.train import bench_train
+
+            kw = {k: dict(v) if isinstance(v, dict) else v for k, v in sizes["train"].items()}
+            if repeats:
+                kw["ops"]["repeats"] = kw["step"]["repeats"] = repeats
+            out[name] = bench_train(models=models or None, progress=not quick, **kw)
         elif name == "decode":
             from storelab.bench.decode import bench_decode
 
@@ -94,6 +109,49 @@ def _round(v: float | None, digits: int = 0) -> float | int | None:
 
 def _ok(v: Any) -> str:
     return {True: "yes", False: "NO", None: "n/a"}.get(v, str(v))
+
+
+def print_train(r: dict[str, Any]) -> None:
+    """The three tables of ``storelab bench train``: the ops, the models' steps, the memory."""
+    rows = []
+    for name, o in r["ops"].items():
+        f = o["flops"]
+        speed_ok, frac_ok = o["targets"].values()
+        rows.append([name, _round(o["ours_ms"], 1), _round(o["peer_ms"], 1), _round(o["speedup"], 2), _ok(speed_ok),
+                     f"{f['total'] / 1e9:.3g}", float(f"{o['ours_gflops']:.3g}"),
+                     _round(o["matmul_gflops"], 1), float(f"{o['fraction_of_matmul']:.3g}"), _ok(frac_ok)])
+    o = next(iter(r["ops"].values()), None)
+    if o is not None:
+        s, t = o["shape"], list(o["targets"])
+        console.print(table(f"train ops: forward + backward under autograd, B={s['B']} H={s['H']} K={s['K']} "
+                            f"T={s['T']} fp32, {r['threads']} threads; GFLOP counted (WY form, forward + "
+                            f"backward); matmul of {o['matmul_n']}^3 in the same rounds",
+                            ["op", "ours ms", "peer ms", "speedup", t[0].replace("speedup ", ""), "GFLOP",
+                             "GFLOP/s", "matmul GFLOP/s", "of matmul", t[1].replace("fraction_of_matmul ", "")],
+                            rows))
+    rows = []
+    for m in r["models"]:
+        if "error" in m:
+            rows.append([m["model"], None, None, None, None, None, m["error"]])
+            continue
+        rows.append([m["model"], _round(m["ours_ms"]), _round(m["peer_ms"]), _round(m["speedup"], 2),
+                     f">= {m['target']:g}", _ok(m["meets_target"]), (m.get("peer") or "").replace("transformers ", "")])
+    m0 = next((m for m in r["models"] if "B" in m), {})
+    console.print(table(f"train step (forward, cross-entropy, backward), B={m0.get('B')} T={m0.get('T')}, "
+                        "ms, best of rounds", ["model", "ours", "transformers", "speedup", "target", "pass",
+                                               "peer"], rows))
+    mem = r["memory"]
+    Ls = mem["lengths"]
+    rows = []
+    for m in mem["models"]:
+        if "error" in m:
+            rows.append([m["model"], None, *[None] * len(Ls), None, m["error"]])
+            continue
+        rows.append([m["model"], _round(m["weights_mb"], 1), *[_round(m["peak_mb"][str(L)], 1) for L in Ls],
+                     _round(m["ratio"], 2), f"{_ok(m['meets_target'])} (<= {m['ratio_target']:g})"])
+    console.print(table("train step peak memory, B=1, MB of tensors above the weights (torch profiler)",
+                        ["model", "weights", *[f"T={L:,}" for L in Ls], f"{Ls[-1]:,} / {Ls[0]:,}", "linear"],
+                        rows))
 
 
 def print_tables(res: dict[str, Any]) -> None:
@@ -136,6 +194,8 @@ def print_tables(res: dict[str, Any]) -> None:
                                  verdict])
         console.print(table(f"decode: one token's step (ms, best of rounds), d_model {r['width']['d_model']}",
                             ["store", *[f"L={c:,}" for c in cs], f"ratio {cs[-1]:,}/{cs[0]:,}", "target"], rows))
+    if "train" in res:
+        print_train(res["train"])
     if "prefill" in res:
         r = res["prefill"]
         mem_rows, speed_rows = [], []
@@ -161,10 +221,11 @@ def print_tables(res: dict[str, Any]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
-        which: str = typer.Argument("all", help="gdn, kda, decode, prefill or all."),
+        which: str = typer.Argument("all", help="gdn, kda, decode, prefill, train or all (all but train)."),
         quick: bool = typer.Option(False, "--quick", help="Tiny sizes: a smoke check in seconds, not figures."),
         repeats: int = typer.Option(0, "--repeats", help="Timed rounds (0: the bench's default)."),
-        models: list[str] = typer.Option(None, "--model", help="prefill: zoo models to run (default: the seven)."),
+        models: list[str] = typer.Option(None, "--model", help="prefill, train: zoo models to run "
+                                         "(default: the seven)."),
         length: int = typer.Option(0, "--length", help="prefill: prompt length of the memory check "
                                    "(0: 131,072; 4,096 with `all`)."),
         speed_length: int = typer.Option(0, "--speed-length", help="prefill: prompt length timed "

@@ -40,4 +40,6 @@ SECTIONS: list[Section] = [
     Section("examples", "5. The worked examples", _lazy("storelab.report.examples", "worked_examples_section")),
     Section("depth", "6. Depth and parallel evaluation", _lazy("storelab.report.depth_section", "depth_section")),
     Section("trained", "7. What a trained hybrid keeps where", _lazy("storelab.report.trained_section", "trained_section")),
+    Section("sweep", "8. Where the stored value goes as the dictionary grows",
+            _lazy("storelab.report.sweep_section", "sweep_section")),
 ]
