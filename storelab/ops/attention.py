@@ -25,8 +25,9 @@ arXiv 2205.14135). Nothing of size [T, L] is built, and the kernel skips the blo
 the diagonal. The kernel wants one head width for keys and values; when they differ the
 narrower side is zero-padded, ``KEY_BLOCK`` cache rows at a time, so the copy stays small.
 That kernel runs on CPU tensors without autograd (its log-sum-exp carries no gradient, so merged
-parts would get a wrong one); for other tensors (on CUDA, or in training) the same call is
-``attend`` with the causal mask. ``attend_lse`` follows the same rule.
+parts would get a wrong one); for other tensors (on CUDA, or in training) a whole sequence without
+sinks goes through ``scaled_dot_product_attention(is_causal=True)`` (no [T, T] array, in forward or
+backward), anything else is ``attend`` with the causal mask. ``attend_lse`` follows the same rule.
 
 A store takes its kernel once, at construction, from ``KERNELS`` by its config's ``kernel``:
 
@@ -162,9 +163,22 @@ def attend_causal(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: floa
     if not _flash_takes(q_BTHK, k_BLGK, v_BLGV):
         if H % G:
             raise ValueError(f"n_heads: {H} query heads do not divide into {G} key heads")
+        if L == T and sinks_H is None:  # training on a whole sequence: the fused kernel's own causal backward
+            return _causal_sdpa(q_BTHK, k_BLGK, v_BLGV, scale=scale)
         return attend(q_BTHK, k_BLGK, v_BLGV, scale=scale, mask_TL=causal_mask(T, L, q_BTHK.device), sinks_H=sinks_H)
     return attend_causal_blocks(q_BTHK, lambda s, e: (k_BLGK[:, s:e], v_BLGV[:, s:e]), L, G=G, V=V, scale=scale,
                                 sinks_H=sinks_H, block=L if K == V else KEY_BLOCK)  # else: padded block by block
+
+
+def _causal_sdpa(q_BTHK: Tensor, k_BTGK: Tensor, v_BTGV: Tensor, *, scale: float) -> Tensor:
+    """T queries over their own T entries through ``scaled_dot_product_attention(is_causal=True)``, which
+    autograd differentiates without a [T, T] array (flash on the CPU); key and value widths padded to one."""
+    K, V = k_BTGK.shape[-1], v_BTGV.shape[-1]
+    W = max(K, V)
+    q, k, v = (x.transpose(1, 2) if x.shape[-1] == W else F.pad(x, (0, W - x.shape[-1])).transpose(1, 2)
+               for x in (q_BTHK, k_BTGK, v_BTGV))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    return o.transpose(1, 2)[..., :V]
 
 
 def attend_causal_reference(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float,

@@ -118,6 +118,35 @@ def _mm(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a.flatten(0, 1), b.flatten(0, 1)).view(N, BH, a.shape[2], b.shape[3])
 
 
+def _unit_lower_inverse(A: Tensor, block: int = 16) -> Tensor:
+    """(I + A)^-1 for strictly lower A [..., C, C] by products (batched LAPACK solves of many small systems
+    are slow, and under a loaded machine's threads much slower). Diagonal blocks of size b: the Neumann
+    series of the nilpotent block, (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; then block substitution,
+    T[r, :r] = -T[r, r] A[r, :r] T[:r, :r]."""
+    shape, C = A.shape, A.shape[-1]
+    b = block if C % block == 0 else C
+    n = C // b
+    A = A.reshape(-1, C, C)
+    M = A.shape[0]
+    X = torch.diagonal(A.view(M, n, b, n, b), dim1=1, dim2=3).permute(0, 3, 1, 2).tril(-1).reshape(M * n, b, b)
+    inv = torch.eye(b, dtype=A.dtype, device=A.device) - X
+    p = 2
+    while p < b:
+        X = torch.bmm(X, X)
+        inv = torch.baddbmm(inv, inv, X)
+        p *= 2
+    if n == 1:
+        return inv.view(shape)
+    inv = inv.view(M, n, b, b)
+    T = A.new_zeros(M, C, C)
+    for r in range(n):
+        rows = slice(r * b, (r + 1) * b)
+        T[:, rows, rows] = inv[:, r]
+        if r:
+            T[:, rows, : r * b] = -torch.bmm(inv[:, r], torch.bmm(A[:, rows, : r * b], T[:, : r * b, : r * b]))
+    return T.view(shape)
+
+
 def _reduce(x: Tensor, D: int) -> Tensor:
     """A row factor's gradient onto its decay: per channel as it is, per head summed over the row."""
     return x if D > 1 else x.sum(-1, keepdim=True)
@@ -141,9 +170,7 @@ class _DeltaChunks(torch.autograd.Function):
             b = _chunks(beta, C)                                                   # N BH C 1
             Kb = Kc * b
             A = sc(Kb, Kc, strict=True)
-            I = torch.eye(C, dtype=Q.dtype, device=Q.device)
-            Tm = torch.linalg.solve_triangular(I + A, I.expand_as(A), upper=False, unitriangular=True)
-            Tm = Tm.contiguous()  # LAPACK answers column-major; products on it would copy matrix by matrix
+            Tm = _unit_lower_inverse(A)                                                # N BH C C
             bV, bKe = Vc * b, Kb * eG
             U, W = _mm(Tm, bV), _mm(Tm, bKe)
             Vn = torch.empty_like(U)
