@@ -305,3 +305,25 @@ def required_fields(cls) -> set[str]:
     """Fields of a config dataclass without a default."""
     return {f.name for f in dataclasses.fields(cls)
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+
+
+def machine_bytes() -> int:
+    """The machine's physical memory in bytes (0 where the platform does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - platforms without sysconf
+        return 0
+
+
+def check_fits(cfg: ModelConfig, *, what: str, instead: str, bytes_per_param: float = 4.0) -> None:
+    """Refuse, before anything is allocated, a model whose weights exceed half this machine's memory
+    (a full-scale zoo model: hundreds of billions of parameters); ``instead`` says what to run."""
+    from storelab.models.accounting import count_params
+
+    n = count_params(cfg).stored
+    need, have = n * bytes_per_param, machine_bytes()
+    if have and need > have / 2:
+        raise ValueError(f"{what}: {cfg.name} is full scale: {n / 1e9:,.1f}B parameters, {need / 2**30:,.0f} GiB of "
+                         f"weights, more than half of this machine's {have / 2**30:,.0f} GiB; {instead}")

@@ -31,6 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 CHECKPOINT = "checkpoint.safetensors"
+RUN_FILES = (CHECKPOINT, "config.json")  # what a run folder holds (storelab.outputs checks --out against them)
 FORMAT = "storelab-checkpoint-1"
 
 
