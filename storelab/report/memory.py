@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from storelab.outputs import atomic_path
 from storelab.report.core import Claim, Context, SectionResult, Table
 
 # Colours by store family (each store config declares its FAMILY); a family not listed here is drawn grey.
@@ -65,7 +66,8 @@ def _stack_figure(cfgs, path: Path) -> Path:
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=6, fontsize=8, frameon=False)
     ax.set_title("Layer stacks by store kind (faded: reads a cache another layer keeps; thin bar: depth mixer)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 
