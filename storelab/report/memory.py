@@ -80,7 +80,10 @@ def models_section(ctx: Context) -> SectionResult:
     rows, claims = [], []
     for cfg, r in zip(cfgs, recs):
         p = r["params"]
-        rows.append([cfg.name, r["layers"], r["mix"], r["channel_mix"], r["depth"], p.get("stored"), p.get("published_stored"),
+        # both sides of the ratio alike: where the publisher counts Engram's tables apart, so does this column
+        apart = "published_engram" in p
+        rows.append([cfg.name + (" (without Engram)" if apart else ""), r["layers"], r["mix"], r["channel_mix"],
+                     r["depth"], p.get("stored_without_engram") if apart else p.get("stored"), p.get("published_stored"),
                      p.get("stored_ratio"), p.get("active"), p.get("published_active"), p.get("active_ratio")])
         if cfg.name in ESSAY_LAYERS:
             claims.append(Claim("models", f"{cfg.name}: number of layers", ESSAY_LAYERS[cfg.name], cfg.n_layers, 0.0))
@@ -104,7 +107,9 @@ def models_section(ctx: Context) -> SectionResult:
     fig = _stack_figure(cfgs, ctx.out / "layer_stacks.png")
     return SectionResult(
         text=("The seven models and two variants, declared as data (storelab/zoo/*.toml) and counted from the configs alone, "
-              "beside the publishers' figures. The picture shows each model's stack coloured by the kind of store each layer keeps."),
+              "beside the publishers' figures. Where a publisher counts Engram's lookup tables apart (V4.1-Flash), the stored "
+              "column leaves them out too, so that both sides of the ratio count the same parameters; the tables have a "
+              "claim of their own. The picture shows each model's stack coloured by the kind of store each layer keeps."),
         tables=[Table("The models (parameters from the configs)",
                       ["model", "layers", "token mixing", "channel mixing", "depth", "stored", "published", "ratio",
                        "active", "published", "ratio"], rows)],
