@@ -55,7 +55,8 @@ def seed(default: int = 0, *names: str, help: str = "Random seed.") -> Any:
 
 
 def int_list(default: str, name: str, *, help: str = "", min: int = 1) -> Any:
-    """A comma-separated list of ints, each >= min; the command receives a tuple of ints."""
+    """A comma-separated list of ints, each >= min; the command receives a tuple of ints (declare the
+    parameter ``str``: the parser reads text, this callback returns the tuple)."""
     def parse(value):
         if value is None or isinstance(value, tuple):
             return value

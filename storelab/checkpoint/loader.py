@@ -104,8 +104,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
     path = Path(path)
     hf = read_config(path)
     fam = family_for(hf, path)
-    shards = Shards(path)
     check_config(hf, str(path / "config.json"))
+    shards = Shards(path)
     try:
         cfg = fam.to_config(hf)
     except CheckpointError:

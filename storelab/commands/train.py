@@ -91,8 +91,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def recall(
-        widths: tuple = opt.int_list("16,32,64", "--widths", min=2, help="Model widths (d_model), comma separated."),
-        pairs: tuple = opt.int_list("4,8,16", "--pairs", help="Key-value pairs per sequence, comma separated."),
+        widths: str = opt.int_list("16,32,64", "--widths", min=2, help="Model widths (d_model), comma separated."),
+        pairs: str = opt.int_list("4,8,16", "--pairs", help="Key-value pairs per sequence, comma separated."),
         models: str = typer.Option("attention,window,gated_deltanet,kda,hybrid", "--models"),
         steps: int = opt.count(300, "--steps"),
         seq_len: int = opt.count(64, "--seq-len"),

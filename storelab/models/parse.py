@@ -139,8 +139,10 @@ def _check_top(d: dict[str, Any], err) -> tuple[int, list[dict[str, Any]], dict[
         if k not in d:
             raise err(f"{k}: missing")
     n = d["n_layers"]
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+    if isinstance(n, bool) or not isinstance(n, int):
         raise err(f"n_layers: must be a positive integer, got {n!r}")
+    if n <= 0:
+        raise err(f"n_layers: must be a positive integer (the layer list is empty), got {n!r}")
     try:
         check_types(d, ModelConfig, skip=("layers", "published", "stores", "extends"))
     except ValueError as e:
