@@ -10,7 +10,7 @@ from rich.markup import escape
 from storelab import options as opt
 from storelab.console import console, emit_json, table
 
-COLUMNS = ["experiment", "d (or N)", "criterion", "theory", "essay", "measured", "measured/essay"]
+COLUMNS = ["experiment", "d (or N)", "criterion", "theory", "essay", "measured", "ratio"]  # ratio: measured/essay
 
 
 def register(app: typer.Typer) -> None:

@@ -5,10 +5,14 @@ The first column is the ``kind`` a model file's ``[stores.<name>]`` table names 
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from storelab.console import console, emit_json, table
 from storelab.stores import store_cards
 
+NARROW = 140  # below this width the cards print as blocks, not a table
+LABELS = {"written_by": "written by", "holds": "holds", "reading_costs": "reading costs", "forgets": "forgets",
+          "source": "source"}
 FIELDS = ("kind", "name", "written_by", "holds", "reading_costs", "forgets", "source")
 
 
@@ -19,6 +23,12 @@ def register(app: typer.Typer) -> None:
         cards = store_cards()
         if json_:
             emit_json([{k: c[k] for k in FIELDS} for c in cards])
+            return
+        if console.width < NARROW:  # seven columns of prose do not fit: one block per store instead
+            for c in cards:
+                console.print(f"[bold]{escape(c['kind'])}[/bold]: {escape(c['name'])}")
+                for k, label in LABELS.items():
+                    console.print(f"  {label}: {escape(c[k])}", soft_wrap=False)
             return
         console.print(
             table(
