@@ -10,6 +10,8 @@ import typer
 from storelab import options as opt
 from storelab.console import console, emit_json, err_console, table
 
+MAX_TOKENS = 2**24  # prompt and generated tokens each: beyond it the prompt alone needs gigabytes
+
 
 def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, temperature: float = 0.0,
                    top_k: int = 0, seed: int = 0, progress=None, model=None) -> dict:
@@ -22,6 +24,9 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
 
     if prompt_len <= 0 or new_tokens < 0:
         raise ValueError(f"prompt_len: must be > 0 and new_tokens >= 0, got {prompt_len}, {new_tokens}")
+    if cfg.context and prompt_len + new_tokens > cfg.context:
+        raise ValueError(f"prompt_len: {prompt_len} + {new_tokens} new tokens exceed {cfg.name}'s context of "
+                         f"{cfg.context:,} tokens")
     if chunk < 0 or top_k < 0 or not 0 <= seed <= opt.SEED_MAX:
         raise ValueError(f"chunk, top_k, seed: must be >= 0 (seed <= {opt.SEED_MAX}), got {chunk}, {top_k}, {seed}")
     if not (temperature >= 0 and temperature != float("inf")):
@@ -50,8 +55,8 @@ def register(app: typer.Typer) -> None:
     def generate(
         model: str = typer.Argument(None, help="A zoo model name (or give --config)."),
         tiny: bool = typer.Option(False, "--tiny", help="Use the model's tiny version."),
-        prompt_len: int = opt.count(32, "--prompt-len", help="Random prompt length."),
-        new_tokens: int = opt.count(8, "--new-tokens", zero=True, help="Tokens to generate."),
+        prompt_len: int = opt.integer(32, "--prompt-len", min=1, max=MAX_TOKENS, help="Random prompt length."),
+        new_tokens: int = opt.integer(8, "--new-tokens", min=0, max=MAX_TOKENS, help="Tokens to generate."),
         chunk: int = opt.count(0, "--chunk", zero=True, help="Prefill chunk size (0: the whole prompt in one call)."),
         temperature: float = opt.number(0.0, "--temperature", min=0, help="0: greedy; > 0: sample."),
         top_k: int = opt.count(0, "--top-k", zero=True, help="Sample among the k most likely (0: all)."),
