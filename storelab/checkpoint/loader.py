@@ -2,8 +2,9 @@
 
 1. ``config.json`` names the family (``model_type``); its common fields are held to their
    types first (``check_config``: sizes are integers, per-layer lists have one entry per
-   layer), then the family (``families/_family.py``) translates the config into a ``ModelConfig`` and gives the name table
-   (``storelab.checkpoint.table``) and the tensors it leaves out.
+   layer), then the family (``families/_family.py``) translates the config into a
+   ``ModelConfig`` and gives the name table (``storelab.checkpoint.table``) and the tensors it
+   leaves out.
 2. The model is built on the ``meta`` device (no memory, no random init).
 3. Every entry of the table is checked against the shard headers before anything is read:
    each of our tensors has a source, each source exists, has a float dtype (an integer one

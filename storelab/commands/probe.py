@@ -63,7 +63,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def probe(
         name: str = typer.Argument(..., help="state_swap, keep_one, forgetting, mhc, selection, or all."),
-        checkpoint: Path = typer.Option(None, "--checkpoint", help="A run directory written by storelab train."),
+        checkpoint: Path = typer.Option(None, "--checkpoint", help="A run folder written by storelab train --out "
+                                        "(not a model folder: generate --checkpoint takes those)."),
         model: str = typer.Option(None, "--model", help="Instead of a checkpoint: an untrained model "
                                   "(tiny-<zoo name> or a built-in stack), for a look at the machinery."),
         task: str = typer.Option(None, "--task", help="Probe on this task instead of the checkpoint's."),
