@@ -186,7 +186,7 @@ def test_a_report_is_not_written_into_a_run(run_folder):
     (("d_model = 32", "d_model = 32.0"), ("d_model: must be an integer",)),
     (("vocab_size = 64", "vocab_size = true"), ("vocab_size: must be an integer",)),
     (('kind = "ffn"', "kind = 5"), ("kind: must be a store kind name",)),
-    (("head_dim = 16", "head_dim = 16\nrope_theta = nan"), ("rope_theta: must be a number",)),
+    (("head_dim = 16", "head_dim = 16\nrope_theta = nan"), ("rope_theta: must be a finite number",)),
     (('at = "all"', 'at = "30:40"'), ("layers[0].at", "'30:40'", "24 layers")),
     (('at = "all"', 'at = "3:3"'), ("layers[0].at", "selects no layer")),
     (('at = "all"', "at = []"), ("layers[0].at", "selects no layer")),

@@ -240,9 +240,11 @@ class ModelConfig:
 
     def save(self, path: str | Path) -> None:
         """Write the model as TOML (``.toml``) or JSON (any other suffix)."""
+        from storelab.outputs import atomic_write
+
         path = Path(path)
         d = self.to_dict()
-        path.write_text(dumps_toml(d) if path.suffix == ".toml" else json.dumps(d, indent=2) + "\n")
+        atomic_write(path, dumps_toml(d) if path.suffix == ".toml" else json.dumps(d, indent=2) + "\n")
 
 
 class _StoreNames:

@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = ["expand_indices", "compact_indices", "dumps_toml", "check_types"]
 
-_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", dict: "a table"}
 
 
 @functools.cache
@@ -52,8 +52,13 @@ def _fits(v: Any, t: Any) -> bool:
         return isinstance(v, str)
     if t is tuple or typing.get_origin(t) is tuple:
         args = typing.get_args(t)
-        inner = args[0] if args else Any
-        return isinstance(v, (list, tuple)) and all(_fits(x, inner) for x in v)
+        if not isinstance(v, (list, tuple)):
+            return False
+        if args and args[-1] is not Ellipsis:  # tuple[int, int]: that many, each of its type
+            return len(v) == len(args) and all(_fits(x, a) for x, a in zip(v, args))
+        return all(_fits(x, args[0] if args else Any) for x in v)
+    if t is dict or typing.get_origin(t) is dict:
+        return isinstance(v, dict)
     return True  # a type this file format does not restrict
 
 
@@ -61,9 +66,13 @@ def _describe(t: Any) -> str:
     if typing.get_origin(t) in (typing.Union, types.UnionType):
         opts = [o for o in typing.get_args(t) if o is not type(None)]
         return " or ".join(_describe(o) for o in opts) + " (or null: leave it out)"
+    if typing.get_origin(t) is dict:
+        return "a table"
     if t is tuple or typing.get_origin(t) is tuple:
         args = typing.get_args(t)
-        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s" if args else "a list"
+        if args and args[-1] is not Ellipsis:
+            return "a list [" + ", ".join(_describe(a).removeprefix("an ").removeprefix("a ") for a in args) + "]"
+        return "a list, each " + _describe(args[0]) if args else "a list"
     return _NAMES.get(t, getattr(t, "__name__", str(t)))
 
 

@@ -39,6 +39,7 @@ TOP_KEYS = {"name", "title", "d_model", "vocab_size", "n_layers", "context", "no
             "encoder_layers", "decoder_tail", "published", "notes", "stores", "layers", "extends"}
 ENTRY_KEYS = {"at", "pattern", "token", "channel", "depth", "lookup", "cache_owner", "selection_owner"}
 OWNERS = ("cache_owner", "selection_owner")
+MAX_LAYERS = 10_000  # a guard: a layer list is built per layer, before any size is known
 ALL_SLOTS = (*SLOTS, *OPTIONAL_SLOTS)
 
 # -- extends: names -> files, from whoever registered a resolver (the zoo) ---------------------
@@ -143,6 +144,8 @@ def _check_top(d: dict[str, Any], err) -> tuple[int, list[dict[str, Any]], dict[
         raise err(f"n_layers: must be a positive integer, got {n!r}")
     if n <= 0:
         raise err(f"n_layers: must be a positive integer (the layer list is empty), got {n!r}")
+    if n > MAX_LAYERS:
+        raise err(f"n_layers: at most {MAX_LAYERS:,} (the deepest published models have about 100), got {n:,}")
     try:
         check_types(d, ModelConfig, skip=("layers", "published", "stores", "extends"))
     except ValueError as e:

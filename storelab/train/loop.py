@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from storelab.models.config import ModelConfig, check_fits
+from storelab.models.fileformat import check_types
 from storelab.models.model import Model
 from storelab.tasks import IGNORE, Batch, batch_seed, make_task, task_dict
 from storelab.outputs import check_folder
@@ -71,6 +72,7 @@ class TrainConfig:
     indexer_weight: float = 0.0   # weight of the MSA indexers' imitation loss (storelab.train.indexer)
 
     def __post_init__(self):
+        check_types({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, TrainConfig)
         for n in ("steps", "batch_size", "eval_every", "eval_examples", "checkpoint_every", "log_every"):
             if getattr(self, n) <= 0:
                 raise ValueError(f"{n}: must be > 0, got {getattr(self, n)}")
