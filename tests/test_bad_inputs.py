@@ -189,6 +189,7 @@ def test_a_report_is_not_written_into_a_run(run_folder):
     (("head_dim = 16", "head_dim = 16\nrope_theta = nan"), ("rope_theta: must be a finite number",)),
     (('at = "all"', 'at = "30:40"'), ("layers[0].at", "'30:40'", "24 layers")),
     (('at = "all"', 'at = "3:3"'), ("layers[0].at", "selects no layer")),
+    (("n_layers = 24", "n_layers = 1000000000"), ("n_layers: at most",)),
     (('at = "all"', "at = []"), ("layers[0].at", "selects no layer")),
     (('at = "all"', 'at = "all"\npattern = "KKKA"'), ("layers[0].pattern", "ignored")),
     (('token = "attn"', 'pattern = "AB"\ntoken = { A = "attn", C = "attn" }'), ("layers[0].token", "'C'")),
@@ -257,6 +258,10 @@ def test_bad_hugging_face_configs_are_named(config, says, tmp_path):
     (("recall", "--widths", "16,,x"), "--widths"),
     (("recall", "--pairs", "0"), "--pairs"),
     (("recall", "--models", "attention,nope"), "models"),
+    (("train", "--model", "attention", "--task-opt", "mix=abc"), "mix"),
+    (("train", "--model", "attention", "--task-opt", "vocab_size=4.5"), "vocab_size: must be an integer"),
+    (("train", "--model", "attention", "--model-opt", "n_heads=4.5"), "n_heads: must be an integer"),
+    (("train", "--model", "pattern:"), "pattern"),
 ])
 def test_bad_numeric_options_are_named(args, option, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

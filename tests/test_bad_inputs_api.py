@@ -134,6 +134,29 @@ def test_a_state_of_another_kind_is_named():
     assert getattr(s_att, "no_such_field", 7) == 7  # still an AttributeError for getattr with a default
 
 
+def test_train_and_task_configs_are_typed():
+    from storelab.tasks import make_task
+    from storelab.train.loop import TrainConfig
+
+    for kw, says in ((dict(steps="x"), "steps: must be an integer"), (dict(lr=float("nan")), "lr: must be a finite"),
+                     (dict(task_options=[1]), "task_options: must be a table")):
+        with pytest.raises(ValueError, match=says):
+            TrainConfig(**kw)
+    with pytest.raises(ValueError, match=r"mix: must be a list, each a list \[integer, integer\]"):
+        make_task("mqar", "tiny", mix=[[64]])
+
+
+def test_bench_errors_are_not_shown_as_the_peer(capsys):
+    from storelab.commands.bench import failed, print_tables
+
+    res = {"date": "d", "machine": {"cpus": 1, "torch": "t", "torch_threads": 1},
+           "prefill": {"length": 8, "speed_length": 8, "chunk": 4,
+                       "models": [{"model": "kimi-k3", "error": "ValueError: boom"}]}}
+    print_tables(res)
+    out = capsys.readouterr().out
+    assert "prefill kimi-k3 failed" in out and failed(res)
+
+
 # -- output that misled --------------------------------------------------------------------------------
 def test_probe_selection_rows_keep_ours_in_our_column():
     from storelab.commands.probe import _rows

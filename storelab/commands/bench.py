@@ -142,7 +142,7 @@ def print_tables(res: dict[str, Any]) -> None:
         mem_rows, speed_rows = [], []
         for m in r["models"]:
             mem, spd = m.get("memory") or {}, m.get("speed") or {}
-            peer = (spd.get("peer") or m.get("error") or "").replace("transformers ", "")
+            peer = (spd.get("peer") or "").replace("transformers ", "")
             mem_rows.append([m["model"], _round(mem.get("analytic_mb"), 1), _round(mem.get("tensor_peak_mb"), 1),
                              _round(mem.get("tensor_ratio"), 3), _ok(mem.get("within_10pct")),
                              _round(mem.get("peak_above_weights_mb"), 1), _round(mem.get("ratio"), 3)])
@@ -154,9 +154,16 @@ def print_tables(res: dict[str, Any]) -> None:
                             ["model", "cache", "tensors", "ratio", "<= 10%", "process", "ratio"], mem_rows))
         console.print(table(f"prefill speed at {r['speed_length']:,} tokens (chunks of {r['chunk']}), tokens/s",
                             ["model", "ours", "transformers", "speedup", ">= 1.5", "peer"], speed_rows))
+        for m in failed(res):
+            console.print(f"[red]prefill {m['model']} failed[/red]: {m['error']}")
     m = res["machine"]
     console.print(f"{res['date']}  {m['cpus']} CPUs, torch {m['torch']} with {m['torch_threads']} threads"
                   + ("  (--quick sizes: not figures)" if res.get("quick") else ""))
+
+
+def failed(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The prefill bench's models that failed on our side (not a missing peer)."""
+    return [m for m in (res.get("prefill") or {}).get("models", []) if m.get("error")]
 
 
 def register(app: typer.Typer) -> None:
@@ -197,3 +204,5 @@ def register(app: typer.Typer) -> None:
             emit_json(res)
         else:
             print_tables(res)
+        if failed(res):
+            raise typer.Exit(1)  # a model's own run failed: the figures are incomplete
