@@ -25,15 +25,18 @@ def save_model(source: str, out: Path, *, tiny: bool = False, config: bool = Fal
     from storelab.checkpoint.adapters import adapters_of
     from storelab.checkpoint.loader import resolve_dtype
     from storelab.checkpoint.saver import FILES
+    from storelab.models.config import check_fits, load_model
     from storelab.outputs import check_folder
 
     check_folder(out, "save", FILES, force=force, option="OUT")
     if checkpoint:
         if Path(source).resolve() == Path(out).resolve():
             raise ValueError(f"OUT: {out} is the checkpoint being converted: write the conversion to another folder")
+        meta = load(source, device="meta", dtype=dtype)  # reads no weights
+        check_fits(meta.cfg, what="MODEL", bytes_per_param=next(meta.parameters()).element_size(),
+                   instead="convert a smaller checkpoint")
         model = load(source, dtype=dtype)
     else:
-        from storelab.models.config import check_fits, load_model
         from storelab.models.model import Model
         from storelab.zoo import load_zoo
 
