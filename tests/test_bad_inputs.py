@@ -172,6 +172,11 @@ def test_a_bad_out_fails_before_the_work(cmd, tmp_path):
     assert f.read_text() == "mine"
 
 
+def test_checkpoint_options_say_which_folder_they_take(save_folder, run_folder):
+    refused("probe", "state_swap", "--checkpoint", save_folder, says=("storelab save", "not a run folder"))
+    refused("generate", "--checkpoint", run_folder, says=("train run folder, not a model folder", "probe"))
+
+
 def test_a_report_is_not_written_into_a_run(run_folder):
     before = snapshot(run_folder)
     refused("report", "--quick", "--out", run_folder, says=("--out", "train run"))

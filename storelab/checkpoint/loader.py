@@ -104,6 +104,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
 
     path = Path(path)
     hf = read_config(path)
+    if "train_config" in hf:  # the config.json beside a train run's checkpoint.safetensors
+        raise CheckpointError(f"{path}: a storelab train run folder, not a model folder (storelab probe --checkpoint "
+                              "reads run folders; storelab.train.loop.load_trained loads one)")
     fam = family_for(hf, path)
     check_config(hf, str(path / "config.json"))
     shards = Shards(path)
