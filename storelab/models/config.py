@@ -131,8 +131,13 @@ class ModelConfig:
         if not self.layers:
             raise ValueError("layers: the layer list is empty")
         for n in ("d_model", "vocab_size"):
-            if not isinstance(getattr(self, n), int) or getattr(self, n) <= 0:
-                raise ValueError(f"{n}: must be a positive integer, got {getattr(self, n)!r}")
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{n}: must be a positive integer, got {v!r}")
+        for n in ("context", "encoder_layers", "decoder_tail"):
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{n}: must be an integer >= 0, got {v!r}")
         n = len(self.layers)
         if not 0 <= self.encoder_layers < n:
             raise ValueError(f"encoder_layers: must be in [0, {n}), got {self.encoder_layers}")
