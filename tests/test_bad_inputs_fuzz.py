@@ -72,7 +72,8 @@ def _set(d, path, value):
     d[path[-1]] = value
 
 
-@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(path=st.sampled_from(PATHS), value=values)
 def test_a_changed_model_file_parses_or_names_the_field(path, value):
     d = copy.deepcopy(BASE)
@@ -104,8 +105,8 @@ def model_file(tmp_path_factory):
     return f
 
 
-@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(option=st.sampled_from(["--chunk", "--temperature", "--top-k", "--seed", "--prompt-len", "--new-tokens"]),
        value=numbers)
 def test_generate_options_run_or_exit_2(model_file, option, value):
