@@ -195,6 +195,8 @@ def test_a_report_is_not_written_into_a_run(run_folder):
     (('at = "all"', 'at = "30:40"'), ("layers[0].at", "'30:40'", "24 layers")),
     (('at = "all"', 'at = "3:3"'), ("layers[0].at", "selects no layer")),
     (("n_layers = 24", "n_layers = 1000000000"), ("n_layers: at most",)),
+    (("n_layers = 24", "n_layers = 24\nnorm_eps = -1"), ("norm_eps: must be a number > 0",)),
+    (("n_layers = 24", "n_layers = 24\ncontext = -5"), ("context: must be an integer >= 0",)),
     (('at = "all"', "at = []"), ("layers[0].at", "selects no layer")),
     (('at = "all"', 'at = "all"\npattern = "KKKA"'), ("layers[0].pattern", "ignored")),
     (('token = "attn"', 'pattern = "AB"\ntoken = { A = "attn", C = "attn" }'), ("layers[0].token", "'C'")),

@@ -134,6 +134,8 @@ class ModelConfig:
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{n}: must be a positive integer, got {v!r}")
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
+            raise ValueError(f"norm_eps: must be a number > 0, got {self.norm_eps!r}")
         for n in ("context", "encoder_layers", "decoder_tail"):
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
