@@ -38,12 +38,26 @@ def emit_json(data: Any) -> None:
 
 
 def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]]) -> Table:
+    """A rich table. On a narrow terminal text wraps between words: no column is made narrower than its
+    longest word (up to ``WORD``) where all of them fit in the width, and a column of numbers never is
+    (so "5.12e+04" is not cut into "5.12e+0" above "4")."""
+    raw = [list(r) for r in rows]
+    cells = [[fmt(v) for v in r] for r in raw]
+    longest, numeric = [], []
+    for j in range(len(columns)):
+        words = columns[j].split() + [w for r in cells if j < len(r) for w in r[j].split()]
+        longest.append(min(WORD, max((len(w) for w in words), default=1)))
+        numeric.append(all(isinstance(r[j], (int, float)) or r[j] is None for r in raw if j < len(r)))
+    fits = sum(longest) + 3 * len(columns) + 1 <= console.width
     t = Table(title=title, show_lines=False, header_style="bold")
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    for r in rows:
-        t.add_row(*[fmt(v) for v in r])
+    for j, c in enumerate(columns):
+        t.add_column(c, overflow="fold", min_width=longest[j] if fits or numeric[j] else None)
+    for r in cells:
+        t.add_row(*r)
     return t
+
+
+WORD = 16  # the widest a column is kept for its longest word; longer words fold
 
 
 def fmt(v: Any) -> str:

@@ -191,11 +191,25 @@ def loose_views(obj) -> list[str]:
     return loose
 
 
+class StateKindError(ValueError, AttributeError):
+    """A store was handed the state of another store's kind (a ValueError for callers, and still
+    an AttributeError for ``getattr(state, name, default)``)."""
+
+
 @dataclass
 class State:
-    """Base of every state. Subclasses are dataclasses of tensors plus counters."""
+    """Base of every state. Subclasses are dataclasses of tensors plus counters.
+
+    A store reads the fields of its own state; one that is handed a state of another kind finds a
+    field missing, and the error says so (``StateKindError``) instead of a bare AttributeError."""
 
     seen: int = 0
+
+    def __getattr__(self, name: str):  # only reached when the field is not there
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise StateKindError(f"state: a {type(self).__name__} has no field {name!r}: the store was given the state "
+                             "of another store's kind (give each store the state its own forward returned)")
 
     # fields that reference what this state shares with other layers' states (a selection group's
     # share, the owner of a cache read through a view): kept by ``clone``, replaced by ``relink``

@@ -58,7 +58,7 @@ def test_stores_json_is_one_document():
     data = json.loads(r.stdout)
     assert isinstance(data, list)
     for row in data:
-        assert set(row) == {"name", "written_by", "holds", "reading_costs", "forgets", "source"}
+        assert set(row) == {"kind", "name", "written_by", "holds", "reading_costs", "forgets", "source"}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

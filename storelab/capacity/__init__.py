@@ -80,13 +80,19 @@ def _single_thread():
 
 
 def run(names: Iterable[str] | None = None, quick: bool = False, plot_dir: str | Path | None = None,
-        progress: bool = True) -> list[dict]:
+        progress: bool = True, force: bool = False) -> list[dict]:
     """Run the named experiments (all by default) and return their table rows.
 
     quick: smaller sizes, same code (for the tests). plot_dir: write one PNG per curve there, plus
-    ``capacity.json`` with the run's settings and rows. progress: a progress bar on stderr.
+    ``capacity.json`` with the run's settings and rows; the folder is checked before the experiments
+    run (``storelab.outputs``: a capacity folder, a new or empty one, or ``force``). progress: a
+    progress bar on stderr.
     """
     todo = resolve(names)
+    if plot_dir is not None:
+        from storelab.outputs import check_folder
+
+        check_folder(plot_dir, "capacity", ("capacity.json", "*.png"), force=force, option="--plot")
     rows: list[dict] = []
     results: dict[str, Result] = {}
     timings: dict[str, dict[str, float]] = {}
@@ -105,12 +111,13 @@ def run(names: Iterable[str] | None = None, quick: bool = False, plot_dir: str |
                 bar.advance(task)
     if plot_dir is not None:
         from storelab.capacity.plots import write_plots
+        from storelab.outputs import atomic_write
 
         out = Path(plot_dir)
         out.mkdir(parents=True, exist_ok=True)
         write_plots(results, out)
-        (out / "capacity.json").write_text(json.dumps({"experiments": todo, "quick": quick, "seconds": timings,
-                                                       "rows": rows}, indent=2))
+        atomic_write(out / "capacity.json", json.dumps({"experiments": todo, "quick": quick, "seconds": timings,
+                                                        "rows": rows}, indent=2))
     return rows
 
 

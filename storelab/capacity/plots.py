@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from storelab.capacity.common import Curve, Result
+from storelab.outputs import atomic_path
 
 
 def _slug(text: str) -> str:
@@ -39,7 +40,8 @@ def draw(curve: Curve, path: Path) -> None:
     ax.set_title(curve.title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 

@@ -1,8 +1,10 @@
 """``load(path)``: a checkpoint folder -> a storelab ``Model``.
 
-1. ``config.json`` names the family (``model_type``); the family (``families/_family.py``)
-   translates the config into a ``ModelConfig`` and gives the name table
-   (``storelab.checkpoint.table``) and the tensors it leaves out.
+1. ``config.json`` names the family (``model_type``); its common fields are held to their
+   types first (``check_config``: sizes are integers, per-layer lists have one entry per
+   layer), then the family (``families/_family.py``) translates the config into a
+   ``ModelConfig`` and gives the name table (``storelab.checkpoint.table``) and the tensors it
+   leaves out.
 2. The model is built on the ``meta`` device (no memory, no random init).
 3. Every entry of the table is checked against the shard headers before anything is read:
    each of our tensors has a source, each source exists, has a float dtype (an integer one
@@ -45,13 +47,68 @@ def resolve_dtype(dtype, hf: dict) -> torch.dtype:
     raise CheckpointError(f"dtype: unknown dtype {dtype!r} (known: {', '.join(DTYPE_NAMES)})")
 
 
+# config.json fields the families read, by the type they must have (null: absent)
+POSITIVE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+INT_KEYS = POSITIVE_KEYS + (
+    "decoder_sparse_step", "dense_intermediate_size", "first_k_dense_replace", "hc_mult", "hc_sinkhorn_iters",
+    "head_dim", "index_block_size", "index_head_dim", "index_local_blocks", "index_n_heads", "index_topk",
+    "index_topk_blocks", "intermediate_size", "kv_lora_rank", "linear_conv_kernel_dim", "linear_key_head_dim",
+    "linear_num_key_heads", "linear_num_value_heads", "linear_value_head_dim", "max_position_embeddings",
+    "moe_intermediate_size", "n_group", "n_routed_experts", "n_shared_experts", "num_experts", "num_experts_per_tok",
+    "num_key_value_heads", "num_local_experts", "o_groups", "o_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "shared_expert_intermediate_size", "shared_intermediate_size", "sliding_window",
+    "topk_group", "v_head_dim")
+FLOAT_KEYS = ("rms_norm_eps", "routed_scaling_factor", "swiglu_limit", "swiglu_alpha", "hc_eps",
+              "attention_value_scale", "compress_rope_theta")
+BOOL_KEYS = ("attention_bias", "mlp_bias", "norm_topk_prob", "tie_word_embeddings")
+PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "indexer_types")
+
+
+def check_config(hf: dict, where: str = "config.json") -> None:
+    """Hold the common fields of a config (and of its ``text_config``) to their types; a CheckpointError
+    naming the file and the field otherwise."""
+    import math
+
+    parts = [(hf, "")] + ([(hf["text_config"], "text_config.")] if isinstance(hf.get("text_config"), dict) else [])
+    for d, pre in parts:
+        for k in INT_KEYS:
+            v = d.get(k)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if k in POSITIVE_KEYS else 0):
+                want = "a positive integer" if k in POSITIVE_KEYS else "an integer >= 0"
+                raise CheckpointError(f"{where}: {pre}{k}: must be {want}, got {v!r}")
+        for k in FLOAT_KEYS:
+            v = d.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise CheckpointError(f"{where}: {pre}{k}: must be a finite number, got {v!r}")
+        for k in BOOL_KEYS:
+            v = d.get(k)
+            if v is not None and not isinstance(v, bool):
+                raise CheckpointError(f"{where}: {pre}{k}: must be true or false, got {v!r}")
+        n = d.get("num_hidden_layers")
+        for k in PER_LAYER_KEYS:
+            v = d.get(k)
+            if v is None:
+                continue
+            if not isinstance(v, list):
+                raise CheckpointError(f"{where}: {pre}{k}: must be a list with one entry per layer, got {v!r}")
+            if n is not None and len(v) != n:
+                raise CheckpointError(f"{where}: {pre}{k}: has {len(v)} entries, but {pre}num_hidden_layers is {n} "
+                                      "(one entry per layer)")
+
+
 def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
     """Build the storelab model of a checkpoint folder; ``device="meta"`` reads no weights."""
     from storelab.models.model import Model
 
     path = Path(path)
     hf = read_config(path)
+    if "train_config" in hf:  # the config.json beside a train run's checkpoint.safetensors
+        raise CheckpointError(f"{path}: a storelab train run folder, not a model folder (storelab probe --checkpoint "
+                              "reads run folders; storelab.train.loop.load_trained loads one)")
     fam = family_for(hf, path)
+    check_config(hf, str(path / "config.json"))
     shards = Shards(path)
     try:
         cfg = fam.to_config(hf)
@@ -59,6 +116,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
         raise
     except ValueError as e:
         raise CheckpointError(f"{path / 'config.json'}: {e}") from None
+    except (TypeError, KeyError, IndexError, AttributeError) as e:  # a field of a shape the family did not expect
+        raise CheckpointError(f"{path / 'config.json'}: the {fam.name} family cannot read this config "
+                              f"({type(e).__name__}: {e})") from None
     target = resolve_dtype(dtype, hf)
     with torch.device("meta"):
         model = Model(cfg)

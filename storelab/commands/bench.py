@@ -16,7 +16,8 @@ from typing import Any
 
 import typer
 
-from storelab.console import console, emit_json, err_console, table
+from storelab import options as opt
+from storelab.console import console, emit_json, table
 
 WHICH = ("gdn", "kda", "decode", "prefill", "train", "all")
 
@@ -201,7 +202,7 @@ def print_tables(res: dict[str, Any]) -> None:
         mem_rows, speed_rows = [], []
         for m in r["models"]:
             mem, spd = m.get("memory") or {}, m.get("speed") or {}
-            peer = (spd.get("peer") or m.get("error") or "").replace("transformers ", "")
+            peer = (spd.get("peer") or "").replace("transformers ", "")
             mem_rows.append([m["model"], _round(mem.get("analytic_mb"), 1), _round(mem.get("tensor_peak_mb"), 1),
                              _round(mem.get("tensor_ratio"), 3), _ok(mem.get("within_10pct")),
                              _round(mem.get("peak_above_weights_mb"), 1), _round(mem.get("ratio"), 3)])
@@ -213,9 +214,16 @@ def print_tables(res: dict[str, Any]) -> None:
                             ["model", "cache", "tensors", "ratio", "<= 10%", "process", "ratio"], mem_rows))
         console.print(table(f"prefill speed at {r['speed_length']:,} tokens (chunks of {r['chunk']}), tokens/s",
                             ["model", "ours", "transformers", "speedup", ">= 1.5", "peer"], speed_rows))
+        for m in failed(res):
+            console.print(f"[red]prefill {m['model']} failed[/red]: {m['error']}")
     m = res["machine"]
     console.print(f"{res['date']}  {m['cpus']} CPUs, torch {m['torch']} with {m['torch_threads']} threads"
                   + ("  (--quick sizes: not figures)" if res.get("quick") else ""))
+
+
+def failed(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The prefill bench's models that failed on our side (not a missing peer)."""
+    return [m for m in (res.get("prefill") or {}).get("models", []) if m.get("error")]
 
 
 def register(app: typer.Typer) -> None:
@@ -223,24 +231,29 @@ def register(app: typer.Typer) -> None:
     def bench(
         which: str = typer.Argument("all", help="gdn, kda, decode, prefill, train or all (all but train)."),
         quick: bool = typer.Option(False, "--quick", help="Tiny sizes: a smoke check in seconds, not figures."),
-        repeats: int = typer.Option(0, "--repeats", help="Timed rounds (0: the bench's default)."),
+        repeats: int = opt.count(0, "--repeats", zero=True, help="Timed rounds (0: the bench's default)."),
         models: list[str] = typer.Option(None, "--model", help="prefill, train: zoo models to run "
                                          "(default: the seven)."),
-        length: int = typer.Option(0, "--length", help="prefill: prompt length of the memory check "
-                                   "(0: 131,072; 4,096 with `all`)."),
-        speed_length: int = typer.Option(0, "--speed-length", help="prefill: prompt length timed "
-                                         "(0: 16,384; 4,096 with `all`)."),
-        chunk: int = typer.Option(0, "--chunk", help="prefill: tokens per call of the speed run (0: 1,024)."),
-        memory_chunk: int = typer.Option(0, "--memory-chunk", help="prefill: tokens per call of the memory "
-                                         "run (0: 256)."),
+        length: int = opt.count(0, "--length", zero=True, help="prefill: prompt length of the memory check "
+                                "(0: 131,072; 4,096 with `all`)."),
+        speed_length: int = opt.count(0, "--speed-length", zero=True, help="prefill: prompt length timed "
+                                      "(0: 16,384; 4,096 with `all`)."),
+        chunk: int = opt.count(0, "--chunk", zero=True, help="prefill: tokens per call of the speed run (0: 1,024)."),
+        memory_chunk: int = opt.count(0, "--memory-chunk", zero=True, help="prefill: tokens per call of the memory "
+                                      "run (0: 256)."),
         no_peer: bool = typer.Option(False, "--no-peer", help="prefill: skip the transformers models."),
-        threads: int = typer.Option(0, "--threads", help="torch threads (0: torch's default, one per core)."),
+        threads: int = opt.count(0, "--threads", zero=True, help="torch threads (0: torch's default, one per core)."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Time our ops, stores and models against transformers' in the same run; print ratios."""
         if which not in WHICH:
-            err_console.print(f"[red]error:[/red] which: must be one of {', '.join(WHICH)}, got {which!r}")
-            raise typer.Exit(2)
+            opt.fail(f"which: must be one of {', '.join(WHICH)}, got {which!r}")
+        if models:
+            from storelab.zoo import zoo_names
+
+            bad = [m for m in models if m not in zoo_names()]
+            if bad:
+                opt.fail(f"--model: unknown zoo model {bad[0]!r} (known: {', '.join(zoo_names())})")
         if threads:
             import torch
 
@@ -252,3 +265,5 @@ def register(app: typer.Typer) -> None:
             emit_json(res)
         else:
             print_tables(res)
+        if failed(res):
+            raise typer.Exit(1)  # a model's own run failed: the figures are incomplete

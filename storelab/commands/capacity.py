@@ -7,9 +7,10 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from storelab.console import console, emit_json, err_console, table
+from storelab import options as opt
+from storelab.console import console, emit_json, table
 
-COLUMNS = ["experiment", "d (or N)", "criterion", "theory", "essay", "measured", "measured/essay"]
+COLUMNS = ["experiment", "d (or N)", "criterion", "theory", "essay", "measured", "ratio"]  # ratio: measured/essay
 
 
 def register(app: typer.Typer) -> None:
@@ -18,16 +19,14 @@ def register(app: typer.Typer) -> None:
         experiments: Optional[List[str]] = typer.Argument(None, help="Names or numbers 1-11; default all."),
         quick: bool = typer.Option(False, "--quick", help="Smaller sizes, same code (under 30 s)."),
         plot: Optional[str] = typer.Option(None, "--plot", help="Write PNG curves and capacity.json to this folder."),
+        force: bool = opt.force(),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Measure every capacity figure of the essay; print theory, essay and measured side by side."""
         from storelab.capacity import run
 
-        try:
-            rows = run(experiments, quick=quick, plot_dir=plot, progress=not json_)
-        except ValueError as e:
-            err_console.print(f"error: {e}")
-            raise typer.Exit(2)
+        with opt.user_errors():
+            rows = run(experiments, quick=quick, plot_dir=plot, progress=not json_, force=force)
         if json_:
             emit_json(rows)
             return

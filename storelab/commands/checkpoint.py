@@ -11,29 +11,42 @@ from pathlib import Path
 
 import typer
 
-from storelab.console import console, emit_json, err_console, table
+from storelab import options as opt
+from storelab.console import console, emit_json, table
 
 
 def save_model(source: str, out: Path, *, tiny: bool = False, config: bool = False, checkpoint: bool = False,
-               seed: int = 0, dtype: str | None = None, max_shard_bytes: int = 5 * 2**30) -> dict:
-    """Build or load the model named by ``source``, save it to ``out``; return what was written."""
+               seed: int = 0, dtype: str | None = None, max_shard_bytes: int = 5 * 2**30, force: bool = False) -> dict:
+    """Build or load the model named by ``source``, save it to ``out``; return what was written.
+    ``out`` is checked first (``storelab.checkpoint.saver``), before the model is built or read."""
     import torch
 
     from storelab.checkpoint import load, save
     from storelab.checkpoint.adapters import adapters_of
     from storelab.checkpoint.loader import resolve_dtype
+    from storelab.checkpoint.saver import FILES
+    from storelab.models.config import check_fits, load_model
+    from storelab.outputs import check_folder
 
+    check_folder(out, "save", FILES, force=force, option="OUT")
     if checkpoint:
+        if Path(source).resolve() == Path(out).resolve():
+            raise ValueError(f"OUT: {out} is the checkpoint being converted: write the conversion to another folder")
+        meta = load(source, device="meta", dtype=dtype)  # reads no weights
+        check_fits(meta.cfg, what="MODEL", bytes_per_param=next(meta.parameters()).element_size(),
+                   instead="convert a smaller checkpoint")
         model = load(source, dtype=dtype)
     else:
-        from storelab.models.config import load_model
         from storelab.models.model import Model
         from storelab.zoo import load_zoo
 
         cfg = load_model(Path(source)) if config else load_zoo(source, tiny=tiny)
+        target = resolve_dtype(dtype or "float32", {})
+        check_fits(cfg, what="MODEL", bytes_per_param=torch.empty(0, dtype=target).element_size(),
+                   instead="write a smaller model file" if config else "save its tiny version (--tiny)")
         torch.manual_seed(seed)
-        model = Model(cfg).eval().to(resolve_dtype(dtype or "float32", {}))
-    files = save(model, out, max_shard_bytes=max_shard_bytes)
+        model = Model(cfg).eval().to(target)
+    files = save(model, out, max_shard_bytes=max_shard_bytes, force=force)
     n_params = sum(p.numel() for p in model.parameters())
     return {"model": model.cfg.name, "source": source, "out": str(out), "layers": model.cfg.n_layers,
             "mix": model.cfg.mix(), "parameters": n_params,
@@ -50,21 +63,19 @@ def register(app: typer.Typer) -> None:
         tiny: bool = typer.Option(False, "--tiny", help="Use the zoo model's tiny version."),
         config: bool = typer.Option(False, "--config", help="MODEL is a model file path."),
         checkpoint: bool = typer.Option(False, "--checkpoint", help="MODEL is a checkpoint folder: convert it."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the random weights (zoo model or model file)."),
+        seed: int = opt.seed(help="Seed of the random weights (zoo model or model file)."),
         dtype: str = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32, or the checkpoint's)."),
-        max_shard_mb: float = typer.Option(5 * 1024, "--max-shard-mb", help="Largest shard, in MiB."),
+        max_shard_mb: float = opt.number(5 * 1024, "--max-shard-mb", min=0, min_open=True,
+                                         help="Largest shard, in MiB."),
+        force: bool = opt.force(),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Write a model as config.json + safetensors (our names), loadable with storelab.load."""
         if config and checkpoint:
-            err_console.print("[red]error:[/red] --config and --checkpoint: give at most one")
-            raise typer.Exit(2)
-        try:
+            opt.fail("--config and --checkpoint: give at most one")
+        with opt.user_errors():
             res = save_model(model, out, tiny=tiny, config=config, checkpoint=checkpoint, seed=seed, dtype=dtype,
-                             max_shard_bytes=max(1, int(max_shard_mb * 2**20)))
-        except ValueError as e:
-            err_console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2)
+                             max_shard_bytes=max(1, int(max_shard_mb * 2**20)), force=force)
         if json_:
             emit_json(res)
             return

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import typer
 
+from storelab import options as opt
 from storelab.console import console, emit_json, err_console, table
+
+MAX_TOKENS = 2**24  # prompt and generated tokens each: beyond it the prompt alone needs gigabytes
 
 
 def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, temperature: float = 0.0,
@@ -21,6 +24,13 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
 
     if prompt_len <= 0 or new_tokens < 0:
         raise ValueError(f"prompt_len: must be > 0 and new_tokens >= 0, got {prompt_len}, {new_tokens}")
+    if cfg.context and prompt_len + new_tokens > cfg.context:
+        raise ValueError(f"prompt_len: {prompt_len} + {new_tokens} new tokens exceed {cfg.name}'s context of "
+                         f"{cfg.context:,} tokens")
+    if chunk < 0 or top_k < 0 or not 0 <= seed <= opt.SEED_MAX:
+        raise ValueError(f"chunk, top_k, seed: must be >= 0 (seed <= {opt.SEED_MAX}), got {chunk}, {top_k}, {seed}")
+    if not (temperature >= 0 and temperature != float("inf")):
+        raise ValueError(f"temperature: must be a finite number >= 0, got {temperature}")
     torch.manual_seed(seed)
     model = Model(cfg).eval() if model is None else model
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
@@ -45,12 +55,12 @@ def register(app: typer.Typer) -> None:
     def generate(
         model: str = typer.Argument(None, help="A zoo model name (or give --config)."),
         tiny: bool = typer.Option(False, "--tiny", help="Use the model's tiny version."),
-        prompt_len: int = typer.Option(32, "--prompt-len", help="Random prompt length."),
-        new_tokens: int = typer.Option(8, "--new-tokens", help="Tokens to generate."),
-        chunk: int = typer.Option(0, "--chunk", help="Prefill chunk size (0: the whole prompt in one call)."),
-        temperature: float = typer.Option(0.0, "--temperature", help="0: greedy; > 0: sample."),
-        top_k: int = typer.Option(0, "--top-k", help="Sample among the k most likely (0: all)."),
-        seed: int = typer.Option(0, "--seed"),
+        prompt_len: int = opt.integer(32, "--prompt-len", min=1, max=MAX_TOKENS, help="Random prompt length."),
+        new_tokens: int = opt.integer(8, "--new-tokens", min=0, max=MAX_TOKENS, help="Tokens to generate."),
+        chunk: int = opt.count(0, "--chunk", zero=True, help="Prefill chunk size (0: the whole prompt in one call)."),
+        temperature: float = opt.number(0.0, "--temperature", min=0, help="0: greedy; > 0: sample."),
+        top_k: int = opt.count(0, "--top-k", zero=True, help="Sample among the k most likely (0: all)."),
+        seed: int = opt.seed(),
         config: Path = typer.Option(None, "--config", help="A model file (TOML or JSON) instead of a zoo name."),
         checkpoint: Path = typer.Option(None, "--checkpoint",
                                         help="A checkpoint folder (config.json + safetensors): its weights."),
@@ -63,21 +73,25 @@ def register(app: typer.Typer) -> None:
         from storelab.models.config import load_model
         from storelab.zoo import load_zoo
 
+        from storelab.models.config import check_fits
+
         loaded = None
-        try:
+        with opt.user_errors():
             if (model is None) + (config is None) + (checkpoint is None) != 2:
                 raise ValueError("model: give a zoo model name, --config FILE or --checkpoint FOLDER (one of them)")
             if checkpoint is not None:
                 from storelab.checkpoint import load
 
+                check_fits(load(checkpoint, device="meta").cfg, what="--checkpoint",  # reads no weights
+                           instead="generate with a smaller checkpoint")
                 loaded = load(checkpoint, dtype="fp32")
                 cfg = loaded.cfg
             else:
                 cfg = load_model(config) if config is not None else load_zoo(model, tiny=tiny)
-        except ValueError as e:
-            err_console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2)
-        try:
+                check_fits(cfg, what="--config" if config is not None else "model",
+                           instead="write a smaller model file" if config is not None
+                           else f"run its tiny version (storelab generate {model} --tiny)")
+        with opt.user_errors():
             if json_:
                 res = run_generation(cfg, prompt_len=prompt_len, new_tokens=new_tokens, chunk=chunk,
                                      temperature=temperature, top_k=top_k, seed=seed, model=loaded)
@@ -87,9 +101,6 @@ def register(app: typer.Typer) -> None:
                     res = run_generation(cfg, prompt_len=prompt_len, new_tokens=new_tokens, chunk=chunk,
                                          temperature=temperature, top_k=top_k, seed=seed, model=loaded,
                                          progress=lambda n: bar.advance(task, n))
-        except ValueError as e:
-            err_console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2)
         if json_:
             emit_json(res)
             return

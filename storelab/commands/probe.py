@@ -11,7 +11,8 @@ from pathlib import Path
 
 import typer
 
-from storelab.console import console, emit_json, err_console, table
+from storelab import options as opt
+from storelab.console import console, emit_json, table
 
 
 def _rows(name: str, r: dict) -> list[list]:
@@ -51,8 +52,9 @@ def _rows(name: str, r: dict) -> list[list]:
                 ["top-1 entry missed", r["top1_miss"], "-"],
                 ["attention mass missed", r["mass_missed"], "-"],
                 ["selects the first block", r["first_block_rate"], "learned (sink)"]]
-        rows += [[f"layer {x['layer']} ({x['kind']}) miss / first block", x.get("miss_rate"),
-                  x.get("first_block_rate")] for x in r["layers"]]
+        for x in r["layers"]:  # ours in the ours column; the essay gives no per-layer figure
+            rows += [[f"layer {x['layer']} ({x['kind']}) miss rate", x.get("miss_rate"), "-"],
+                     [f"layer {x['layer']} ({x['kind']}) selects the first block", x.get("first_block_rate"), "-"]]
         return rows
     return []
 
@@ -61,13 +63,14 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def probe(
         name: str = typer.Argument(..., help="state_swap, keep_one, forgetting, mhc, selection, or all."),
-        checkpoint: Path = typer.Option(None, "--checkpoint", help="A run directory written by storelab train."),
+        checkpoint: Path = typer.Option(None, "--checkpoint", help="A run folder written by storelab train --out "
+                                        "(not a model folder: generate --checkpoint takes those)."),
         model: str = typer.Option(None, "--model", help="Instead of a checkpoint: an untrained model "
                                   "(tiny-<zoo name> or a built-in stack), for a look at the machinery."),
         task: str = typer.Option(None, "--task", help="Probe on this task instead of the checkpoint's."),
         size: str = typer.Option("tiny", "--size", help="Size preset of --task."),
-        n: int = typer.Option(64, "--n", help="Examples (documents) per probe."),
-        seed: int = typer.Option(1234, "--seed"),
+        n: int = opt.count(64, "--n", help="Examples (documents) per probe."),
+        seed: int = opt.seed(1234),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Run a probe on a trained model; print its figures beside the essay's."""
@@ -79,7 +82,9 @@ def register(app: typer.Typer) -> None:
         from storelab.train.loop import load_trained
         from storelab.train.models import resolve_model
 
-        try:
+        from storelab.models.config import check_fits
+
+        with opt.user_errors():
             names = list(PROBES) if name == "all" else [name]
             for nm in names:
                 if nm not in PROBES:
@@ -95,19 +100,17 @@ def register(app: typer.Typer) -> None:
                                          f"{net.cfg.vocab_size}")
             else:
                 t = make_task(task or "dictionary", size)
+                mcfg = resolve_model(model, t.vocab_size)
+                check_fits(mcfg, what="--model", instead=f"probe its tiny version (--model tiny-{model})")
                 torch.manual_seed(seed)
-                net = Model(resolve_model(model, t.vocab_size)).eval()
-        except ValueError as e:
-            err_console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2)
+                net = Model(mcfg).eval()
         results, skipped = {}, {}
         for nm in names:
             try:
                 results[nm] = PROBES[nm](net, t, n=n, seed=seed)
             except ValueError as e:
                 if name != "all":
-                    err_console.print(f"[red]error:[/red] {e}")
-                    raise typer.Exit(2)
+                    opt.fail(str(e))
                 skipped[nm] = str(e)
         if json_:
             emit_json({"model": net.cfg.name, "task": t.NAME, "results": results, "skipped": skipped})

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import typer
 
-from storelab.console import console, emit_json, err_console, table
+from storelab import options as opt
+from storelab.console import console, emit_json, table
 
 
 def parse_options(items: list[str] | None, what: str) -> dict:
@@ -38,36 +39,34 @@ def register(app: typer.Typer) -> None:
         task: str = typer.Option("mqar", "--task", help="mqar, dictionary, parity, selective_copy."),
         size: str = typer.Option("tiny", "--size", help="Task size preset: tiny (seconds to minutes on a CPU), "
                                  "small, full (Zoology's)."),
-        steps: int = typer.Option(1000, "--steps"),
+        steps: int = opt.count(1000, "--steps"),
         out: Path = typer.Option(None, "--out", help="Run directory: checkpoints, resumed from when present."),
-        batch_size: int = typer.Option(32, "--batch-size", help="Global batch (split over torchrun processes)."),
-        lr: float = typer.Option(3e-3, "--lr"),
-        warmup: int = typer.Option(50, "--warmup"),
-        seed: int = typer.Option(0, "--seed"),
-        eval_every: int = typer.Option(100, "--eval-every"),
-        checkpoint_every: int = typer.Option(100, "--checkpoint-every"),
-        threads: int = typer.Option(0, "--threads", help="Torch threads per process (0: torch's default)."),
-        indexer_weight: float = typer.Option(0.0, "--indexer-weight", help="Weight of the MSA indexers' "
-                                             "imitation of the main attention (0: off)."),
+        batch_size: int = opt.count(32, "--batch-size", help="Global batch (split over torchrun processes)."),
+        lr: float = opt.number(3e-3, "--lr", min=0, min_open=True),
+        warmup: int = opt.count(50, "--warmup", zero=True),
+        seed: int = opt.seed(),
+        eval_every: int = opt.count(100, "--eval-every"),
+        checkpoint_every: int = opt.count(100, "--checkpoint-every"),
+        threads: int = opt.count(0, "--threads", zero=True, help="Torch threads per process (0: torch's default)."),
+        indexer_weight: float = opt.number(0.0, "--indexer-weight", min=0, help="Weight of the MSA indexers' "
+                                           "imitation of the main attention (0: off)."),
         task_opt: list[str] = typer.Option(None, "--task-opt", help="Task option key=value (repeatable)."),
         model_opt: list[str] = typer.Option(None, "--model-opt", help="Built-in stack option key=value."),
         fresh: bool = typer.Option(False, "--fresh", help="Ignore a checkpoint in --out and start over."),
+        force: bool = opt.force(),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Train a model on a synthetic task (AdamW, warm-up + cosine, clipping, checkpoints, resume)."""
         from storelab.train.distributed import Dist
         from storelab.train.loop import TrainConfig, train as run
 
-        try:
+        with opt.user_errors():
             cfg = TrainConfig(model=model, task=task, task_preset=size, steps=steps, batch_size=batch_size, lr=lr,
                               warmup=warmup, seed=seed, eval_every=eval_every, checkpoint_every=checkpoint_every,
                               threads=threads, indexer_weight=indexer_weight, task_options=parse_options(task_opt, "--task-opt"),
                               model_options=parse_options(model_opt, "--model-opt"))
             dist = Dist.from_env()
-            res = run(cfg, out, resume=not fresh, progress=not json_, dist=dist)
-        except ValueError as e:
-            err_console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2)
+            res = run(cfg, out, resume=not fresh, progress=not json_, dist=dist, force=force)
         if not dist.main:
             dist.close()
             return
@@ -92,29 +91,27 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def recall(
-        widths: str = typer.Option("16,32,64", "--widths", help="Model widths (d_model), comma separated."),
-        pairs: str = typer.Option("4,8,16", "--pairs", help="Key-value pairs per sequence, comma separated."),
+        widths: str = opt.int_list("16,32,64", "--widths", min=2, help="Model widths (d_model), comma separated."),
+        pairs: str = opt.int_list("4,8,16", "--pairs", help="Key-value pairs per sequence, comma separated."),
         models: str = typer.Option("attention,window,gated_deltanet,kda,hybrid", "--models"),
-        steps: int = typer.Option(300, "--steps"),
-        seq_len: int = typer.Option(64, "--seq-len"),
-        vocab: int = typer.Option(128, "--vocab"),
-        seed: int = typer.Option(0, "--seed"),
+        steps: int = opt.count(300, "--steps"),
+        seq_len: int = opt.count(64, "--seq-len"),
+        vocab: int = opt.count(128, "--vocab"),
+        seed: int = opt.seed(),
         out: Path = typer.Option(Path("runs/recall"), "--out", help="Directory for the table (JSON) and PNG."),
+        force: bool = opt.force(),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Recall benchmark (after Zoology's figure): MQAR accuracy against state size per store."""
-        from storelab.train.recall import RecallBench, plot_recall, run_recall
+        from storelab.outputs import atomic_write, check_folder
+        from storelab.train.recall import FILES, RecallBench, plot_recall, run_recall
 
-        try:
-            bench = RecallBench(models=tuple(models.split(",")), widths=tuple(int(w) for w in widths.split(",")),
-                                pairs=tuple(int(p) for p in pairs.split(",")), steps=steps, seq_len=seq_len,
-                                vocab_size=vocab, seed=seed)
+        with opt.user_errors():
+            bench = RecallBench(models=tuple(m.strip() for m in models.split(",")), widths=widths, pairs=pairs,
+                                steps=steps, seq_len=seq_len, vocab_size=vocab, seed=seed)
+            check_folder(out, "recall", FILES, force=force)  # before the benchmark, not after it
             rows = run_recall(bench, progress=not json_)
-        except ValueError as e:
-            err_console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "recall.json").write_text(json.dumps({"bench": bench.to_dict(), "rows": rows}, indent=2) + "\n")
+        atomic_write(out / "recall.json", json.dumps({"bench": bench.to_dict(), "rows": rows}, indent=2) + "\n")
         png = plot_recall(rows, out / "recall.png")
         if json_:
             emit_json({"rows": rows, "png": str(png)})

@@ -131,8 +131,15 @@ class ModelConfig:
         if not self.layers:
             raise ValueError("layers: the layer list is empty")
         for n in ("d_model", "vocab_size"):
-            if not isinstance(getattr(self, n), int) or getattr(self, n) <= 0:
-                raise ValueError(f"{n}: must be a positive integer, got {getattr(self, n)!r}")
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{n}: must be a positive integer, got {v!r}")
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
+            raise ValueError(f"norm_eps: must be a number > 0, got {self.norm_eps!r}")
+        for n in ("context", "encoder_layers", "decoder_tail"):
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{n}: must be an integer >= 0, got {v!r}")
         n = len(self.layers)
         if not 0 <= self.encoder_layers < n:
             raise ValueError(f"encoder_layers: must be in [0, {n}), got {self.encoder_layers}")
@@ -240,9 +247,11 @@ class ModelConfig:
 
     def save(self, path: str | Path) -> None:
         """Write the model as TOML (``.toml``) or JSON (any other suffix)."""
+        from storelab.outputs import atomic_write
+
         path = Path(path)
         d = self.to_dict()
-        path.write_text(dumps_toml(d) if path.suffix == ".toml" else json.dumps(d, indent=2) + "\n")
+        atomic_write(path, dumps_toml(d) if path.suffix == ".toml" else json.dumps(d, indent=2) + "\n")
 
 
 class _StoreNames:
@@ -305,3 +314,25 @@ def required_fields(cls) -> set[str]:
     """Fields of a config dataclass without a default."""
     return {f.name for f in dataclasses.fields(cls)
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+
+
+def machine_bytes() -> int:
+    """The machine's physical memory in bytes (0 where the platform does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - platforms without sysconf
+        return 0
+
+
+def check_fits(cfg: ModelConfig, *, what: str, instead: str, bytes_per_param: float = 4.0) -> None:
+    """Refuse, before anything is allocated, a model whose weights exceed half this machine's memory
+    (a full-scale zoo model: hundreds of billions of parameters); ``instead`` says what to run."""
+    from storelab.models.accounting import count_params
+
+    n = count_params(cfg).stored
+    need, have = n * bytes_per_param, machine_bytes()
+    if have and need > have / 2:
+        raise ValueError(f"{what}: {cfg.name} is full scale: {n / 1e9:,.1f}B parameters, {need / 2**30:,.0f} GiB of "
+                         f"weights, more than half of this machine's {have / 2**30:,.0f} GiB; {instead}")

@@ -33,12 +33,13 @@ from typing import Any, Callable
 
 from storelab.models.config import (INHERITED, LAYER_INDEX, OPTIONAL_SLOTS, SLOTS, LayerConfig, ModelConfig, Published,
                                     required_fields)
-from storelab.models.fileformat import expand_indices
+from storelab.models.fileformat import check_types, expand_indices
 
 TOP_KEYS = {"name", "title", "d_model", "vocab_size", "n_layers", "context", "norm_eps", "tie_embeddings",
             "encoder_layers", "decoder_tail", "published", "notes", "stores", "layers", "extends"}
 ENTRY_KEYS = {"at", "pattern", "token", "channel", "depth", "lookup", "cache_owner", "selection_owner"}
 OWNERS = ("cache_owner", "selection_owner")
+MAX_LAYERS = 10_000  # a guard: a layer list is built per layer, before any size is known
 ALL_SLOTS = (*SLOTS, *OPTIONAL_SLOTS)
 
 # -- extends: names -> files, from whoever registered a resolver (the zoo) ---------------------
@@ -75,11 +76,29 @@ def read_file(path: str | Path) -> dict[str, Any]:
         d = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (a model file is TOML or JSON)") from None
+    _need_table(d, str(path))
     return resolve_extends(d, str(path))
+
+
+def _need_table(d: Any, source: str) -> None:
+    if not isinstance(d, dict):
+        raise ValueError(f"{source}: the model file must be a table (a JSON object {{...}}) at the top level, "
+                         f"got {type(d).__name__}")
+    for k, want in (("stores", dict), ("layers", list), ("published", dict)):
+        if k in d and not isinstance(d[k], want):
+            raise ValueError(f"{source}: {k}: must be {'a table' if want is dict else 'a list of tables'}, "
+                             f"got {type(d[k]).__name__}")
+    if any(not isinstance(e, dict) for e in d.get("layers", [])):
+        bad = next(i for i, e in enumerate(d["layers"]) if not isinstance(e, dict))
+        raise ValueError(f"{source}: layers[{bad}]: must be a table ([[layers]] with at = ..., token = ...), "
+                         f"got {d['layers'][bad]!r}")
 
 
 def resolve_extends(d: dict[str, Any], source: str) -> dict[str, Any]:
     """Merge ``extends = "name"``: stores updated per name, layers appended, the rest replaced."""
+    _need_table(d, source)
     if "extends" not in d:
         return d
     out = copy.deepcopy(read_file(_resolve_name(d["extends"], source)))
@@ -121,8 +140,20 @@ def _check_top(d: dict[str, Any], err) -> tuple[int, list[dict[str, Any]], dict[
         if k not in d:
             raise err(f"{k}: missing")
     n = d["n_layers"]
-    if not isinstance(n, int) or n <= 0:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise err(f"n_layers: must be a positive integer, got {n!r}")
+    if n <= 0:
         raise err(f"n_layers: must be a positive integer (the layer list is empty), got {n!r}")
+    if n > MAX_LAYERS:
+        raise err(f"n_layers: at most {MAX_LAYERS:,} (the deepest published models have about 100), got {n:,}")
+    try:
+        check_types(d, ModelConfig, skip=("layers", "published", "stores", "extends"))
+    except ValueError as e:
+        raise err(str(e)) from None
+    try:
+        check_types(d.get("published") or {}, Published)
+    except ValueError as e:
+        raise err(f"published.{e}") from None
     entries = d.get("layers", [])
     if not entries:
         raise err("layers: the layer list is empty (no [[layers]] assignments)")
@@ -141,6 +172,7 @@ def _assign(entries: list[dict[str, Any]], n: int, raw_stores: dict[str, Any], e
         pattern = e.get("pattern")
         if pattern is not None and (not isinstance(pattern, str) or not pattern):
             raise err(f"{where}.pattern: must be a non-empty string, got {pattern!r}")
+        _check_letters(e, pattern, where, err)
         for pos, i in enumerate(idx):
             letter = pattern[pos % len(pattern)] if pattern else None
             for key in (*ALL_SLOTS, *OWNERS):
@@ -161,6 +193,28 @@ def _assign(entries: list[dict[str, Any]], n: int, raw_stores: dict[str, Any], e
                               f"(have: {', '.join(sorted(raw_stores)) or 'none'})")
                 slots[i][key] = val
     return slots
+
+
+def _check_letters(e: dict[str, Any], pattern: str | None, where: str, err) -> None:
+    """A pattern needs a letter table to act on, and a letter table names only the pattern's letters."""
+    tables = {k: v for k, v in e.items() if k in (*ALL_SLOTS, *OWNERS) and isinstance(v, dict)}
+    if pattern is not None and not tables:
+        raise err(f"{where}.pattern: {pattern!r} has no letter table to act on: every slot names one store, so the "
+                  f"pattern would be ignored (write e.g. token = {{ {pattern[0]} = \"<store>\", ... }}, or drop it)")
+    for k, table in tables.items():
+        extra = sorted(set(table) - set(pattern or ""))
+        if pattern and extra:
+            raise err(f"{where}.{k}: letter {extra[0]!r} does not occur in pattern {pattern!r}")
+    for key in OWNERS:
+        vals = list(e[key].values()) if isinstance(e.get(key), dict) else [e[key]] if key in e else []
+        for v in vals:
+            if v != "previous" and (isinstance(v, bool) or not isinstance(v, int)):
+                raise err(f"{where}.{key}: must be a layer index or \"previous\", got {v!r}")
+    for key in ALL_SLOTS:
+        vals = list(e[key].values()) if isinstance(e.get(key), dict) else [e[key]] if key in e else []
+        for v in vals:
+            if not isinstance(v, str):
+                raise err(f"{where}.{key}: must name a store of [stores] (a string), got {v!r}")
 
 
 def _first_use(slots: list[dict[str, Any]], nm: str) -> str:
@@ -187,6 +241,8 @@ def _build_stores(d: dict[str, Any], raw_stores: dict[str, Any], slots, err):
         kind = sd.get("kind")
         if kind is None:
             raise err(f"{_first_use(slots, nm)}: kind: missing store kind")
+        if not isinstance(kind, str):
+            raise err(f"{_first_use(slots, nm)}: kind: must be a store kind name (a string), got {kind!r}")
         if kind not in reg:
             raise err(f"{_first_use(slots, nm)}: kind: unknown store kind {kind!r} (known: {', '.join(sorted(reg))})")
         for inh in INHERITED:
@@ -196,6 +252,7 @@ def _build_stores(d: dict[str, Any], raw_stores: dict[str, Any], slots, err):
             per_layer[nm] = sd  # built per layer in _layers
             sd = {**sd, LAYER_INDEX: 0}
         try:
+            check_types(sd, reg[kind])
             built[nm] = _from_table(reg[kind], sd)
         except (ValueError, TypeError) as e:
             raise err(f"{_first_use(slots, nm)} ({kind}): {e}") from None
@@ -289,6 +346,7 @@ def parse(d: dict[str, Any], source: str = "<dict>") -> ModelConfig:
     def err(msg: str) -> ValueError:
         return ValueError(f"{source}: {msg}")
 
+    _need_table(d, source)
     n, entries, raw_stores = _check_top(d, err)
     slots = _assign(entries, n, raw_stores, err)
     built, per_layer = _build_stores(d, raw_stores, slots, err)

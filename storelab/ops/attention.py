@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from storelab.ops._inputs import float_tensors
+
 __all__ = ["attend", "attend_causal", "attend_causal_blocks", "attend_causal_reference", "attend_lse", "merge_parts",
            "attend_reference", "causal_mask", "window_mask", "Kernel", "KERNELS"]
 
@@ -68,6 +70,7 @@ def window_mask(T: int, L: int, window: int, device=None) -> Tensor:
 def attend_reference(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask_TL: Tensor | None = None,
                      sinks_H: Tensor | None = None) -> Tensor:
     """The plain form: materialise the [T, L] scores, softmax with the sink in the denominator."""
+    float_tensors("attend_reference", q=q_BTHK, k=k_BLGK, v=v_BLGV, sinks_H=sinks_H)
     B, T, H, K = q_BTHK.shape
     G = k_BLGK.shape[2]
     if H % G:
@@ -102,6 +105,7 @@ def attend(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask
     q' = [q, sink_h / scale], k' = [k, 0] and the sink key [0, ..., 0, 1]. Rows of the mask with
     nothing readable are opened for the kernel and zeroed afterwards, as the reference does.
     """
+    float_tensors("attend", q=q_BTHK, k=k_BLGK, v=v_BLGV, sinks_H=sinks_H)
     B, T, H, K = q_BTHK.shape
     G = k_BLGK.shape[2]
     if H % G:
@@ -153,6 +157,7 @@ def attend_causal(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: floa
     (the rest ride along to give keys and values one width, ``KVCache.same_width``); the output
     keeps those. Keys wider than the query score the query's channels only.
     """
+    float_tensors("attend_causal", q=q_BTHK, k=k_BLGK, v=v_BLGV, sinks_H=sinks_H)
     if v_dim is not None and v_dim < v_BLGV.shape[-1]:
         return attend_causal(q_BTHK, k_BLGK, v_BLGV, scale=scale, sinks_H=sinks_H)[..., :v_dim]
     B, T, H, K = q_BTHK.shape

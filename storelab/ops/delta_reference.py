@@ -58,6 +58,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from storelab.ops._inputs import float_tensors
+
 __all__ = ["chunk_reference", "recurrent_step"]
 
 
@@ -87,6 +89,7 @@ def prepare_delta_inputs(name, q, k, v, g, beta, scale, initial_state, chunk_siz
     """The inputs every form computes on: shapes checked, float64 kept (anything else in float32),
     q and k repeated to the value heads (value head h reads query/key head h // (HV / H)), the
     scale defaulted to K ** -0.5. Returns (q, k, v, g, beta, scale, S0), q and k [B, T, HV, K]."""
+    float_tensors(name, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     B, T, H, K, HV, V = check_delta_shapes(name, q, k, v, g, beta, initial_state, g_per_channel)
     if chunk_size < 1:
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")

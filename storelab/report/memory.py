@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from storelab.outputs import atomic_path
 from storelab.report.core import Claim, Context, SectionResult, Table
 
 # Colours by store family (each store config declares its FAMILY); a family not listed here is drawn grey.
@@ -65,7 +66,8 @@ def _stack_figure(cfgs, path: Path) -> Path:
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=6, fontsize=8, frameon=False)
     ax.set_title("Layer stacks by store kind (faded: reads a cache another layer keeps; thin bar: depth mixer)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 
@@ -78,7 +80,10 @@ def models_section(ctx: Context) -> SectionResult:
     rows, claims = [], []
     for cfg, r in zip(cfgs, recs):
         p = r["params"]
-        rows.append([cfg.name, r["layers"], r["mix"], r["channel_mix"], r["depth"], p.get("stored"), p.get("published_stored"),
+        # both sides of the ratio alike: where the publisher counts Engram's tables apart, so does this column
+        apart = "published_engram" in p
+        rows.append([cfg.name + (" (without Engram)" if apart else ""), r["layers"], r["mix"], r["channel_mix"],
+                     r["depth"], p.get("stored_without_engram") if apart else p.get("stored"), p.get("published_stored"),
                      p.get("stored_ratio"), p.get("active"), p.get("published_active"), p.get("active_ratio")])
         if cfg.name in ESSAY_LAYERS:
             claims.append(Claim("models", f"{cfg.name}: number of layers", ESSAY_LAYERS[cfg.name], cfg.n_layers, 0.0))
@@ -102,7 +107,9 @@ def models_section(ctx: Context) -> SectionResult:
     fig = _stack_figure(cfgs, ctx.out / "layer_stacks.png")
     return SectionResult(
         text=("The seven models and two variants, declared as data (storelab/zoo/*.toml) and counted from the configs alone, "
-              "beside the publishers' figures. The picture shows each model's stack coloured by the kind of store each layer keeps."),
+              "beside the publishers' figures. Where a publisher counts Engram's lookup tables apart (V4.1-Flash), the stored "
+              "column leaves them out too, so that both sides of the ratio count the same parameters; the tables have a "
+              "claim of their own. The picture shows each model's stack coloured by the kind of store each layer keeps."),
         tables=[Table("The models (parameters from the configs)",
                       ["model", "layers", "token mixing", "channel mixing", "depth", "stored", "published", "ratio",
                        "active", "published", "ratio"], rows)],

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from storelab.console import clean
+from storelab.outputs import atomic_write
 from storelab.report.core import Claim, SectionOutcome, Table
 
 CSS = """
@@ -114,8 +115,8 @@ def write(out: Path, outcomes: list[SectionOutcome], claims: list[Claim], meta: 
     page = (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>storelab report</title>"
             f"<style>{CSS}</style></head><body>{''.join(parts_html)}{CHECK_SCRIPT}</body></html>")
     paths = {"html": out / "report.html", "md": out / "report.md", "json": out / "report.json"}
-    paths["html"].write_text(page)
-    paths["md"].write_text("\n".join(parts_md))
+    atomic_write(paths["html"], page)
+    atomic_write(paths["md"], "\n".join(parts_md))
     doc = {"meta": meta,
            "sections": [{"key": oc.section.key, "title": oc.section.title, "ok": oc.ok, "seconds": oc.seconds,
                          "error": oc.error or None,
@@ -123,5 +124,5 @@ def write(out: Path, outcomes: list[SectionOutcome], claims: list[Claim], meta: 
                          "figures": [Path(f).name for f in (oc.result.figures if oc.ok else [])],
                          "data": oc.result.data if oc.ok else None} for oc in outcomes],
            "ledger": [c.as_dict() for c in claims]}
-    paths["json"].write_text(json.dumps(clean(doc), indent=1))
+    atomic_write(paths["json"], json.dumps(clean(doc), indent=1))
     return paths

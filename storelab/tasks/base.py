@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from storelab.models.fileformat import check_types
+
 IGNORE = -100
 TASKS: dict[str, type] = {}
 
@@ -58,6 +60,7 @@ def make_task(name: str, preset: str | None = None, **options: Any):
             if isinstance(v, list) or isinstance(default, tuple):
                 v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
             kw[f.name] = v
+    check_types(kw, cls)  # a field of the wrong type is named here, not deep inside the task
     return cls(**kw)
 
 

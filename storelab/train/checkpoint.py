@@ -31,6 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 CHECKPOINT = "checkpoint.safetensors"
+RUN_FILES = (CHECKPOINT, "config.json")  # what a run folder holds (storelab.outputs checks --out against them)
 FORMAT = "storelab-checkpoint-1"
 
 
@@ -92,7 +93,11 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
     if p.is_dir():
         p = p / CHECKPOINT
     if not p.exists():
-        raise ValueError(f"checkpoint: no {CHECKPOINT} at {path}")
+        from storelab.outputs import KINDS, folder_kind
+
+        kind = folder_kind(path)
+        what = f": {path} is {KINDS[kind]}, not a run folder written by storelab train --out" if kind in KINDS else ""
+        raise ValueError(f"checkpoint: no {CHECKPOINT} at {path}{what}")
     with safe_open(str(p), framework="pt") as f:
         raw = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}

@@ -33,10 +33,12 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from storelab.models.config import ModelConfig
+from storelab.models.config import ModelConfig, check_fits
+from storelab.models.fileformat import check_types
 from storelab.models.model import Model
 from storelab.tasks import IGNORE, Batch, batch_seed, make_task, task_dict
-from storelab.train.checkpoint import CHECKPOINT, read_checkpoint, restore, save_checkpoint
+from storelab.outputs import check_folder
+from storelab.train.checkpoint import CHECKPOINT, RUN_FILES, read_checkpoint, restore, save_checkpoint
 from storelab.train.distributed import Dist
 from storelab.train.indexer import IndexerTap
 from storelab.train.models import resolve_model
@@ -70,6 +72,7 @@ class TrainConfig:
     indexer_weight: float = 0.0   # weight of the MSA indexers' imitation loss (storelab.train.indexer)
 
     def __post_init__(self):
+        check_types({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, TrainConfig)
         for n in ("steps", "batch_size", "eval_every", "eval_examples", "checkpoint_every", "log_every"):
             if getattr(self, n) <= 0:
                 raise ValueError(f"{n}: must be > 0, got {getattr(self, n)}")
@@ -116,6 +119,8 @@ def build(cfg: TrainConfig) -> tuple[Any, ModelConfig, Model]:
     """(task, model config, freshly initialised model) of a training config, seeded."""
     task = make_task(cfg.task, cfg.task_preset, **cfg.task_options)
     mcfg = resolve_model(cfg.model, task.vocab_size, **cfg.model_options)
+    check_fits(mcfg, what="model", instead="write a smaller model file" if cfg.model.endswith((".toml", ".json"))
+               else f"train its tiny version (--model tiny-{cfg.model}) or a built-in stack")
     torch.manual_seed(cfg.seed)
     return task, mcfg, Model(mcfg)
 
@@ -186,9 +191,14 @@ def _check_resume(saved: dict[str, Any], cfg: TrainConfig, path: Path) -> None:
 
 def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = True, progress: bool = False,
           dist: Dist | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None,
-          max_seconds: float | None = None) -> TrainResult:
-    """Train (or resume) a run; write checkpoints to ``out`` when given."""
+          max_seconds: float | None = None, force: bool = False) -> TrainResult:
+    """Train (or resume) a run; write checkpoints to ``out`` when given.
+
+    ``out`` is checked before any work (``storelab.outputs``): a run folder of its own, an empty or new
+    folder, or (``force``) any folder; a storelab save, a Hugging Face folder or a file is refused."""
     dist = dist or Dist()
+    if out is not None:
+        check_folder(out, "run", RUN_FILES, force=force)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     task, mcfg, model = build(cfg)

@@ -56,6 +56,9 @@ def stack_dict(pattern: str, vocab_size: int, **options: Any) -> dict[str, Any]:
     if bad:
         raise ValueError(f"{bad[0]}: unknown model option (known: {', '.join(sorted(DEFAULTS))})")
     o = {**DEFAULTS, **options}
+    if not pattern:
+        raise ValueError("model: pattern: give at least one layer letter (pattern:KKKA; known: "
+                         f"{', '.join(f'{k}={v}' for k, v in LETTERS.items())})")
     for ch in pattern:
         if ch not in LETTERS:
             raise ValueError(f"model: unknown layer letter {ch!r} in {pattern!r} (known: "

@@ -21,9 +21,11 @@ from pathlib import Path
 import torch
 
 from storelab.models.model import prefill
+from storelab.outputs import atomic_path
 from storelab.train.loop import TrainConfig, train
 
 STORES = ("attention", "window", "gated_deltanet", "kda", "hybrid")
+FILES = ("recall.json", "recall.png")  # what the benchmark's folder holds (storelab.outputs)
 
 
 @dataclass(kw_only=True)
@@ -42,6 +44,18 @@ class RecallBench:
     eval_examples: int = 128
 
     def __post_init__(self):
+        from storelab.train.models import BUILTIN
+
+        for m in self.models:
+            if m not in BUILTIN and not m.startswith("pattern:"):
+                raise ValueError(f"models: unknown stack {m!r} (known: {', '.join(BUILTIN)}, pattern:KKKA)")
+        for n in ("models", "widths", "pairs"):
+            if not getattr(self, n):
+                raise ValueError(f"{n}: give at least one")
+        for n in ("seq_len", "vocab_size", "n_layers", "window", "steps", "batch_size", "eval_examples"):
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{n}: must be a positive integer, got {v!r}")
         for p in self.pairs:
             if 4 * p > self.seq_len:
                 raise ValueError(f"pairs: {p} pairs need seq_len >= {4 * p}, got {self.seq_len}")
@@ -115,6 +129,7 @@ def plot_recall(rows: list[dict], path: str | Path) -> Path:
     axes[0][0].set_ylabel("MQAR accuracy")
     axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path

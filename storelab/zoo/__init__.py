@@ -28,7 +28,10 @@ def zoo_names() -> list[str]:
 
 
 def zoo_path(name: str, tiny: bool = False) -> Path:
-    """The file of a zoo model; ``name`` may also be a file name stem such as ``kimi-k3.tiny``."""
+    """The file of a zoo model; ``name`` may also say its tiny version itself, as the file name stem
+    ``kimi-k3.tiny`` or as ``tiny-kimi-k3`` (every command takes all three spellings)."""
+    if name.startswith("tiny-"):
+        name, tiny = name[len("tiny-"):], True
     stem = f"{name}.tiny" if tiny and not name.endswith(".tiny") else name
     p = ZOO_DIR / f"{stem}.toml"
     if not p.exists():

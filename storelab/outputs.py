@@ -1,0 +1,185 @@
+"""Output safety: no command loses a user's file.
+
+Every command that writes a folder says, before any work starts, which kind of folder it writes
+(``check_folder(path, kind, files, force=...)``), and writes each file atomically
+(``atomic_write`` / ``atomic_path``: a temporary file in the same folder, then ``os.replace``), so a
+kill at any moment leaves the old file or the new one, never half of one.
+
+The kinds, and how each is known from the files the command itself writes (its markers):
+
+==========  ===============================================  =========================================
+kind        written by                                       known by
+==========  ===============================================  =========================================
+save        ``storelab save`` / ``storelab.save``            config.json with model_type "storelab"
+run         ``storelab train --out``                         checkpoint.safetensors, or a config.json
+                                                             with "train_config"
+hf          (a Hugging Face model folder, never written)      any other config.json, *.safetensors,
+                                                             *.bin, tokenizer files
+report      ``storelab report``                              report.json or report.html
+recall      ``storelab recall``                              recall.json
+capacity    ``storelab capacity --plot``                     capacity.json
+==========  ===============================================  =========================================
+
+The rule: a folder of the command's own kind is its to rewrite (a resumed run, a report built
+again); an empty or missing folder is created; a folder of another kind is refused; in a folder
+of no known kind (a user's own) the command adds its files but refuses to replace one it did not
+write. ``force=True`` (the commands' ``--force``) is the one way past a refusal. Each refusal is an
+``OutputError`` (a ValueError) naming the option, the folder and the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator
+
+__all__ = ["OutputError", "KINDS", "folder_kind", "check_folder", "check_file", "atomic_write", "atomic_path"]
+
+KINDS = {
+    "save": "a storelab save (config.json with model_type 'storelab')",
+    "run": "a storelab train run (checkpoint.safetensors)",
+    "hf": "a Hugging Face model folder",
+    "report": "a storelab report folder (report.json)",
+    "recall": "a storelab recall folder (recall.json)",
+    "capacity": "a storelab capacity folder (capacity.json)",
+}
+HF_MARKERS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "tokenizer.json", "tokenizer_config.json",
+              "generation_config.json", "model.safetensors.index.json")
+
+
+class OutputError(ValueError):
+    """An output the command must not write; the message names the option, the folder and the file."""
+
+
+def _config_json(folder: Path) -> dict | None:
+    p = folder / "config.json"
+    if not p.is_file():
+        return None
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}  # a config.json of someone else's, unreadable to us
+    return d if isinstance(d, dict) else {}
+
+
+def folder_kind(folder: str | Path) -> str | None:
+    """The kind of an existing folder (a key of ``KINDS``), ``"empty"``, ``"other"`` (a folder with files
+    of no known kind), or None when nothing is there."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    try:
+        names = {p.name for p in folder.iterdir()}
+    except OSError:
+        return "other"
+    if not names:
+        return "empty"
+    if "report.json" in names or "report.html" in names:
+        return "report"
+    if "checkpoint.safetensors" in names:
+        return "run"
+    cfg = _config_json(folder)
+    if cfg is not None:
+        if cfg.get("model_type") == "storelab":
+            return "save"
+        if "train_config" in cfg:
+            return "run"
+        return "hf"
+    if any(next(folder.glob(m), None) is not None for m in HF_MARKERS):
+        return "hf"
+    if "recall.json" in names:
+        return "recall"
+    if "capacity.json" in names:
+        return "capacity"
+    return "other"
+
+
+def _writable_parent(path: Path, option: str) -> None:
+    """The nearest existing ancestor of ``path`` must be a folder this process may write in."""
+    p = path.absolute()
+    while not p.exists():
+        if p.parent == p:
+            break
+        p = p.parent
+    if not p.is_dir():
+        raise OutputError(f"{option}: cannot create {path}: {p} is a file, not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise OutputError(f"{option}: cannot write {path}: {p} is not writable")
+
+
+def check_folder(folder: str | Path, kind: str, files: Iterable[str] = (), *, force: bool = False,
+                 option: str = "--out") -> Path:
+    """Say whether ``folder`` may receive the files of a ``kind`` folder; raise ``OutputError`` if not.
+
+    ``files`` are the names (or glob patterns) the command will write there. Nothing is created:
+    the check runs before the work, the writes after it."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: one of {', '.join(KINDS)}, got {kind!r}")
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"{option}: {folder} is a file, not a folder (give a folder to write into)")
+    if not folder.exists():
+        _writable_parent(folder, option)
+        return folder
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"{option}: cannot write into {folder}: the folder is not writable")
+    have = folder_kind(folder)
+    if have in (kind, "empty") or force:
+        return folder
+    if have in KINDS:
+        raise OutputError(f"{option}: {folder} is {KINDS[have]}, not {KINDS[kind]}: refusing to write into it "
+                          f"(choose another folder, or --force to write anyway)")
+    clash = sorted({p.name for pat in files for p in folder.glob(pat)})
+    if clash:
+        raise OutputError(f"{option}: {folder / clash[0]} exists and was not written by this command: refusing to "
+                          f"replace it (choose another folder, or --force to overwrite)")
+    return folder
+
+
+def check_file(path: str | Path, *, force: bool = False, option: str = "--out") -> Path:
+    """Say whether the file ``path`` may be written: not a folder, in a writable place, and not an
+    existing file unless ``force``."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{option}: {path} is a folder, not a file name")
+    if path.exists() and not force:
+        raise OutputError(f"{option}: {path} exists: refusing to replace it (another name, or --force)")
+    _writable_parent(path.parent if str(path.parent) else Path("."), option)
+    return path
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same suffix, so writers that go by it still do) to write into;
+    on success it replaces ``path`` atomically, on failure it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically; return the path."""
+    raw = data.encode() if isinstance(data, str) else data
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(raw)
+    return Path(path)
+
+
+def _umask() -> int:
+    cur = os.umask(0)
+    os.umask(cur)
+    return cur
