@@ -74,9 +74,6 @@ import torch
 import torch.nn.functional as F
 
 from storelab.bench.kernels import CHUNK, OURS_CHUNK, _call_ours, _call_peer, _ours, _peer, delta_inputs
-from storelab.ops.delta_train import TRAIN_CHUNK
-
-OURS_TRAIN_CHUNK = min(OURS_CHUNK, TRAIN_CHUNK)  # the chunk our ops train at (ops.delta_train.TRAIN_CHUNK)
 from storelab.bench.timing import compare, matmul_fn
 
 OPS_SPEEDUP_TARGET = 3.0
@@ -144,7 +141,7 @@ def bench_train_op(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int 
     per_channel = name == "kda"
     ours = _ours(name)
     peer, peer_name = _peer(name)
-    flops = wy_train_flops(B, T, H, K, K, OURS_TRAIN_CHUNK)
+    flops = wy_train_flops(B, T, H, K, K, OURS_CHUNK)
     peer_flops = wy_train_flops(B, T, H, K, K, CHUNK)
     matmul_n = comparable_matmul_n(flops["total"])
     mm, mm_flops = matmul_fn(matmul_n)
@@ -161,7 +158,7 @@ def bench_train_op(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int 
     fraction = flops["total"] / ours_s / rate
     return {
         "bench": f"train {name}", "shape": {"B": B, "T": T, "H": H, "K": K, "V": K, "dtype": "fp32"},
-        "chunk": {"ours": OURS_TRAIN_CHUNK, "peer": CHUNK}, "threads": torch.get_num_threads(),
+        "chunk": {"ours": OURS_CHUNK, "peer": CHUNK}, "threads": torch.get_num_threads(),
         "statistic": "best of interleaved rounds, forward + backward (torch.autograd.grad of o and the "
                      "final state for q, k, v, g, beta)",
         "ours": "storelab.ops." + ("kda" if per_channel else "gated_delta_rule") + " (chunk, under autograd)",

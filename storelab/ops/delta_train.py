@@ -37,13 +37,7 @@ from torch import Tensor
 
 from storelab.ops.delta_reference import _from_chunks, _to_chunks
 
-__all__ = ["TRAIN_CHUNK", "chunk_train", "fits_factored", "training_chunk"]
-
-# Training's chunk is at most this many tokens (the ops' ``chunk_size`` above it is lowered to it): the
-# backward makes three times the forward's C x C products, and at 16 they cost less than the larger
-# products they save (B=1, 8 heads of 64, T=4,096, 1 thread: 170 ms at 16, 202 at 32, 232 at 64;
-# docs/bench.md).
-TRAIN_CHUNK = 16
+__all__ = ["chunk_train", "fits_factored", "training_chunk"]
 
 
 def _chunks(x: Tensor, C: int) -> Tensor:
@@ -163,9 +157,8 @@ class _DeltaChunks(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, S0, scale: float, C: int, per_channel: bool):
         B, T, H, K = q.shape
         V = v.shape[-1]
-        Kc, Vc = _chunks(k, C), _chunks(v, C)                                           # N BH C K|V
-        N, BH = Kc.shape[:2]
-        Q = torch.mul(_to_chunks(q, C), scale, out=Kc.new_empty(Kc.shape))            # one pass, contiguous
+        Q, Kc, Vc = _chunks(q * scale, C), _chunks(k, C), _chunks(v, C)       # N BH C K|V
+        N, BH = Q.shape[:2]
         D = K if per_channel else 1
         G, eG, eK, eGC = _decays(g, N, BH, C, D, Q)
         sc = _Scores(G, per_channel)
@@ -192,19 +185,20 @@ class _DeltaChunks(torch.autograd.Function):
             torch.baddbmm(S * eGC[n], KdT[n], Vn[n], out=S_all[n + 1])
         Qg = Q * eG
         O = torch.baddbmm(_mm(M, Vn).flatten(0, 1), Qg.flatten(0, 1), S_all[:-1].flatten(0, 1)).view(N, BH, C, V)
-        ctx.save_for_backward(Q, Qg, Kc, Vc, G, eG, eK, eGC, M, Kd, S_all, b, A, Tm, W, Vn, Kb, bV, bKe)
+        ctx.save_for_backward(Q, Kc, Vc, G, eG, eK, eGC, M, Kd, S_all, b, A, Tm, W, Vn, Kb, bV, bKe)
         ctx.sc, ctx.shape, ctx.scale = sc, (B, T, H, K, V, C, D), scale
         ctx.has = (g is not None, beta is not None, S0 is not None)
         return _from_chunks(O, B, T).contiguous(), S_all[-1].view(B, H, K, V).clone()
 
     @staticmethod
     def backward(ctx, do, dS_final):
-        Q, Qg, Kc, Vc, G, eG, eK, eGC, M, Kd, S_all, b, A, Tm, W, Vn, Kb, bV, bKe = ctx.saved_tensors
+        Q, Kc, Vc, G, eG, eK, eGC, M, Kd, S_all, b, A, Tm, W, Vn, Kb, bV, bKe = ctx.saved_tensors
         B, T, H, K, V, C, D = ctx.shape
         has_g, has_beta, has_S0 = ctx.has
         sc = ctx.sc
         N, BH = Q.shape[:2]
         dO = _chunks(do.to(Q.dtype), C)                               # N BH C V (do may be expanded)
+        Qg = Q * eG
         MtdO = _mm(M.transpose(-1, -2), dO)                                          # N BH C V
         QtdO = _mm(Qg.transpose(-1, -2), dO)                                          # N BH K V
         dS_after = Q.new_empty(N, BH, K, V)
