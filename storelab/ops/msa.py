@@ -32,6 +32,10 @@ block; ``topk``'s order among exact ties is unspecified, so with continuous scor
 [k * block_size] mask per query (causal cut, -1 slots): that is the softmax of the reference over
 ``block_mask``'s positions.
 
+Training the index branch (the top-k passes no gradient): ``block_attention_target(q_BTHK, k_BLGK, *,
+positions_T, block_size, scale)`` -> [B, G, T, N], the main attention's weight per block (each group's
+heads averaged, causal, no gradient), which the block scores' softmax imitates (KL; MiniMax's recipe).
+
 Keys are the whole history, entry l at absolute position l; ``positions_T`` are the queries'
 absolute positions. The result for a query does not depend on how many later keys exist, so a
 chunked prefill selects exactly what one full pass selects. The selection contract matches
@@ -52,7 +56,8 @@ from torch import Tensor
 from storelab.ops.attention import attend_lse, merge_parts
 from storelab.ops.indexer import running_top
 
-__all__ = ["block_scores", "select_blocks", "block_mask", "select_blocks_streamed", "attend_blocks"]
+__all__ = ["block_scores", "select_blocks", "block_mask", "select_blocks_streamed", "attend_blocks",
+           "block_attention_target"]
 
 SCORE_BUDGET = 1 << 19   # index logits held at once while scoring a long context (2 MiB in fp32)
 GATHER_BUDGET = 1 << 18  # gathered key/value numbers held at once by the read (1 MiB in fp32)
@@ -70,6 +75,21 @@ def block_scores(q_idx_BTGI: Tensor, k_idx_BLI: Tensor, *, positions_T: Tensor, 
     if pad:
         s_BGTL = torch.nn.functional.pad(s_BGTL, (0, pad), value=float("-inf"))
     return s_BGTL.view(B, G, T, N, block_size).amax(-1)
+
+
+@torch.no_grad()
+def block_attention_target(q_BTHK: Tensor, k_BLGK: Tensor, *, positions_T: Tensor, block_size: int,
+                           scale: float) -> Tensor:
+    """The main attention's weight per block, [B, G, T, N] (rows sum to 1): each group's heads averaged."""
+    B, T, H, _ = q_BTHK.shape
+    L, G = k_BLGK.shape[1], k_BLGK.shape[2]
+    k_BLHK = k_BLGK.repeat_interleave(H // G, dim=2)
+    logits_BHTL = torch.einsum("bthk,blhk->bhtl", q_BTHK.float(), k_BLHK.float()) * scale
+    future_TL = torch.arange(L, device=q_BTHK.device)[None, :] > positions_T[:, None]
+    w_BGTL = logits_BHTL.masked_fill(future_TL, float("-inf")).softmax(-1).view(B, G, H // G, T, L).mean(2)
+    N = -(-L // block_size)
+    w_BGTL = F.pad(w_BGTL, (0, N * block_size - L))
+    return w_BGTL.view(B, G, T, N, block_size).sum(-1)
 
 
 def _forced_blocks(positions_T: Tensor, *, block_size: int, local_blocks: int, include_first_block: bool) -> Tensor:
