@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from storelab.ops.quant import decode_entries, encode_entries
+from storelab.ops.quant import decode_entries, encode_entries, fake_quantize_entries
 from storelab.state import State, tensor_bytes
 
 __all__ = ["CompressedCache", "SharedCompressedCache", "PlainEntries", "CodedEntries", "entry_format"]
@@ -104,7 +104,8 @@ class PlainEntries:
 
 @dataclass(frozen=True)
 class CodedEntries:
-    """A cache format of ``storelab.ops.quant``: rows encoded on write and decoded on read."""
+    """A cache format of ``storelab.ops.quant``: rows encoded on write and decoded on read; entries that
+    need a gradient keep the training form (``fake_quantize_entries``: same values, straight through)."""
 
     fmt: str
     block: int
@@ -112,6 +113,8 @@ class CodedEntries:
     in_place = False
 
     def encode(self, x: Tensor, rope_dim: int) -> Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:  # training: float rows, straight-through gradient
+            return fake_quantize_entries(x, rope_dim=rope_dim, fmt=self.fmt, block=self.block)
         return encode_entries(x, rope_dim=rope_dim, fmt=self.fmt, block=self.block)
 
     def decode(self, rows: Tensor, width: int, rope_dim: int, dtype: torch.dtype) -> Tensor:
