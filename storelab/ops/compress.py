@@ -41,6 +41,7 @@ from torch import Tensor
 
 from storelab.ops.indexer import attention_target, indexer_distill_loss, top_positions_streamed
 from storelab.ops.indexer import index_scores as _indexer_scores
+from storelab.ops.precision import at_least_fp32
 
 __all__ = ["pool_entries", "pool_entries_reference", "readable_entries", "index_scores", "imitation_loss",
            "select_topk", "select_topk_streamed"]
@@ -56,7 +57,7 @@ def _span(kv_BTSC: Tensor, z_BTSC: Tensor, *, pool: int, stride: int, start: int
         raise ValueError(f"start: entry {first} needs tokens from position {max(lo, 0)}, the input starts at {start}")
     hi = last * stride
     kv = kv_BTSC[:, max(lo, start) - start: hi - start]
-    z = z_BTSC[:, max(lo, start) - start: hi - start].float()
+    z = at_least_fp32(z_BTSC[:, max(lo, start) - start: hi - start])
     if lo < 0:
         kv = torch.nn.functional.pad(kv, (0, 0, 0, 0, -lo, 0))
         z = torch.nn.functional.pad(z, (0, 0, 0, 0, -lo, 0), value=float("-inf"))
@@ -80,7 +81,7 @@ def pool_entries(kv_BTSC: Tensor, z_BTSC: Tensor, bias_PC: Tensor, *, stride: in
     # unfold: [B, N, S, C, P] -> [B, N, P, S, C] -> slot j keeps its series s_j: [B, N, P, C]
     kv_w = kv.unfold(1, pool, stride).permute(0, 1, 4, 2, 3)[:, :, slot_P, series_P]
     z_w = z.unfold(1, pool, stride).permute(0, 1, 4, 2, 3)[:, :, slot_P, series_P]
-    p_BNPC = torch.softmax(z_w + bias_PC.float(), dim=2)
+    p_BNPC = torch.softmax(z_w + at_least_fp32(bias_PC), dim=2)
     return (p_BNPC.to(kv_w.dtype) * kv_w).sum(dim=2)
 
 
@@ -123,7 +124,7 @@ def index_scores(q_BTHK: Tensor, k_BNK: Tensor, w_BTH: Tensor, *, scale: float) 
 
     The DSA indexer's score (``storelab.ops.indexer.index_scores``; scale > 0 commutes with
     the ReLU), in fp32: at inference one [B, H, T, N] product, ReLU in place, heads summed in place."""
-    return _indexer_scores(q_BTHK.float(), k_BNK.float(), w_BTH.float(), scale=scale)
+    return _indexer_scores(at_least_fp32(q_BTHK), at_least_fp32(k_BNK), at_least_fp32(w_BTH), scale=scale)
 
 
 def imitation_loss(q_BTHK: Tensor, kv_BNC: Tensor, iq_BTHK: Tensor, ik_BNK: Tensor, w_BTH: Tensor,

@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from storelab.ops.precision import at_least_fp32
+
 __all__ = ["index_scores", "index_scores_at", "top_positions", "selection_mask", "block_pool", "indexer_distill_loss",
            "attention_target", "restrict_to_selection", "top_positions_streamed", "running_top"]
 
@@ -146,8 +148,8 @@ def block_pool(scores_BTL: Tensor, *, block: int, n_blocks: int) -> tuple[Tensor
 
 def indexer_distill_loss(scores_BTL: Tensor, target_BTL: Tensor) -> Tensor:
     """Mean over queries of KL(target || softmax(scores)); entries with score -inf must have target 0."""
-    logq_BTL = torch.log_softmax(scores_BTL.float(), dim=-1)
-    t = target_BTL.float()
+    logq_BTL = torch.log_softmax(at_least_fp32(scores_BTL), dim=-1)
+    t = at_least_fp32(target_BTL)
     kl_BTL = torch.where(t > 0, t * (torch.log(t.clamp_min(1e-30)) - logq_BTL), torch.zeros_like(t))
     return kl_BTL.sum(-1).mean()
 
@@ -155,7 +157,7 @@ def indexer_distill_loss(scores_BTL: Tensor, target_BTL: Tensor) -> Tensor:
 @torch.no_grad()
 def attention_target(q_BTHX: Tensor, k_BLX: Tensor, *, scale: float, mask_TL: Tensor) -> Tensor:
     """The main attention's weights over L entries (one key head), averaged over the H heads, [B, T, L]."""
-    logits_BTHL = torch.einsum("bthx,blx->bthl", q_BTHX.float(), k_BLX.float()) * scale
+    logits_BTHL = torch.einsum("bthx,blx->bthl", at_least_fp32(q_BTHX), at_least_fp32(k_BLX)) * scale
     return logits_BTHL.masked_fill(~mask_TL[..., None, :], float("-inf")).softmax(-1).nan_to_num(0.0).mean(2)
 
 

@@ -55,6 +55,7 @@ from torch import Tensor
 
 from storelab.ops.attention import attend_lse, merge_parts
 from storelab.ops.indexer import running_top
+from storelab.ops.precision import at_least_fp32
 
 __all__ = ["block_scores", "select_blocks", "block_mask", "select_blocks_streamed", "attend_blocks",
            "block_attention_target"]
@@ -67,7 +68,7 @@ def block_scores(q_idx_BTGI: Tensor, k_idx_BLI: Tensor, *, positions_T: Tensor, 
     """Block-max pooled index scores, [B, G, T, ceil(L / block_size)]; -inf for wholly future blocks."""
     B, T, G, _ = q_idx_BTGI.shape
     L = k_idx_BLI.shape[1]
-    s_BGTL = torch.einsum("btgi,bli->bgtl", q_idx_BTGI.float(), k_idx_BLI.float())
+    s_BGTL = torch.einsum("btgi,bli->bgtl", at_least_fp32(q_idx_BTGI), at_least_fp32(k_idx_BLI))
     future_TL = torch.arange(L, device=s_BGTL.device)[None, :] > positions_T[:, None]
     s_BGTL = s_BGTL.masked_fill(future_TL, float("-inf"))
     N = -(-L // block_size)
@@ -84,7 +85,7 @@ def block_attention_target(q_BTHK: Tensor, k_BLGK: Tensor, *, positions_T: Tenso
     B, T, H, _ = q_BTHK.shape
     L, G = k_BLGK.shape[1], k_BLGK.shape[2]
     k_BLHK = k_BLGK.repeat_interleave(H // G, dim=2)
-    logits_BHTL = torch.einsum("bthk,blhk->bhtl", q_BTHK.float(), k_BLHK.float()) * scale
+    logits_BHTL = torch.einsum("bthk,blhk->bhtl", at_least_fp32(q_BTHK), at_least_fp32(k_BLHK)) * scale
     future_TL = torch.arange(L, device=q_BTHK.device)[None, :] > positions_T[:, None]
     w_BGTL = logits_BHTL.masked_fill(future_TL, float("-inf")).softmax(-1).view(B, G, H // G, T, L).mean(2)
     N = -(-L // block_size)

@@ -49,8 +49,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "ROUTER_SCORES", "route_topk", "route_fixed", "expert_load", "balance_loss", "bias_step", "swiglu", "clamped_swiglu", "grouped_swiglu",
-    "dense_moe_reference", "next_prime", "is_prime", "ngram_rows",
+    "ROUTER_SCORES", "route_topk", "route_fixed", "expert_load", "balance_loss", "bias_step", "swiglu", "clamped_swiglu",
+    "grouped_swiglu", "dense_moe_reference", "next_prime", "is_prime", "ngram_rows",
 ]
 
 
