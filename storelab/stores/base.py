@@ -344,7 +344,8 @@ def observing() -> bool:
 class TrainingSignals:
     """What the stores handed to training during one ``training_signals()`` block."""
 
-    def __init__(self):
+    def __init__(self, ignore: tuple[str, ...] = ()):
+        self.ignore = frozenset(ignore)  # loss names not wanted: not even computed
         self.losses: dict[str, list[tuple[Any, torch.Tensor]]] = {}
         self.updates: list[tuple[Any, Callable]] = []
 
@@ -368,9 +369,10 @@ _TRAINING: contextvars.ContextVar[TrainingSignals | None] = contextvars.ContextV
 
 
 @contextmanager
-def training_signals() -> Iterator[TrainingSignals]:
-    """Within the block, keep the losses and updates the stores add (``add_loss``, ``add_update``)."""
-    sig = TrainingSignals()
+def training_signals(*, ignore: tuple[str, ...] = ()) -> Iterator[TrainingSignals]:
+    """Within the block, keep the losses and updates the stores add (``add_loss``, ``add_update``),
+    except the losses named in ``ignore`` (which are not computed)."""
+    sig = TrainingSignals(ignore)
     tok = _TRAINING.set(sig)
     try:
         yield sig
@@ -386,7 +388,7 @@ def collecting() -> bool:
 def add_loss(module, name: str, value: Any) -> None:
     """An auxiliary loss of the call in progress (a tensor, or a function making one), for the training loop."""
     sig = _TRAINING.get()
-    if sig is not None:
+    if sig is not None and name not in sig.ignore:
         v = value() if callable(value) else value
         if v is not None:
             sig.losses.setdefault(name, []).append((module, v))

@@ -238,7 +238,7 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
         batch = task.sample(cfg.batch_size, batch_seed(cfg.seed, "train", step))
         local = batch.slice(*dist.shard(cfg.batch_size))
         n = batch.n_scored
-        with training_signals() as sig:
+        with training_signals(ignore=() if cfg.indexer_weight > 0 else ("indexer",)) as sig:
             loss, correct, _ = token_loss(model, local, n)
         aux, total = auxiliary_losses(sig, cfg), loss
         for v in aux.values():  # weighted by this process's share of the global batch
