@@ -35,3 +35,21 @@ def test_a_store_keeps_no_tensor_of_its_last_call():
         m(torch.randn(2, 5, 16))
     assert {k for k, v in vars(m).items() if isinstance(v, torch.Tensor)} == before
     assert int(seen.last(m, "load").sum()) == 2 * 5 * 2
+
+
+def test_training_signals_are_kept_only_inside_a_block_and_ignored_losses_not_computed():
+    from storelab.stores.base import add_loss, add_update, collecting, training_signals
+
+    m = torch.nn.Identity()
+    calls = []
+    add_loss(m, "indexer", lambda: calls.append(1))   # no training block: not computed
+    add_update(m, lambda reduce: calls.append(2))
+    assert calls == [] and not collecting()
+    with training_signals(ignore=("indexer",)) as sig:
+        assert collecting()
+        add_loss(m, "indexer", lambda: calls.append(3))
+        add_loss(m, "balance", torch.tensor(2.0)), add_loss(m, "balance", lambda: torch.tensor(4.0))
+        add_update(m, lambda reduce: calls.append(float(reduce(torch.tensor(5.0)))))
+    assert calls == [] and sig.mean("indexer") is None and float(sig.mean("balance")) == 3.0
+    sig.apply_updates(reduce=lambda t: 2 * t)           # after the optimiser step, summed over processes
+    assert calls == [10.0]

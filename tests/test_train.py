@@ -159,22 +159,23 @@ def test_dictionary_hybrid_within_a_budget():
 
 
 def test_indexer_imitation_reaches_only_the_index_branch():
-    from storelab.train.indexer import IndexerTap, msa_layers
-    from storelab.train.loop import build, token_loss
+    from storelab.stores.base import training_signals
+    from storelab.stores.msa import BlockSparseAttention
+    from storelab.train.loop import auxiliary_losses, build, token_loss
 
     cfg = TrainConfig(model="tiny-minimax-m3", task="mqar", task_preset="tiny", indexer_weight=1.0)
     task, _, model = build(cfg)
     b = task.sample(4, 0)
-    i = msa_layers(model)[0]
-    store = model.blocks[i].token
+    store = next(blk.token for blk in model.blocks if isinstance(blk.token, BlockSparseAttention))
     loss, _, _ = token_loss(model, b, b.n_scored)
     loss.backward()
     assert store.index_q.weight.grad is None  # the hard top-k passes no gradient
     model.zero_grad(set_to_none=True)
-    with IndexerTap(model) as tap:
+    with training_signals() as sig:
         token_loss(model, b, b.n_scored)
-    kl = tap.loss()
+    kl = auxiliary_losses(sig, cfg)["indexer_kl"]
     assert kl.item() > 0
     kl.backward()
     assert store.index_q.weight.grad.abs().sum() > 0
     assert store.q_proj.weight.grad is None  # the main attention is only the teacher
+    assert "indexer_kl" not in auxiliary_losses(sig, TrainConfig(indexer_weight=0.0))

@@ -48,8 +48,8 @@ def register(app: typer.Typer) -> None:
         eval_every: int = opt.count(100, "--eval-every"),
         checkpoint_every: int = opt.count(100, "--checkpoint-every"),
         threads: int = opt.count(0, "--threads", zero=True, help="Torch threads per process (0: torch's default)."),
-        indexer_weight: float = opt.number(0.0, "--indexer-weight", min=0, help="Weight of the MSA indexers' "
-                                           "imitation of the main attention (0: off)."),
+        indexer_weight: float = opt.number(1.0, "--indexer-weight", min=0, help="Weight of the indexers' imitation "
+                                           "of the main attention (DSA, hierarchical, MSA, CSA; 0: off)."),
         task_opt: list[str] = typer.Option(None, "--task-opt", help="Task option key=value (repeatable)."),
         model_opt: list[str] = typer.Option(None, "--model-opt", help="Built-in stack option key=value."),
         fresh: bool = typer.Option(False, "--fresh", help="Ignore a checkpoint in --out and start over."),

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from storelab.ops._inputs import float_tensors
+from storelab.ops.precision import at_least_fp32, compute_dtype
 
 __all__ = ["attend", "attend_causal", "attend_causal_blocks", "attend_causal_reference", "attend_lse", "merge_parts",
            "attend_reference", "causal_mask", "window_mask", "Kernel", "KERNELS"]
@@ -254,7 +255,7 @@ def attend_lse(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, 
     q = q_BTHK.transpose(1, 2)
     k = k_BLGK.transpose(1, 2).repeat_interleave(rep, dim=1)
     v = v_BLGV.transpose(1, 2).repeat_interleave(rep, dim=1)
-    logits = torch.matmul(q, k.transpose(-1, -2)).float() * scale          # B H T L
+    logits = at_least_fp32(torch.matmul(q, k.transpose(-1, -2))) * scale          # B H T L
     if mask_TL is not None:
         m = mask_TL if mask_TL.dim() == 4 else (mask_TL[:, None] if mask_TL.dim() == 3 else mask_TL)
         logits = logits.masked_fill(~m, float("-inf"))
@@ -276,17 +277,17 @@ def merge_parts(parts, *, sinks_H: Tensor | None = None, keep_lse: bool = False)
     dtype = None
     for o, l_ in parts:
         if out is None:
-            out, lse, dtype = o.to(torch.float32, copy=True), l_, o.dtype
+            out, lse, dtype = o.to(compute_dtype(o.dtype), copy=True), l_, o.dtype
             continue
         new = torch.logaddexp(lse, l_).clamp_min(-1e30)
         out.mul_(torch.exp(lse - new).transpose(1, 2)[..., None])
-        out.addcmul_(o.float(), torch.exp(l_ - new).transpose(1, 2)[..., None])
+        out.addcmul_(at_least_fp32(o), torch.exp(l_ - new).transpose(1, 2)[..., None])
         lse = new
     if out is None:
         raise ValueError("parts: nothing to merge")
     if sinks_H is not None:
         B, T, H, _ = out.shape
-        new = torch.logaddexp(lse, sinks_H.float().view(1, H, 1).expand(B, H, T)).clamp_min(-1e30)
+        new = torch.logaddexp(lse, at_least_fp32(sinks_H).view(1, H, 1).expand(B, H, T)).clamp_min(-1e30)
         out.mul_(torch.exp(lse - new).transpose(1, 2)[..., None])
         lse = new
     return (out.to(dtype), lse) if keep_lse else out.to(dtype)

@@ -24,6 +24,9 @@ C channels, P slots in a pool (``pool``), N entries, H heads, K head width.
 * ``readable_entries(q_pos_T, n_entries, stride)`` - causal mask [T, N].
 * ``index_scores(q_BTHK, k_BNK, w_BTH, *, scale)`` - lightning-indexer scores
   ``sum_h w_h ReLU(q_h . k) * scale`` (DeepSeek Sparse Attention's indexer).
+* ``imitation_loss(q_BTHK, kv_BNC, iq_BTHK, ik_BNK, w_BTH, readable_TN, *, scale, index_scale)`` - the
+  indexer's training loss (the top-k passes no gradient): KL(the main attention over the readable
+  entries, heads averaged, no gradient || softmax of the index scores), mean over the queries.
 * ``select_topk(scores_BTN, readable_TN, k)`` - bool mask of the k best readable entries
   (the reference form: it holds every query's scores over every entry).
 * ``select_topk_streamed(q_BTHK, keys, w_BTH, *, seen, n_entries, stride, k, scale, block, queries)``
@@ -36,11 +39,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from storelab.ops.indexer import attention_target, indexer_distill_loss, top_positions_streamed
 from storelab.ops.indexer import index_scores as _indexer_scores
-from storelab.ops.indexer import top_positions_streamed
+from storelab.ops.precision import at_least_fp32
 
-__all__ = ["pool_entries", "pool_entries_reference", "readable_entries", "index_scores", "select_topk",
-           "select_topk_streamed"]
+__all__ = ["pool_entries", "pool_entries_reference", "readable_entries", "index_scores", "imitation_loss",
+           "select_topk", "select_topk_streamed"]
 
 
 def _span(kv_BTSC: Tensor, z_BTSC: Tensor, *, pool: int, stride: int, start: int, first: int):
@@ -53,7 +57,7 @@ def _span(kv_BTSC: Tensor, z_BTSC: Tensor, *, pool: int, stride: int, start: int
         raise ValueError(f"start: entry {first} needs tokens from position {max(lo, 0)}, the input starts at {start}")
     hi = last * stride
     kv = kv_BTSC[:, max(lo, start) - start: hi - start]
-    z = z_BTSC[:, max(lo, start) - start: hi - start].float()
+    z = at_least_fp32(z_BTSC[:, max(lo, start) - start: hi - start])
     if lo < 0:
         kv = torch.nn.functional.pad(kv, (0, 0, 0, 0, -lo, 0))
         z = torch.nn.functional.pad(z, (0, 0, 0, 0, -lo, 0), value=float("-inf"))
@@ -77,7 +81,7 @@ def pool_entries(kv_BTSC: Tensor, z_BTSC: Tensor, bias_PC: Tensor, *, stride: in
     # unfold: [B, N, S, C, P] -> [B, N, P, S, C] -> slot j keeps its series s_j: [B, N, P, C]
     kv_w = kv.unfold(1, pool, stride).permute(0, 1, 4, 2, 3)[:, :, slot_P, series_P]
     z_w = z.unfold(1, pool, stride).permute(0, 1, 4, 2, 3)[:, :, slot_P, series_P]
-    p_BNPC = torch.softmax(z_w + bias_PC.float(), dim=2)
+    p_BNPC = torch.softmax(z_w + at_least_fp32(bias_PC), dim=2)
     return (p_BNPC.to(kv_w.dtype) * kv_w).sum(dim=2)
 
 
@@ -120,7 +124,16 @@ def index_scores(q_BTHK: Tensor, k_BNK: Tensor, w_BTH: Tensor, *, scale: float) 
 
     The DSA indexer's score (``storelab.ops.indexer.index_scores``; scale > 0 commutes with
     the ReLU), in fp32: at inference one [B, H, T, N] product, ReLU in place, heads summed in place."""
-    return _indexer_scores(q_BTHK.float(), k_BNK.float(), w_BTH.float(), scale=scale)
+    return _indexer_scores(at_least_fp32(q_BTHK), at_least_fp32(k_BNK), at_least_fp32(w_BTH), scale=scale)
+
+
+def imitation_loss(q_BTHK: Tensor, kv_BNC: Tensor, iq_BTHK: Tensor, ik_BNK: Tensor, w_BTH: Tensor,
+                   readable_TN: Tensor, *, scale: float, index_scale: float) -> Tensor:
+    """KL(main attention over the readable entries, one KV head, heads averaged, detached || softmax
+    of the index scores); every query must have a readable entry."""
+    target_BTN = attention_target(q_BTHK, kv_BNC, scale=scale, mask_TL=readable_TN)
+    scores_BTN = index_scores(iq_BTHK, ik_BNK, w_BTH, scale=index_scale)
+    return indexer_distill_loss(scores_BTN.masked_fill(~readable_TN, float("-inf")), target_BTN)
 
 
 def select_topk(scores_BTN: Tensor, readable_TN: Tensor, k: int) -> Tensor:

@@ -31,7 +31,10 @@ head counts.
 * ``indexer_distill_loss(scores_BTL, target_BTL)``: the top-k passes no gradient,
   so the indexer is trained to imitate the main attention: KL(target || softmax(I))
   with target the main attention's weights averaged over heads (DeepSeek-V3.2's
-  objective, also GLM-5's).
+  objective, also GLM-5's); ``attention_target(q_BTHX, k_BLX, *, scale, mask_TL)`` is that target
+  (one shared key head, softmax per head, averaged over heads, no gradient), and
+  ``restrict_to_selection(scores_BTL, target_BTL, k)`` both restricted to the indexer's top k
+  (the sparse training stage).
 
 Legend: B batch, T queries, L positions kept, H index heads, K index head width,
 k entries selected, P pool positions.
@@ -43,8 +46,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from storelab.ops.precision import at_least_fp32
+
 __all__ = ["index_scores", "index_scores_at", "top_positions", "selection_mask", "block_pool", "indexer_distill_loss",
-           "top_positions_streamed", "running_top"]
+           "attention_target", "restrict_to_selection", "top_positions_streamed", "running_top"]
 
 
 def index_scores(q_BTHK: Tensor, k_BLK: Tensor, w_BTH: Tensor, *, scale: float,
@@ -143,10 +148,24 @@ def block_pool(scores_BTL: Tensor, *, block: int, n_blocks: int) -> tuple[Tensor
 
 def indexer_distill_loss(scores_BTL: Tensor, target_BTL: Tensor) -> Tensor:
     """Mean over queries of KL(target || softmax(scores)); entries with score -inf must have target 0."""
-    logq_BTL = torch.log_softmax(scores_BTL.float(), dim=-1)
-    t = target_BTL.float()
+    logq_BTL = torch.log_softmax(at_least_fp32(scores_BTL), dim=-1)
+    t = at_least_fp32(target_BTL)
     kl_BTL = torch.where(t > 0, t * (torch.log(t.clamp_min(1e-30)) - logq_BTL), torch.zeros_like(t))
     return kl_BTL.sum(-1).mean()
+
+
+@torch.no_grad()
+def attention_target(q_BTHX: Tensor, k_BLX: Tensor, *, scale: float, mask_TL: Tensor) -> Tensor:
+    """The main attention's weights over L entries (one key head), averaged over the H heads, [B, T, L]."""
+    logits_BTHL = torch.einsum("bthx,blx->bthl", at_least_fp32(q_BTHX), at_least_fp32(k_BLX)) * scale
+    return logits_BTHL.masked_fill(~mask_TL[..., None, :], float("-inf")).softmax(-1).nan_to_num(0.0).mean(2)
+
+
+def restrict_to_selection(scores_BTL: Tensor, target_BTL: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Scores and target restricted to the top k of the (detached) scores, the target renormalised."""
+    keep_BTL = selection_mask(*top_positions(scores_BTL.detach(), k), scores_BTL.shape[-1])
+    target_BTL = target_BTL * keep_BTL
+    return scores_BTL.masked_fill(~keep_BTL, float("-inf")), target_BTL / target_BTL.sum(-1, keepdim=True)
 
 
 def _top_in_order(v_BTn: Tensor, k: int) -> Tensor:

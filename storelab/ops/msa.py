@@ -32,6 +32,10 @@ block; ``topk``'s order among exact ties is unspecified, so with continuous scor
 [k * block_size] mask per query (causal cut, -1 slots): that is the softmax of the reference over
 ``block_mask``'s positions.
 
+Training the index branch (the top-k passes no gradient): ``block_attention_target(q_BTHK, k_BLGK, *,
+positions_T, block_size, scale)`` -> [B, G, T, N], the main attention's weight per block (each group's
+heads averaged, causal, no gradient), which the block scores' softmax imitates (KL; MiniMax's recipe).
+
 Keys are the whole history, entry l at absolute position l; ``positions_T`` are the queries'
 absolute positions. The result for a query does not depend on how many later keys exist, so a
 chunked prefill selects exactly what one full pass selects. The selection contract matches
@@ -51,8 +55,10 @@ from torch import Tensor
 
 from storelab.ops.attention import attend_lse, merge_parts
 from storelab.ops.indexer import running_top
+from storelab.ops.precision import at_least_fp32
 
-__all__ = ["block_scores", "select_blocks", "block_mask", "select_blocks_streamed", "attend_blocks"]
+__all__ = ["block_scores", "select_blocks", "block_mask", "select_blocks_streamed", "attend_blocks",
+           "block_attention_target"]
 
 SCORE_BUDGET = 1 << 19   # index logits held at once while scoring a long context (2 MiB in fp32)
 GATHER_BUDGET = 1 << 18  # gathered key/value numbers held at once by the read (1 MiB in fp32)
@@ -62,7 +68,7 @@ def block_scores(q_idx_BTGI: Tensor, k_idx_BLI: Tensor, *, positions_T: Tensor, 
     """Block-max pooled index scores, [B, G, T, ceil(L / block_size)]; -inf for wholly future blocks."""
     B, T, G, _ = q_idx_BTGI.shape
     L = k_idx_BLI.shape[1]
-    s_BGTL = torch.einsum("btgi,bli->bgtl", q_idx_BTGI.float(), k_idx_BLI.float())
+    s_BGTL = torch.einsum("btgi,bli->bgtl", at_least_fp32(q_idx_BTGI), at_least_fp32(k_idx_BLI))
     future_TL = torch.arange(L, device=s_BGTL.device)[None, :] > positions_T[:, None]
     s_BGTL = s_BGTL.masked_fill(future_TL, float("-inf"))
     N = -(-L // block_size)
@@ -70,6 +76,21 @@ def block_scores(q_idx_BTGI: Tensor, k_idx_BLI: Tensor, *, positions_T: Tensor, 
     if pad:
         s_BGTL = torch.nn.functional.pad(s_BGTL, (0, pad), value=float("-inf"))
     return s_BGTL.view(B, G, T, N, block_size).amax(-1)
+
+
+@torch.no_grad()
+def block_attention_target(q_BTHK: Tensor, k_BLGK: Tensor, *, positions_T: Tensor, block_size: int,
+                           scale: float) -> Tensor:
+    """The main attention's weight per block, [B, G, T, N] (rows sum to 1): each group's heads averaged."""
+    B, T, H, _ = q_BTHK.shape
+    L, G = k_BLGK.shape[1], k_BLGK.shape[2]
+    k_BLHK = k_BLGK.repeat_interleave(H // G, dim=2)
+    logits_BHTL = torch.einsum("bthk,blhk->bhtl", at_least_fp32(q_BTHK), at_least_fp32(k_BLHK)) * scale
+    future_TL = torch.arange(L, device=q_BTHK.device)[None, :] > positions_T[:, None]
+    w_BGTL = logits_BHTL.masked_fill(future_TL, float("-inf")).softmax(-1).view(B, G, H // G, T, L).mean(2)
+    N = -(-L // block_size)
+    w_BGTL = F.pad(w_BGTL, (0, N * block_size - L))
+    return w_BGTL.view(B, G, T, N, block_size).sum(-1)
 
 
 def _forced_blocks(positions_T: Tensor, *, block_size: int, local_blocks: int, include_first_block: bool) -> Tensor:

@@ -5,16 +5,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from storelab.ops.precision import at_least_fp32
+
 __all__ = ["rms_norm", "l2_norm", "RMSNorm"]
 
 
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
-    """x / rms(x) * weight, computed in fp32 and cast back."""
+    """x / rms(x) * weight, computed in at least fp32 and cast back."""
     dt = x.dtype
-    xf = x.float()
+    xf = at_least_fp32(x)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
-        y = y * weight.float()
+        y = y * at_least_fp32(weight)
     return y.to(dt)
 
 

@@ -17,6 +17,11 @@ carry the position and lose it when rounded coarsely.
 * ``encode_entries`` / ``decode_entries``: entries [..., head_dim] <-> rows of exactly
   ``entry_bytes`` bytes, laid out as ``codes | scales (padded to 4 bytes) | rope in bf16``.
 
+* ``fake_quantize_entries(x, *, rope_dim, fmt, block)``: the training form, float rows equal to
+  ``decode_entries(encode_entries(x))`` whose gradient is the straight-through estimator's
+  (identity; Bengio et al., arXiv 1308.3432), so a model trains through its quantised cache.
+  ``decode_entries`` returns such float rows as they are.
+
 Formats: "fp32" and "bf16" keep the entry as a float row; "fp8" and "fp4" are the
 quantised layouts (integer codes, not e4m3/e2m1 floats: the byte count is the
 same and the error bound is simpler; see the report).
@@ -29,7 +34,8 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["FORMATS", "FORMAT_BITS", "quantize", "dequantize", "entry_bytes", "encode_entries", "decode_entries"]
+__all__ = ["FORMATS", "FORMAT_BITS", "quantize", "dequantize", "entry_bytes", "encode_entries", "decode_entries",
+           "fake_quantize_entries"]
 
 FORMATS = ("fp32", "bf16", "fp8", "fp4")
 FORMAT_BITS = {"fp32": 32, "bf16": 16, "fp8": 8, "fp4": 4}
@@ -127,8 +133,8 @@ def encode_entries(x: Tensor, *, rope_dim: int, fmt: str, block: int) -> Tensor:
 
 def decode_entries(rows: Tensor, *, head_dim: int, rope_dim: int, fmt: str, block: int,
                    dtype: torch.dtype = torch.float32) -> Tensor:
-    """Stored rows -> entries [..., head_dim] in ``dtype``."""
-    if fmt in ("fp32", "bf16"):
+    """Stored rows -> entries [..., head_dim] in ``dtype`` (float rows: the training form, as they are)."""
+    if fmt in ("fp32", "bf16") or rows.is_floating_point():
         return rows.to(dtype)
     bits = FORMAT_BITS[fmt]
     nope = head_dim - rope_dim
@@ -139,3 +145,10 @@ def decode_entries(rows: Tensor, *, head_dim: int, rope_dim: int, fmt: str, bloc
     rope = rows[..., n_code + _scale_bytes(nope, block):].contiguous().view(torch.bfloat16)
     nope_x = dequantize(codes, scales, bits=bits, block=block, dim=nope)
     return torch.cat([nope_x, rope.float()], dim=-1).to(dtype)
+
+
+def fake_quantize_entries(x: Tensor, *, rope_dim: int, fmt: str, block: int) -> Tensor:
+    """decode(encode(x)) in x's dtype, with the straight-through gradient (identity)."""
+    rows = encode_entries(x.detach(), rope_dim=rope_dim, fmt=fmt, block=block)
+    q = decode_entries(rows, head_dim=x.shape[-1], rope_dim=rope_dim, fmt=fmt, block=block, dtype=x.dtype)
+    return x + (q - x).detach()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from storelab.ops.precision import at_least_fp32
+
 __all__ = ["rope_angles", "apply_rope"]
 
 
@@ -31,7 +33,7 @@ def apply_rope(x_BTHD: Tensor, positions_T: Tensor, *, rotary_dim: int, theta: f
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     rot, rest = x_BTHD[..., :rotary_dim], x_BTHD[..., rotary_dim:]
     dt = x_BTHD.dtype
-    rot = rot.float()
+    rot = at_least_fp32(rot)
     if interleaved:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
         y = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)

@@ -13,6 +13,12 @@ Learned routing (a mixture of experts; Shazeer et al., arXiv 1701.06538):
   their sum when ``normalize`` and times ``scaling``.
 * ``route_fixed(logits_NE, experts_NK, ...)``: the same weights for experts chosen in
   advance, as DeepSeek-V4's hash routing does (``experts = table[token id]``).
+* ``balance_loss(logits_GNE, experts_GNK, score=)``: the load-balancing loss over G groups of N
+  tokens, ``E / (K N) sum_i count_i P_i`` (P_i the mean of the scores normalised over experts),
+  averaged over groups: G = 1, the batch, is Switch's / Qwen's form (arXiv 2101.03961); G = the
+  sequences is DeepSeek-V3's complementary sequence-wise loss (arXiv 2412.19437, eq. 17-20).
+  ``bias_step(load_E, rate)``: DeepSeek-V3's auxiliary-loss-free update of the choice bias,
+  ``rate * sign(mean load - load_i)`` (an overloaded expert is chosen less), made outside the gradient.
 * ``swiglu(gate, up, limit=)`` is the experts' unit, silu(gate) * up, clipped first when
   ``limit`` is given (DeepSeek-V4); ``clamped_swiglu(gate, up, alpha=, limit=, up_shift=)`` is
   gpt-oss's (arXiv 2508.10925; MiniMax-M3's experts and MLPs),
@@ -43,8 +49,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "ROUTER_SCORES", "route_topk", "route_fixed", "expert_load", "swiglu", "clamped_swiglu", "grouped_swiglu",
-    "dense_moe_reference", "next_prime", "is_prime", "ngram_rows",
+    "ROUTER_SCORES", "route_topk", "route_fixed", "expert_load", "balance_loss", "bias_step", "swiglu", "clamped_swiglu",
+    "grouped_swiglu", "dense_moe_reference", "next_prime", "is_prime", "ngram_rows",
 ]
 
 
@@ -89,6 +95,23 @@ def route_fixed(logits_NE: Tensor, experts_NK: Tensor, *, score: str = "softmax"
 def expert_load(experts_NK: Tensor, n_experts: int) -> Tensor:
     """[E] number of (token, slot) pairs sent to each expert; sums to N * K."""
     return torch.bincount(experts_NK.reshape(-1), minlength=n_experts)
+
+
+def balance_loss(logits_GNE: Tensor, experts_GNK: Tensor, *, score: str) -> Tensor:
+    """Mean over the G groups of E / (K N) sum_i count_i P_i (1 when balanced and the scores uniform)."""
+    G, N, E = logits_GNE.shape
+    K = experts_GNK.shape[-1]
+    s_GNE = ROUTER_SCORES[score](_at_least_fp32(logits_GNE))
+    p_GE = (s_GNE / (s_GNE.sum(-1, keepdim=True) + 1e-20)).mean(1)
+    count_GE = torch.zeros(G, E, device=logits_GNE.device).scatter_add_(
+        1, experts_GNK.reshape(G, -1), torch.ones(G, N * K, device=logits_GNE.device))
+    return (E / (K * N) * (count_GE * p_GE).sum(-1)).mean()
+
+
+def bias_step(load_E: Tensor, rate: float) -> Tensor:
+    """DeepSeek-V3's bias update: + rate for an expert below the mean load, - rate above it."""
+    load_E = load_E.float()
+    return rate * torch.sign(load_E.mean() - load_E)
 
 
 def swiglu(gate: Tensor, up: Tensor, *, limit: float | None = None) -> Tensor:

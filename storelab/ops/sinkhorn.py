@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from storelab.ops.precision import at_least_fp32
+
 __all__ = ["sinkhorn"]
 
 
@@ -31,7 +33,7 @@ def sinkhorn(logits: Tensor, iters: int, eps: float = 1e-6) -> Tensor:
         raise ValueError(f"iters: must be >= 1, got {iters}")
     if logits.dim() < 2 or logits.shape[-1] != logits.shape[-2]:
         raise ValueError(f"logits: expected shape [..., n, n], got {list(logits.shape)}")
-    m = torch.softmax(logits.float(), dim=-1) + eps
+    m = torch.softmax(at_least_fp32(logits), dim=-1) + eps
     m = m / (m.sum(dim=-2, keepdim=True) + eps)
     for _ in range(iters - 1):
         m = m / (m.sum(dim=-1, keepdim=True) + eps)

@@ -26,6 +26,8 @@ list of kind names elsewhere:
 * ``CACHE_SHARING``   - how a layer reads another layer's cache (``cache_owner``): ``""`` it
                         cannot and keeps its own, ``"latent"`` it reads the owner's latent
                         cache through a view, ``"handed"`` its module is handed the owner's state;
+* ``READER_UNUSED``   - the module's parameters (name prefixes) that only write its own cache, so a
+                        layer reading another's (``cache_owner``) leaves them unused (with sharing);
 * ``SHARES_SELECTION``- layers of its kind can reuse one layer's selection of entries
                         (``runs_indexer`` says which layer selects);
 * ``MIX_LABEL``       - its name in a model's mix ("60 window + 10 full"); "" = the kind;
@@ -56,7 +58,22 @@ inside an ``observe()`` block, for that block's caller::
 
 Outside such a block ``emit`` costs one context-variable read and keeps nothing, and two
 blocks never see each other's values.
+
+Training signals, stated once. What a store contributes to training beyond its output (an
+objective for a part the language-model loss cannot reach, such as an indexer behind a hard
+top-k; a load-balancing loss; an update made outside the gradient, such as DeepSeek's routing
+bias) it hands over the same way, inside a ``training_signals()`` block of the training loop::
+
+    with training_signals() as sig:
+        logits, _ = model(ids)
+    (lm_loss + w * sig.mean("indexer") + sig.mean("balance")).backward()
+    opt.step(); sig.apply_updates()
+
+``add_loss(self, name, value)`` (a tensor or a function making one, called only inside a block)
+and ``add_update(self, fn)`` (``fn(reduce)``, run after the optimiser step; ``reduce`` sums a
+tensor over the training processes) cost one context-variable read outside a block.
 """
+
 
 from __future__ import annotations
 
@@ -68,7 +85,7 @@ import types
 import typing
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 
@@ -203,6 +220,7 @@ class StoreConfig:
     CARD_ORDER: ClassVar[int] = 1000
     RECURRENT: ClassVar[bool] = False
     CACHE_SHARING: ClassVar[str] = ""
+    READER_UNUSED: ClassVar[tuple[str, ...]] = ()
     SHARES_SELECTION: ClassVar[bool] = False
     MIX_LABEL: ClassVar[str] = ""
     cache_format: ClassVar[str | None] = None  # a field of its own in stores that fix their entry format
@@ -396,3 +414,64 @@ def emit(module, name: str, value: Any) -> None:
 def observing() -> bool:
     """Whether any ``observe`` block is open (a store may skip computing a costly diagnostic)."""
     return bool(_OBSERVING.get())
+
+
+# -- training signals: auxiliary losses and out-of-gradient updates, for the training loop ------
+class TrainingSignals:
+    """What the stores handed to training during one ``training_signals()`` block."""
+
+    def __init__(self, ignore: tuple[str, ...] = ()):
+        self.ignore = frozenset(ignore)  # loss names not wanted: not even computed
+        self.losses: dict[str, list[tuple[Any, torch.Tensor]]] = {}
+        self.updates: list[tuple[Any, Callable]] = []
+
+    def all(self, name: str) -> list[torch.Tensor]:
+        """Every loss added under ``name``, in call order ([] if none)."""
+        return [v for _, v in self.losses.get(name, [])]
+
+    def mean(self, name: str) -> torch.Tensor | None:
+        """The mean of the losses added under ``name`` (one per layer and call); None if none."""
+        vals = self.all(name)
+        return None if not vals else sum(vals) / len(vals)
+
+    def apply_updates(self, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> None:
+        """Run the updates (after the optimiser step), in call order; ``reduce`` sums over processes."""
+        with torch.no_grad():
+            for _, fn in self.updates:
+                fn(reduce)
+
+
+_TRAINING: contextvars.ContextVar[TrainingSignals | None] = contextvars.ContextVar("storelab_training", default=None)
+
+
+@contextmanager
+def training_signals(*, ignore: tuple[str, ...] = ()) -> Iterator[TrainingSignals]:
+    """Within the block, keep the losses and updates the stores add (``add_loss``, ``add_update``),
+    except the losses named in ``ignore`` (which are not computed)."""
+    sig = TrainingSignals(ignore)
+    tok = _TRAINING.set(sig)
+    try:
+        yield sig
+    finally:
+        _TRAINING.reset(tok)
+
+
+def collecting() -> bool:
+    """Whether a ``training_signals`` block is open (a store may skip what only training needs)."""
+    return _TRAINING.get() is not None
+
+
+def add_loss(module, name: str, value: Any) -> None:
+    """An auxiliary loss of the call in progress (a tensor, or a function making one), for the training loop."""
+    sig = _TRAINING.get()
+    if sig is not None and name not in sig.ignore:
+        v = value() if callable(value) else value
+        if v is not None:
+            sig.losses.setdefault(name, []).append((module, v))
+
+
+def add_update(module, fn: Callable) -> None:
+    """An update outside the gradient, ``fn(reduce)``, for the training loop to run after its optimiser step."""
+    sig = _TRAINING.get()
+    if sig is not None:
+        sig.updates.append((module, fn))

@@ -37,18 +37,16 @@ position 0), so L tokens give ``L // stride`` entries. Ties in the indexer's sco
 
 Shared caches (a model layer with ``cache_owner``, as in DeepSeek-V4.1-Flash, arXiv
 2609.19969, where each encoder cache serves six layers): the config says
-``CACHE_SHARING = "handed"`` and a reader layer is called with ``shared=`` the owner's ``CompressedCache``, after the
-owner has run on the same tokens. What is shared is the whole cache: the window of own
-entries, the pooled entries and, for CSA, the pooled index keys. The reader writes
-nothing (its own entry and compressor weights go unused) and keeps a
-``SharedCompressedCache`` of 0 bytes, only its token count; it computes its own queries,
-sinks and output, and for CSA its own index queries and head weights, so it makes its own
-top-k choice over the owner's index keys. Why: the index keys are pooled entries of the
-cache, so sharing the cache shares them; the selection depends on the reader's queries,
-and the report shares a selection only in the decoder (the hierarchical indexer), so a
-per-layer choice is the faithful and the simplest design (no selection to hand over,
-nothing to keep in step across chunkings). A reader's early queries in a long chunk read
-the owner's ``read_window`` (see ``CompressedCache``).
+``CACHE_SHARING = "handed"`` and a reader layer is called with ``shared=`` the owner's
+``CompressedCache``, after the owner has run on the same tokens: the whole cache (window, pooled
+entries, CSA's index keys). The reader writes nothing (``READER_UNUSED``) and keeps a
+``SharedCompressedCache`` of 0 bytes, only its token count; it computes its own queries, sinks,
+output and, for CSA, index queries and head weights: its own top-k over the owner's index keys
+(the selection depends on its queries; the report shares one only in the decoder). A reader's early
+queries in a long chunk read the owner's ``read_window`` (see ``CompressedCache``).
+
+Training: the top-k passes no gradient, so under ``training_signals()`` each CSA call adds ``"indexer"``
+(``storelab.ops.compress.imitation_loss``); the index keys are pooled from x detached.
 
 Streaming (a long prompt read in chunks; DeepSeek-V4's 1M context). The owner's state is
 updated in place, with no copy of the cache per call. The read is one softmax written as
@@ -76,15 +74,15 @@ import torch
 from torch import Tensor, nn
 
 from storelab.ops.attention import attend_lse, merge_parts, window_mask
-from storelab.ops.compress import pool_entries, readable_entries, select_topk_streamed
+from storelab.ops.compress import imitation_loss, pool_entries, readable_entries, select_topk_streamed
 from storelab.ops.indexer import selection_mask
 from storelab.ops.norm import RMSNorm, rms_norm
 from storelab.ops.quant import FORMATS, entry_bytes
 from storelab.ops.rope import apply_rope
 from storelab.state import State, append_rows
 from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount, StoreConfig,
-                                  check_input, register)
-from storelab.stores.compressed_cache import CompressedCache, SharedCompressedCache, entry_format
+                                  add_loss, check_input, register)
+from storelab.stores.compressed_cache import CompressedCache, Pooler, SharedCompressedCache, entry_format
 
 __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "SharedCompressedCache"]
 
@@ -126,6 +124,8 @@ class _CompressedConfig(StoreConfig):
         if self.cache_format == "fp4":
             self.check((self.head_dim - self.rope_dim) % 2 == 0, "head_dim",
                        "fp4 packs two codes per byte: head_dim - rope_dim must be even")
+
+    READER_UNUSED = ("kv_proj", "kv_norm", "pooler", "index_pooler")  # a reader writes nothing
 
     @property
     def series(self) -> int:
@@ -242,23 +242,6 @@ class HCAConfig(_CompressedConfig):
 # --- the module ----------------------------------------------------------------------
 
 
-class Pooler(nn.Module):
-    """One compressor: S projections and scores per token, a bias per pool slot, RMSNorm."""
-
-    def __init__(self, d_model: int, width: int, pool: int, stride: int, eps: float):
-        super().__init__()
-        self.series, self.width = pool // stride, width
-        self.kv = nn.Linear(d_model, self.series * width, bias=False)
-        self.score = nn.Linear(d_model, self.series * width, bias=False)
-        self.bias = nn.Parameter(torch.zeros(pool, width))   # [P, C]: slot j = 0 is the oldest token
-        self.norm = RMSNorm(width, eps)
-
-    def project(self, x_BTD: Tensor) -> tuple[Tensor, Tensor]:
-        B, T, _ = x_BTD.shape
-        return (self.kv(x_BTD).view(B, T, self.series, self.width),
-                self.score(x_BTD).view(B, T, self.series, self.width))
-
-
 class CompressedAttention(nn.Module):
     """CSA (with ``cfg.indexed``) or HCA; see the module docstring."""
 
@@ -325,10 +308,8 @@ class CompressedAttention(nn.Module):
 
     def step(self, x_BTD: Tensor, state: State | None = None, *, shared: CompressedCache | None = None,
              want_mask: bool = True):
-        """Like ``forward``, and also returns the read mask [B, T, W' + N]: which of the window
-        entries (the first W', oldest first) and pooled entries each query read. The mask is
-        [T, L]-sized, so it is built only with ``want_mask`` (None otherwise); the read never
-        builds it. An owner's ``state`` is updated in place and returned."""
+        """Like ``forward``, and also the read mask [B, T, W' + N] (window entries oldest first, then pooled)
+        when ``want_mask`` (None otherwise; the read never builds it). An owner's state is updated in place."""
         cfg = self.cfg
         check_input(x_BTD, cfg.d_model, "x_BTD")
         B, T, _ = x_BTD.shape
@@ -347,6 +328,8 @@ class CompressedAttention(nn.Module):
         q_res = self.q_a_norm(self.q_a(x_BTD))
         q_BTHK = self._rope(rms_norm(self.q_b(q_res).view(B, T, H, C), None, cfg.eps), pos_T)
         picks = self._select(x_BTD, q_res, cache, pos_T) if cfg.indexed else None
+        if cfg.indexed:  # the top-k passes no gradient: the indexer imitates the attention over the entries
+            add_loss(self, "indexer", lambda: self._imitation(x_BTD, q_res, q_BTHK, cache, pos_T))
         o_BTHK = self._read(q_BTHK, cache, picks)
         o_BTHK = self._rope(o_BTHK, -pos_T)              # undo the rotation the values carry
         o_BTGI = o_BTHK.reshape(B, T, cfg.o_groups, -1)
@@ -356,9 +339,8 @@ class CompressedAttention(nn.Module):
 
     # -- the read ----------------------------------------------------------------------
     def _select(self, x_BTD: Tensor, q_res: Tensor, cache: CompressedCache, pos_T: Tensor):
-        """CSA's indexer: each query's top ``index_topk`` readable entries, (idx_BTk, valid_BTk),
-        scored ``SCORE_BUDGET`` logits at a time (blocks of ``SCORE_BLOCK`` entries); None while
-        there are no entries."""
+        """CSA's indexer: each query's top ``index_topk`` readable entries, (idx_BTk, valid_BTk), scored
+        ``SCORE_BUDGET`` logits at a time (blocks of ``SCORE_BLOCK`` entries); None while there are none."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape
         IH, IC, N = cfg.index_heads, cfg.index_head_dim, cache.entries
@@ -372,13 +354,26 @@ class CompressedAttention(nn.Module):
                                     k=cfg.index_topk, scale=IC ** -0.5, block=block,
                                     queries=SCORE_BUDGET // (B * IH * block))
 
+    def _imitation(self, x_BTD: Tensor, q_res: Tensor, q_BTHK: Tensor, cache: CompressedCache, pos_T: Tensor):
+        """``imitation_loss`` of the queries with an entry to read (None if none has), from x detached."""
+        cfg = self.cfg
+        IH, IC, N = cfg.index_heads, cfg.index_head_dim, cache.entries
+        rows_T = readable_entries(pos_T, N, cfg.stride).any(-1)
+        if not bool(rows_T.any()):
+            return None
+        q_BTHK, pos_T = q_BTHK[:, rows_T], pos_T[rows_T]
+        B, T = q_BTHK.shape[:2]
+        iq_BTHK = self._rope(self.index_q(q_res.detach()[:, rows_T]).view(B, T, IH, IC), pos_T)
+        return imitation_loss(q_BTHK, self._decode(cache.pooled[:, :N], cfg.head_dim, cfg.rope_dim, x_BTD.dtype),
+                              iq_BTHK, self._decode(cache.index_keys[:, :N], IC, 0, x_BTD.dtype),
+                              self.index_weights(x_BTD.detach()[:, rows_T]) * IH ** -0.5,
+                              readable_entries(pos_T, N, cfg.stride), scale=cfg.head_dim ** -0.5,
+                              index_scale=IC ** -0.5)
+
     def _read(self, q_BTHK: Tensor, cache: CompressedCache, picks) -> Tensor:
-        """One softmax (with the sinks) over each query's window entries and pooled entries, as
-        parts over disjoint entries merged by log-sum-exp, a chunk of queries at a time. Every
-        query gathers its own window (and, CSA, its selected entries): one masked part, the
-        queries folded into the batch. HCA: the entries complete before this call are read by
-        every query, one unmasked part over them in place; those completed inside the call are
-        a small masked part per query chunk."""
+        """One softmax (with the sinks) over each query's window and pooled entries, as parts merged by
+        log-sum-exp, a chunk of queries at a time (see the module docstring: gathered window and CSA
+        selection; HCA's entries complete before the call in place, those completed inside it masked)."""
         cfg = self.cfg
         B, T, H, C = q_BTHK.shape
         seen = cache.seen - T
@@ -404,8 +399,7 @@ class CompressedAttention(nn.Module):
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
     def _attend_rows(self, q_BTHK: Tensor, rows_BNr: Tensor) -> tuple[Tensor, Tensor]:
-        """Unmasked part over stored rows: in place without a cache format, else decoded
-        ``READ_BUDGET`` numbers at a time (the parts folded by log-sum-exp as they come)."""
+        """Unmasked part over stored rows: in place, or decoded ``READ_BUDGET`` numbers at a time and folded."""
         cfg = self.cfg
         B, _, H, C = q_BTHK.shape
         scale = C ** -0.5
@@ -421,10 +415,8 @@ class CompressedAttention(nn.Module):
         return merge_parts((part(s) for s in range(0, rows_BNr.shape[1], block)), keep_lse=True)
 
     def _gathered_part(self, q_BTHK: Tensor, cache: CompressedCache, T_call: int, a: int, sel):
-        """Queries a.. of the call (of ``T_call``) over their own window entries (from
-        ``read_window``: the own entry and the ``window - 1`` before it) and, for CSA, their
-        selected pooled entries ``sel`` = (idx_BTk, valid_BTk): each query's rows gathered, the
-        queries folded into the batch."""
+        """Queries a.. of the call (of ``T_call``) over their own ``window`` entries of ``read_window`` and,
+        CSA, their selected entries ``sel`` = (idx_BTk, valid_BTk), gathered, queries folded into the batch."""
         cfg = self.cfg
         B, T, H, C = q_BTHK.shape
         dev = q_BTHK.device
@@ -444,8 +436,7 @@ class CompressedAttention(nn.Module):
         return o_XH1C.reshape(B, T, H, C), lse_X1H.reshape(B, T, H).transpose(1, 2)
 
     def _new_entries_part(self, q_BTHK: Tensor, rows_BNr: Tensor, first_pos: int, first_entry: int):
-        """HCA: queries at ``first_pos ..`` over entries ``first_entry ..`` completed inside the
-        call, each readable once its last token has arrived."""
+        """HCA: queries at ``first_pos ..`` over entries ``first_entry ..`` completed inside the call."""
         cfg = self.cfg
         B, T, H, C = q_BTHK.shape
         pos_T = torch.arange(first_pos, first_pos + T, device=q_BTHK.device)
@@ -472,10 +463,8 @@ class CompressedAttention(nn.Module):
 
     # -- the write ---------------------------------------------------------------------
     def _write(self, x_BTD: Tensor, st: CompressedCache) -> CompressedCache:
-        """The owner's write, in place: this call's own entries join the window and completed
-        pools become entries, all through the cache format. Entries and index keys grow in
-        buffers kept by ``st`` (``append_rows``, one row per ``stride`` tokens): no copy of the
-        cache per call."""
+        """The owner's write, in place: own entries join the window, completed pools become entries (through
+        the cache format), growing in buffers kept by ``st`` (``append_rows``): no copy of the cache per call."""
         cfg = self.cfg
         T, R, seen = x_BTD.shape[1], cfg.rope_dim, st.seen
         pos_T = torch.arange(seen, seen + T, device=x_BTD.device)
@@ -487,7 +476,8 @@ class CompressedAttention(nn.Module):
         new, st.tail_kv, st.tail_z = self._pool(self.pooler, x_BTD, st.tail_kv, st.tail_z, seen)
         append_rows(st, ("pooled",), (self._encode(new, R),), tokens_per_row=cfg.stride)
         if cfg.indexed:
-            inew, st.tail_index_kv, st.tail_index_z = self._pool(self.index_pooler, x_BTD, st.tail_index_kv,
+            # from x detached: the index keys reach the output through the top-k alone (no gradient)
+            inew, st.tail_index_kv, st.tail_index_z = self._pool(self.index_pooler, x_BTD.detach(), st.tail_index_kv,
                                                                  st.tail_index_z, seen)
             append_rows(st, ("index_keys",), (self._encode(inew, 0),), tokens_per_row=cfg.stride)
         st.seen, st.window_kv, st.read_window = seen + T, window_rows[:, -cfg.window:], window_rows

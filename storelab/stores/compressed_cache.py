@@ -32,12 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from storelab.ops.quant import decode_entries, encode_entries
+from storelab.ops.norm import RMSNorm
+from storelab.ops.quant import decode_entries, encode_entries, fake_quantize_entries
 from storelab.state import State, tensor_bytes
 
-__all__ = ["CompressedCache", "SharedCompressedCache", "PlainEntries", "CodedEntries", "entry_format"]
+__all__ = ["CompressedCache", "SharedCompressedCache", "PlainEntries", "CodedEntries", "Pooler", "entry_format"]
 
 
 @dataclass
@@ -104,7 +105,8 @@ class PlainEntries:
 
 @dataclass(frozen=True)
 class CodedEntries:
-    """A cache format of ``storelab.ops.quant``: rows encoded on write and decoded on read."""
+    """A cache format of ``storelab.ops.quant``: rows encoded on write and decoded on read; entries that
+    need a gradient keep the training form (``fake_quantize_entries``: same values, straight through)."""
 
     fmt: str
     block: int
@@ -112,6 +114,8 @@ class CodedEntries:
     in_place = False
 
     def encode(self, x: Tensor, rope_dim: int) -> Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:  # training: float rows, straight-through gradient
+            return fake_quantize_entries(x, rope_dim=rope_dim, fmt=self.fmt, block=self.block)
         return encode_entries(x, rope_dim=rope_dim, fmt=self.fmt, block=self.block)
 
     def decode(self, rows: Tensor, width: int, rope_dim: int, dtype: torch.dtype) -> Tensor:
@@ -126,3 +130,20 @@ def entry_format(fmt: str | None, block: int) -> PlainEntries | CodedEntries:
     if fmt is None:
         return PlainEntries()
     return CodedEntries(fmt=fmt, block=block, tail=torch.float32 if fmt == "fp32" else torch.bfloat16)
+
+
+class Pooler(nn.Module):
+    """One compressor: S projections and scores per token, a bias per pool slot, RMSNorm."""
+
+    def __init__(self, d_model: int, width: int, pool: int, stride: int, eps: float):
+        super().__init__()
+        self.series, self.width = pool // stride, width
+        self.kv = nn.Linear(d_model, self.series * width, bias=False)
+        self.score = nn.Linear(d_model, self.series * width, bias=False)
+        self.bias = nn.Parameter(torch.zeros(pool, width))   # [P, C]: slot j = 0 is the oldest token
+        self.norm = RMSNorm(width, eps)
+
+    def project(self, x_BTD: Tensor) -> tuple[Tensor, Tensor]:
+        B, T, _ = x_BTD.shape
+        return (self.kv(x_BTD).view(B, T, self.series, self.width),
+                self.score(x_BTD).view(B, T, self.series, self.width))

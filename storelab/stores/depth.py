@@ -50,6 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from storelab.ops.norm import rms_norm
+from storelab.ops.precision import at_least_fp32
 from storelab.ops.sinkhorn import sinkhorn
 from storelab.state import tensor_bytes
 from storelab.stores.base import DEPTH, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
@@ -216,15 +217,15 @@ def mhc_coefficients(streams_BTND: Tensor, weight: Tensor, bias: Tensor, scale: 
     piece i becomes ``z_i * scale[i] + bias_i``. The caller applies the activations.
     """
     B, T, N, D = streams_BTND.shape
-    flat = rms_norm(streams_BTND.reshape(B, T, N * D).float(), eps=norm_eps)   # B T ND
-    z = flat @ weight.float().t()                                              # B T sum(n_coef)
-    zs, bs = z.split(list(n_coef), dim=-1), bias.float().split(list(n_coef))
-    return [zi * scale[i].float() + bi for i, (zi, bi) in enumerate(zip(zs, bs))]
+    flat = rms_norm(at_least_fp32(streams_BTND.reshape(B, T, N * D)), eps=norm_eps)   # B T ND
+    z = flat @ at_least_fp32(weight).t()                                              # B T sum(n_coef)
+    zs, bs = z.split(list(n_coef), dim=-1), at_least_fp32(bias).split(list(n_coef))
+    return [zi * at_least_fp32(scale[i]) + bi for i, (zi, bi) in enumerate(zip(zs, bs))]
 
 
 def mhc_collapse(streams_BTND: Tensor, pre_BTN: Tensor) -> Tensor:
     """The block's input A X: a weighted sum of the streams (computed in fp32)."""
-    return torch.einsum("btn,btnd->btd", pre_BTN.float(), streams_BTND.float()).to(streams_BTND.dtype)
+    return torch.einsum("btn,btnd->btd", at_least_fp32(pre_BTN), at_least_fp32(streams_BTND)).to(streams_BTND.dtype)
 
 
 def mhc_combine(streams_BTND: Tensor, y_BTD: Tensor, post_BTN: Tensor, mix_BTNN: Tensor) -> Tensor:
@@ -357,13 +358,13 @@ class MHCConfig(DepthConfig):
 # ============================================================================= AttnRes
 def depth_attend(scores_BTS: Tensor, values_BTSD: Tensor) -> Tensor:
     """h = sum_i softmax(scores)_i v_i over the S depth sources (fp32 softmax)."""
-    w = torch.softmax(scores_BTS.float(), dim=-1)
-    return torch.einsum("bts,btsd->btd", w, values_BTSD.float()).to(values_BTSD.dtype)
+    w = torch.softmax(at_least_fp32(scores_BTS), dim=-1)
+    return torch.einsum("bts,btsd->btd", w, at_least_fp32(values_BTSD)).to(values_BTSD.dtype)
 
 
 def attnres_scores(query_D: Tensor, keys_BTSD: Tensor, *, scale: float) -> Tensor:
     """Scores of the (already normalised) keys against one learned query: scale * q . k_i."""
-    return torch.einsum("btsd,d->bts", keys_BTSD.float(), query_D.float()) * scale
+    return torch.einsum("btsd,d->bts", at_least_fp32(keys_BTSD), at_least_fp32(query_D)) * scale
 
 
 class _AttnResRead(nn.Module):
@@ -378,10 +379,10 @@ class _AttnResRead(nn.Module):
     def attend(self, sources: list[Tensor]) -> Tensor:
         c = self.cfg
         v_BTSD = torch.stack(sources, dim=2)
-        k_BTSD = rms_norm(v_BTSD.float(), self.norm_weight, eps=c.norm_eps)
+        k_BTSD = rms_norm(at_least_fp32(v_BTSD), self.norm_weight, eps=c.norm_eps)
         scale = c.d_model ** -0.5 if c.scale_scores else 1.0
         scores = attnres_scores(self.query, k_BTSD, scale=scale)
-        return depth_attend(scores, k_BTSD if c.normalize_values else v_BTSD.float()).to(v_BTSD.dtype)
+        return depth_attend(scores, k_BTSD if c.normalize_values else at_least_fp32(v_BTSD)).to(v_BTSD.dtype)
 
 
 class AttnResMixer(DepthMixer):

@@ -5,9 +5,8 @@ cache (arXiv 2405.04434) read through a lightning indexer. The indexer has its o
 small heads: index queries from the query latent (from x when there is no query
 latent), one index key per token ``k = RoPE(LayerNorm(W_k x))`` (rotary on the first
 ``qk_rope_head_dim`` channels), and a token-dependent weight per head
-``w = W_w x / sqrt(Hi)``. Query t scores position s as
-``sum_h w[t,h] relu(q[t,h] . k[s] / sqrt(Ki))`` and the main attention reads only
-the top ``index_topk`` positions (all when fewer are visible).
+``w = W_w x / sqrt(Hi)``. Query t scores position s as ``sum_h w[t,h] relu(q[t,h] . k[s] / sqrt(Ki))``
+and the main attention reads only the top ``index_topk`` positions (all when fewer are visible).
 IndexShare (GLM-5): layer i runs its own indexer iff
 ``max(i - index_share_offset + 1, 0) % index_share_freq == 0``; the others read
 the selection of the most recent layer that ran one, and keep no index keys.
@@ -24,10 +23,9 @@ absorbed form, where the latent is exactly one shared key/value head of width
 kv_lora_rank + rope (V4 has a single shared KV head; the layer's cache is its own
 here, V4.1's cross-layer cache sharing is a model-level matter).
 
-Sharing mechanism. A ``SelectionShare`` is a small mutable object that carries, for
-the call in progress, the selection (and the pool) published by the group's most
-recent indexer layer. Every layer's state (``SelectionCache``) holds a reference
-to its group's share (its ``LINKS``); the layers of one group hold the same object.
+Sharing mechanism. A ``SelectionShare`` carries, for the call in progress, the selection (and
+pool) published by the group's latest indexer layer; every layer's state (``SelectionCache``)
+of the group holds a reference to the same share (its ``LINKS``).
 The config makes that state: ``cfg.new_state(groups)`` links it through ``groups``,
 a scratch dict the layers of one model fill in order (a group starts at a dsa layer
 that runs its indexer, or a hierarchical root, and runs to the next one of the same
@@ -36,20 +34,17 @@ for the other stores). A layer that runs an indexer given ``state=None`` makes a
 share of its own; a reusing layer must be given one. Layers must run in order within
 each call, and a reuser checks that the published selection is for the same tokens
 (``seen`` and ``T``). The share is per-call scratch, not context state: it is not
-counted in ``nbytes()``. A layer that reads another layer's latent cache
-(``cache_owner``) gets a ``SelectionView`` (mla.py's ``LatentView`` plus its group's
-share and the owner's index keys).
+counted in ``nbytes()``. A layer that reads another layer's latent cache (``cache_owner``)
+gets a ``SelectionView`` (mla.py's ``LatentView`` plus its share and the owner's index keys).
 
-The selection half is a ``Selector`` module (indexer + role), so the same logic can
-sit in front of another cache: it needs a state with ``share`` and ``append_index``.
-Ties in the index score (frequent: the ReLU zeroes whole rows) go to the earlier
-position, so chunked prefill reads what one full pass reads. Each call emits
-(``storelab.stores.base.emit``; kept only inside an ``observe()`` block)
-``"selection"``, the positions read [B, T, k], and ``"reads"``, a ``ReadLog`` of the
-entries read and scored per query, so a test or a probe can count what was read.
-The top-k passes no gradient to the indexer; ``SelectionAttention.indexer_loss(x)``
-is its training objective (imitate the main attention, KL; dense or restricted to
-the selection).
+The selection half is a ``Selector`` module (indexer + role): it needs a state with ``share``
+and ``append_index``. Ties in the index score (frequent: the ReLU zeroes whole rows) go to the
+earlier position, so chunked prefill reads what one full pass reads. Each call emits (``emit``,
+inside ``observe()``) ``"selection"``, the positions read [B, T, k], and ``"reads"`` (``ReadLog``).
+The top-k passes no gradient to the indexer: under ``training_signals()`` each layer with
+one adds ``"indexer"``, KL(main attention averaged over heads, detached || softmax of the
+index scores) over the kept entries (DeepSeek-V3.2, arXiv 2512.02556; refresh layers too);
+``indexer_loss(x)`` is the same on a fresh context, dense or restricted to the selection.
 
 Parameters: MLA's (see mla.py), plus for a layer with an indexer
 ``Qs*Hi*Ki + D*Ki + 2*Ki + D*Hi`` (Qs = q_lora_rank, or d_model without it).
@@ -68,12 +63,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from storelab.ops.attention import causal_mask
-from storelab.ops.indexer import (index_scores, index_scores_at, indexer_distill_loss, selection_mask, top_positions,
-                                  top_positions_streamed)
+from storelab.ops.indexer import (attention_target, index_scores, index_scores_at, indexer_distill_loss,
+                                  restrict_to_selection, top_positions, top_positions_streamed)
 from storelab.ops.rope import apply_rope
 from storelab.state import append_rows
-from storelab.stores.base import TOKEN, Card, Footprint, ParamCount, check_input, emit, register
+from storelab.stores.base import TOKEN, Card, Footprint, ParamCount, add_loss, check_input, emit, register
 from storelab.stores.mla import MLA, LatentCache, LatentFields, LatentView, entry_bytes, latent_row_bytes
 
 # submodule names in transformers' DeepseekV32Indexer / GlmMoeDsaIndexer -> ours (LightningIndexer)
@@ -150,6 +144,9 @@ class SelectionCache(LatentCache):
     def append_index(self, k_BTK: Tensor) -> Tensor:
         return append_rows(self, ("index_k",), (k_BTK,))[0]
 
+    def imitation_keys(self, k_new_BTK: Tensor) -> Tensor:  # the kept keys, the call's own replaced by k_new
+        return torch.cat([self.index_k[:, :self.index_k.shape[1] - k_new_BTK.shape[1]].detach(), k_new_BTK], dim=1)
+
     def narrow(self, start: int) -> None:
         if self.share is not None:
             self.share.narrow(start)
@@ -169,6 +166,9 @@ class SelectionView(LatentView):
             raise ValueError("cache_owner: the owner layer keeps no index keys for this reader's indexer")
         return self.owner.index_k
 
+    def imitation_keys(self, k_new_BTK: Tensor) -> Tensor:  # the owner's keys: this reader's own go unused
+        return self.append_index(k_new_BTK).detach()
+
     def narrow(self, start: int) -> None:
         if self.share is not None:
             self.share.narrow(start)
@@ -183,8 +183,7 @@ class ReadLog:
 
 
 def link_selection_states(configs: list) -> list[SelectionCache | None]:
-    """Initial states for a stack of store configs: each selection store (``SHARES_SELECTION``)
-    gets an empty ``SelectionCache`` holding its group's ``SelectionShare``; the others None."""
+    """Initial states for a stack of store configs: a linked ``SelectionCache`` per selection store, else None."""
     groups: dict = {}
     states: list[SelectionCache | None] = []
     for i, cfg in enumerate(configs):
@@ -305,6 +304,9 @@ class _IndexFields(LatentFields):
         self.check(self.layer_index >= 0, "layer_index", f"must be >= 0, got {self.layer_index}")
         self.check(not self.use_rope or self.index_head_dim >= self.qk_rope_head_dim, "index_head_dim",
                    f"must hold the {self.qk_rope_head_dim} rotary channels, got {self.index_head_dim}")
+
+    READER_UNUSED = ("mla.kv_down", "mla.kv_norm",  # a reader takes the owner's latent and index keys
+                     "selector.indexer.k_proj", "selector.indexer.k_norm")
 
     def index_bytes(self, L: int, dtype: str) -> int:
         return math.ceil(L * self.index_head_dim * entry_bytes(dtype))
@@ -461,38 +463,38 @@ class SelectionAttention(nn.Module):
         latent_BLC, k_rope_BLR = state.append(p.latent_BTC, p.k_rope_BTR)
         pos_BTk, valid_BTk, scored_BT = self.selector.select(x_BTD, p.q_src_BTQ, positions_T, state)
         state.seen += T
+        if self.indexer is not None:  # the top-k passes no gradient: the indexer imitates the attention
+            add_loss(self, "indexer", lambda: self._imitation(x_BTD, p, latent_BLC, k_rope_BLR, positions_T,
+                                                              state.imitation_keys))
         o_BTHV = self.mla.read_selected(p, latent_BLC, k_rope_BLR, pos_BTk, valid_BTk)
         emit(self, "selection", pos_BTk)
         emit(self, "reads", lambda: ReadLog(read=valid_BTk.sum(-1), scored=scored_BT))
         return self.mla.finish(o_BTHV, x_BTD), state
 
     def indexer_loss(self, x_BTD: Tensor, *, sparse: bool = False) -> Tensor:
-        """The indexer's training loss on a fresh context x (the top-k passes no gradient).
-
-        Target: the main attention's weights over all visible positions, averaged over
-        heads and detached; the indexer reads x and the query latent detached too, so
-        the loss trains the indexer alone. ``sparse``: both distributions restricted to
-        the indexer's own selection (the sparse training stage).
-        """
+        """The indexer's imitation loss on a fresh context x (``forward`` adds it, dense, as ``"indexer"``).
+        ``sparse``: both distributions restricted to the indexer's own selection (the sparse stage)."""
         check_input(x_BTD, self.cfg.d_model)
         if self.indexer is None:
             raise ValueError("layer_index: this layer reuses its group's selection and has no indexer to train")
-        T = x_BTD.shape[1]
-        positions_T = torch.arange(T, device=x_BTD.device)
-        mask_TL = causal_mask(T, T, x_BTD.device)
+        positions_T = torch.arange(x_BTD.shape[1], device=x_BTD.device)
         with torch.no_grad():
             p = self.mla.project(x_BTD, positions_T)
-            keys_BLX = torch.cat([p.latent_BTC, p.k_rope_BTR], dim=-1)
-            logits_BTHL = torch.einsum("bthx,blx->bthl", self.mla.absorbed_query(p), keys_BLX) * self.cfg.scale
-            probs_BTHL = logits_BTHL.float().masked_fill(~mask_TL[:, None], float("-inf")).softmax(-1)
-            target_BTL = probs_BTHL.mean(2)
+        return self._imitation(x_BTD, p, p.latent_BTC, p.k_rope_BTR, positions_T, lambda k_BTK: k_BTK, sparse=sparse)
+
+    def _imitation(self, x_BTD: Tensor, p, latent_BLC: Tensor, k_rope_BLR: Tensor, positions_T: Tensor, keys_fn,
+                   *, sparse: bool = False) -> Tensor:
+        """KL(main attention over the L kept entries, head mean, detached || softmax(index scores)); the
+        indexer reads x detached, so only it learns. ``keys_fn(k_new_BTK)``: the L keys the selection scores."""
+        L = latent_BLC.shape[1]
+        mask_TL = torch.arange(L, device=x_BTD.device)[None, :] <= positions_T[:, None]
+        with torch.no_grad():
+            target_BTL = attention_target(self.mla.absorbed_query(p), torch.cat([latent_BLC, k_rope_BLR], dim=-1),
+                                          scale=self.cfg.scale, mask_TL=mask_TL)
         xd = x_BTD.detach()
-        q_BTHK, w_BTH = self.indexer.queries(xd, p.q_src_BTQ, positions_T)
-        scores_BTL = index_scores(q_BTHK, self.indexer.keys(xd, positions_T), w_BTH, scale=self.indexer.scale,
-                                  mask_TL=mask_TL)
+        q_BTHK, w_BTH = self.indexer.queries(xd, p.q_src_BTQ.detach(), positions_T)
+        k_BLK = keys_fn(self.indexer.keys(xd, positions_T))
+        scores_BTL = index_scores(q_BTHK, k_BLK, w_BTH, scale=self.indexer.scale, mask_TL=mask_TL)
         if sparse:
-            keep_BTL = selection_mask(*top_positions(scores_BTL.detach(), self.selector.k), T)
-            scores_BTL = scores_BTL.masked_fill(~keep_BTL, float("-inf"))
-            target_BTL = target_BTL * keep_BTL
-            target_BTL = target_BTL / target_BTL.sum(-1, keepdim=True)
+            scores_BTL, target_BTL = restrict_to_selection(scores_BTL, target_BTL, self.selector.k)
         return indexer_distill_loss(scores_BTL, target_BTL)

@@ -208,6 +208,7 @@ class MLAConfig(LatentFields):
     absorbed: bool = False               # read form: naive up-projection or absorbed
 
     SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING = (TOKEN,), "full", 50, "latent"
+    READER_UNUSED = ("kv_down", "kv_norm")   # a reader takes the owner's latent
     CARD = Card(
         name="Full cache of latents (MLA)",
         written_by="each token of the context, once",

@@ -12,6 +12,13 @@ any expert sees the query. Variants of the seven models:
 * ``routing="hash"`` (DeepSeek-V4's first layers, arXiv 2606.19348): the experts are a fixed table of the
   token id, ``table[vocab_size, top_k]``; the learned router still weights them.
   Needs ``token_ids`` in forward.
+* Balancing, the family's (taken from the config): with ``router_bias`` DeepSeek-V3's
+  auxiliary-loss-free update of the choice bias (a buffer, not a gradient parameter; rate
+  ``bias_update_rate``, made by the training loop after its optimiser step) plus its
+  complementary sequence-wise loss; without, the batch-wise auxiliary loss of Switch / Qwen;
+  ``aux_loss_coef`` weights the loss (None: 1e-4 with the bias, DeepSeek-V3's alpha; 1e-3
+  without, Qwen3-Next's ``router_aux_loss_coef``). Hash routing has no choice to balance.
+  Under ``training_signals()`` each call adds ``"balance"`` (already weighted) and the bias update.
 * ``n_shared`` shared experts of width ``d_shared`` read by every token, fused into one
   SwiGLU of width n_shared * d_shared (the same function); ``shared_gate`` multiplies
   them by sigmoid(w . x) (Qwen3-Next).
@@ -45,9 +52,11 @@ import torch
 from torch import Tensor, nn
 
 from storelab.ops.norm import RMSNorm
-from storelab.ops.routing import ROUTER_SCORES, expert_load, grouped_swiglu, route_fixed, route_topk
+from storelab.ops.routing import (ROUTER_SCORES, balance_loss, bias_step, expert_load, grouped_swiglu, route_fixed,
+                                  route_topk)
 from storelab.state import EmptyState
-from storelab.stores.base import CHANNEL, Card, Footprint, ParamCount, StoreConfig, check_input, emit, register
+from storelab.stores.base import (CHANNEL, Card, Footprint, ParamCount, StoreConfig, add_loss, add_update, check_input,
+                                  collecting, emit, register)
 from storelab.stores.ffn import ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_UP_SHIFT, check_activation
 
 __all__ = ["MoEConfig", "MoE"]
@@ -78,6 +87,8 @@ class MoEConfig(StoreConfig):
     swiglu_alpha: float = SWIGLU_ALPHA        # clamped_swiglu only
     swiglu_up_shift: float = SWIGLU_UP_SHIFT  # clamped_swiglu only
     norm_eps: float = 1e-6           # RMSNorm of the latent
+    aux_loss_coef: float | None = None   # None: the family's (1e-4 with router_bias, else 1e-3)
+    bias_update_rate: float = 1e-3       # router_bias: DeepSeek-V3's gamma
 
     SLOTS, FAMILY, CARD_ORDER = (CHANNEL,), "experts", 20
     CARD = Card(
@@ -108,6 +119,16 @@ class MoEConfig(StoreConfig):
         if self.latent_dim is not None:
             self.check(self.latent_dim > 0, "latent_dim", f"must be > 0, got {self.latent_dim!r}")
         check_activation(self, EXPERT_ACTIVATIONS)
+        self.check(self.aux_loss_coef is None or self.aux_loss_coef >= 0, "aux_loss_coef",
+                   f"must be >= 0, got {self.aux_loss_coef!r}")
+        self.check(self.bias_update_rate >= 0, "bias_update_rate", f"must be >= 0, got {self.bias_update_rate!r}")
+
+    @property
+    def balance_coef(self) -> float:
+        """The auxiliary loss's weight: the config's, else the family's (0 for hash routing)."""
+        if self.routing == "hash":
+            return 0.0
+        return self.aux_loss_coef if self.aux_loss_coef is not None else (1e-4 if self.router_bias else 1e-3)
 
     # -- sizes ---------------------------------------------------------------
     @property
@@ -196,6 +217,14 @@ class MoE(nn.Module):
         x_ND = x_BTD.reshape(-1, D)
         weights_NK, experts_NK = self.route(x_ND, ids_N)
         emit(self, "load", lambda: expert_load(experts_NK, cfg.n_experts).detach())
+        if cfg.balance_coef:  # per sequence with the bias (DeepSeek-V3), else over the batch
+            G = B if cfg.router_bias else 1
+            add_loss(self, "balance", lambda: cfg.balance_coef * balance_loss(
+                self.router(x_ND).view(G, -1, cfg.n_experts), experts_NK.view(G, -1, cfg.top_k), score=cfg.router))
+        if cfg.router_bias and collecting():  # the update, after the optimiser step, from this call's load
+            load_E = expert_load(experts_NK, cfg.n_experts)
+            add_update(self, lambda reduce: self.choice_bias.add_(
+                bias_step(reduce(load_E), cfg.bias_update_rate).to(self.choice_bias.dtype)))
 
         act = self.act.unit(cfg)
         z_NW = self.latent_norm(self.latent_down(x_ND)) if cfg.latent_dim is not None else x_ND

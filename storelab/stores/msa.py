@@ -13,8 +13,10 @@ shares a key/value head reads only the positions of its selected blocks (``store
   does block 0 (the attention sink MiniMax's indexers learn to pick). Forced blocks use slots of
   the budget, so a query never reads more than ``top_blocks * block_size`` positions.
 
-Hard top-k: no gradient reaches the index branch through the selection (MiniMax trains it by
-imitating the main attention; not done here). The selection equals transformers'
+Hard top-k: no gradient reaches the index branch through the selection. MiniMax trains it by
+imitating the main attention: under ``training_signals()`` each call adds ``"indexer"``,
+KL(the attention's weight per block, each group's heads averaged, detached || softmax of the block
+scores), the index branch reading x detached, so the loss trains it alone. The selection equals transformers'
 ``MiniMaxM3VLIndexer`` and the masked attention its eager path with ``build_block_mask`` (among
 exactly equal block scores the earlier block wins; ``topk`` leaves that order unspecified).
 
@@ -47,12 +49,14 @@ import torch
 from torch import Tensor, nn
 
 from storelab.ops.attention import attend_reference
-from storelab.ops.msa import attend_blocks, block_mask, block_scores, select_blocks, select_blocks_streamed
+from storelab.ops.indexer import indexer_distill_loss
+from storelab.ops.msa import (attend_blocks, block_attention_target, block_mask, block_scores, select_blocks,
+                             select_blocks_streamed)
 from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
 from storelab.state import KVCache, append_rows
 from storelab.stores.attention import Attention, AttentionConfig
-from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, check_input, emit, register
+from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, add_loss, check_input, emit, register
 
 __all__ = ["MsaConfig", "MsaCache", "BlockSparseAttention"]
 
@@ -160,6 +164,7 @@ class BlockSparseAttention(Attention):
         iq_BTGI, ik_BTI = self.index(x_BTD, pos_T)
         k_BLGK, v_BLGV = state.append(k_BTGK, v_BTGV)
         ik_BLI = state.append_index(ik_BTI)
+        add_loss(self, "indexer", lambda: self._imitation(x_BTD, q_BTHK, k_BLGK, ik_BLI, pos_T))
         outs, blocks, counts = [], [], []
         qb = self.query_block  # split, not sliced: one backward for all slices, not a zero-filled q per slice
         for i, q_BtHK, iq_BtGI in zip(range(0, T, qb), q_BTHK.split(qb, dim=1), iq_BTGI.split(qb, dim=1)):
@@ -173,6 +178,17 @@ class BlockSparseAttention(Attention):
         emit(self, "read_counts", lambda: torch.cat(counts, dim=-1))
         state.seen += T
         return self.finish(torch.cat(outs, dim=1), gate), state
+
+    def _imitation(self, x_BTD: Tensor, q_BTHK: Tensor, k_BLGK: Tensor, ik_BLI: Tensor, pos_T: Tensor) -> Tensor:
+        """The index branch's imitation loss for the call's queries over every kept block."""
+        c = self.cfg
+        L = ik_BLI.shape[1]
+        target_BGTN = block_attention_target(q_BTHK, k_BLGK[:, :L], positions_T=pos_T, block_size=c.block_size,
+                                             scale=c.scale)
+        iq_BTGI, ik_new_BTI = self.index(x_BTD.detach(), pos_T)
+        ik_BLI = torch.cat([ik_BLI[:, :L - ik_new_BTI.shape[1]].detach(), ik_new_BTI], dim=1)
+        scores_BGTN = block_scores(iq_BTGI, ik_BLI, positions_T=pos_T, block_size=c.block_size)
+        return indexer_distill_loss(scores_BGTN, target_BGTN)
 
     # -- the read of one slice of queries, in the config's kernel --------------------------------
     def _read_streamed(self, q_BTHK: Tensor, iq_BTGI: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, ik_BLI: Tensor,

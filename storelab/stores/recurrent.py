@@ -69,6 +69,7 @@ from torch import Tensor, nn
 
 from storelab.ops.delta import MODES, delta_rule, gated_delta_rule, kda, linear_attention
 from storelab.ops.delta_product import gated_delta_product
+from storelab.ops.precision import at_least_fp32
 from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount,
                                   StoreConfig, register)
 from storelab.stores.recurrent_pipeline import RecurrentStore, Rule
@@ -98,7 +99,7 @@ def _beta(store, x_BTD: Tensor) -> Tensor:
     """beta = beta_max * sigmoid(W_b x) in (0, beta_max), [B, T, (n,) HV]."""
     B, T, _ = x_BTD.shape
     cfg = store.cfg
-    return (torch.sigmoid(store.b_proj(x_BTD).float()) * cfg.beta_max).view(B, T, *cfg.writes, cfg.n_value_heads)
+    return (torch.sigmoid(at_least_fp32(store.b_proj(x_BTD))) * cfg.beta_max).view(B, T, *cfg.writes, cfg.n_value_heads)
 
 
 def _gdn_params(cfg) -> dict[str, nn.Module | nn.Parameter]:
@@ -113,13 +114,13 @@ def _gdn_params(cfg) -> dict[str, nn.Module | nn.Parameter]:
 
 def _gdn_log_decay(store, x_BTD: Tensor) -> Tensor:
     """g = -exp(A_log) softplus(W_a x + dt_bias), one per value head: [B, T, HV]."""
-    return -store.A_log.float().exp() * F.softplus(store.a_proj(x_BTD).float() + store.dt_bias)
+    return -at_least_fp32(store.A_log).exp() * F.softplus(at_least_fp32(store.a_proj(x_BTD)) + store.dt_bias)
 
 
 def _silu_output_gate(store, x_BTD: Tensor) -> Tensor:
     """SiLU(W_z x), [B, T, HV, V]."""
     B, T, _ = x_BTD.shape
-    return F.silu(store.z_proj(x_BTD).float()).view(B, T, store.cfg.n_value_heads, store.cfg.head_v_dim)
+    return F.silu(at_least_fp32(store.z_proj(x_BTD))).view(B, T, store.cfg.n_value_heads, store.cfg.head_v_dim)
 
 
 @dataclass(kw_only=True)
@@ -384,8 +385,8 @@ def _kda_rule_params(cfg) -> dict[str, nn.Module | nn.Parameter]:
 def _kda_forget(store, x_BTD: Tensor) -> tuple[Tensor, Tensor]:
     """f = W_fb W_fa x + dt_bias [B, T, H, K] and the rate exp(A_log) [H, 1]."""
     B, T, _ = x_BTD.shape
-    f = (store.f_b_proj(store.f_a_proj(x_BTD)).float() + store.dt_bias.float())
-    return f.view(B, T, store.cfg.n_heads, store.cfg.head_k_dim), store.A_log.float().exp()[:, None]
+    f = (at_least_fp32(store.f_b_proj(store.f_a_proj(x_BTD))) + at_least_fp32(store.dt_bias))
+    return f.view(B, T, store.cfg.n_heads, store.cfg.head_k_dim), at_least_fp32(store.A_log).exp()[:, None]
 
 
 def _kda_log_decay_softplus(store, x_BTD: Tensor) -> Tensor:
@@ -403,7 +404,7 @@ def _kda_log_decay_bounded(store, x_BTD: Tensor) -> Tensor:
 def _sigmoid_low_rank_output_gate(store, x_BTD: Tensor) -> Tensor:
     """sigmoid(W_gb W_ga x), [B, T, HV, V]."""
     B, T, _ = x_BTD.shape
-    gate = torch.sigmoid(store.g_b_proj(store.g_a_proj(x_BTD)).float())
+    gate = torch.sigmoid(at_least_fp32(store.g_b_proj(store.g_a_proj(x_BTD))))
     return gate.view(B, T, store.cfg.n_value_heads, store.cfg.head_v_dim)
 
 

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from storelab.ops import fla as fla_dispatch
 from storelab.ops.conv import causal_conv1d
 from storelab.ops.norm import l2_norm, rms_norm
+from storelab.ops.precision import at_least_fp32
 from storelab.state import RecurrentState
 from storelab.stores.base import check_input
 
@@ -119,9 +120,9 @@ class RecurrentStore(nn.Module):
         qkv_BTC = torch.cat([self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)], dim=-1)
         qkv_BTC, tail = causal_conv1d(qkv_BTC, self.conv_weight, tail_BWC=state.conv, activation="silu")
         q, k, v = qkv_BTC.split([H * K, n * H * K, n * HV * V], dim=-1)
-        q_BTHK = l2_norm(q.reshape(B, T, H, K).float())
-        k_BTwHK = l2_norm(k.reshape(B, T, *w, H, K).float())                   # w: the writes axes, () or (n,)
-        v_BTwHV = v.reshape(B, T, *w, HV, V).float()
+        q_BTHK = l2_norm(at_least_fp32(q.reshape(B, T, H, K)))
+        k_BTwHK = l2_norm(at_least_fp32(k.reshape(B, T, *w, H, K)))                   # w: the writes axes, () or (n,)
+        v_BTwHV = at_least_fp32(v.reshape(B, T, *w, HV, V))
         gates = {kw: gate(self, x_BTD) for kw, gate in self._gates}
         fla_fn = self._fla.get(rule.fla) if q_BTHK.device.type in fla_dispatch.FLA_DEVICES else None
         if fla_fn is not None:
@@ -134,4 +135,4 @@ class RecurrentStore(nn.Module):
         if rule.output_gate is not None:
             o_BTHV = o_BTHV * rule.output_gate(self, x_BTD)
         y_BTD = self.o_proj(o_BTHV.reshape(B, T, HV * V).to(x_BTD.dtype))
-        return y_BTD, RecurrentState(seen=state.seen + T, S=S.float(), conv=tail)
+        return y_BTD, RecurrentState(seen=state.seen + T, S=at_least_fp32(S), conv=tail)

@@ -78,6 +78,14 @@ class Dist:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.item()
 
+    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor summed over processes (a copy; the tensor itself when alone)."""
+        if self.world == 1:
+            return t
+        out = t.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out
+
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()

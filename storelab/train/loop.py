@@ -17,8 +17,13 @@
   the run directory gets an atomic checkpoint. ``train`` on a directory that holds one
   resumes from it: a run killed at any moment ends exactly where an uninterrupted run
   with the same config ends (the test kills one with SIGKILL).
-* ``indexer_weight > 0`` adds the MSA indexers' imitation loss (``storelab.train.indexer``):
-  the hard top-k passes no gradient to them otherwise.
+* What the stores hand to training (``storelab.stores.base.training_signals``) joins the step:
+  the indexers' imitation losses (``"indexer"``: DSA / IndexShare, hierarchical, MSA and CSA
+  layers, whose hard top-k passes no gradient; each the KL from the main attention's weights,
+  detached, to the indexer's softmax, on the indexer's input detached, so it trains the indexer
+  alone; their mean times ``indexer_weight``, 0 = off), the experts' balancing losses
+  (``"balance"``, weighted by each MoE config), and after the optimiser step the updates made
+  outside the gradient (DeepSeek-V3's routing bias), from the load summed over processes.
 """
 
 from __future__ import annotations
@@ -36,11 +41,11 @@ import torch.nn.functional as F
 from storelab.models.config import ModelConfig, check_fits
 from storelab.models.fileformat import check_types
 from storelab.models.model import Model
+from storelab.stores.base import training_signals
 from storelab.tasks import IGNORE, Batch, batch_seed, make_task, task_dict
 from storelab.outputs import check_folder
 from storelab.train.checkpoint import CHECKPOINT, RUN_FILES, read_checkpoint, restore, save_checkpoint
 from storelab.train.distributed import Dist
-from storelab.train.indexer import IndexerTap
 from storelab.train.models import resolve_model
 
 # fields a resumed run may change without breaking the equality with an uninterrupted run
@@ -69,7 +74,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     log_every: int = 10
     threads: int = 0              # torch threads per process (0: leave as is)
-    indexer_weight: float = 0.0   # weight of the MSA indexers' imitation loss (storelab.train.indexer)
+    indexer_weight: float = 1.0   # weight of the indexers' imitation loss (0: off; see the module docstring)
 
     def __post_init__(self):
         check_types({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, TrainConfig)
@@ -123,6 +128,18 @@ def build(cfg: TrainConfig) -> tuple[Any, ModelConfig, Model]:
                else f"train its tiny version (--model tiny-{cfg.model}) or a built-in stack")
     torch.manual_seed(cfg.seed)
     return task, mcfg, Model(mcfg)
+
+
+def auxiliary_losses(sig, cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The weighted auxiliary losses of a step: ``indexer_kl`` (the indexers' mean imitation loss times
+    ``indexer_weight``, when > 0) and ``balance`` (the experts' mean balancing loss, weighted by its configs)."""
+    out = {}
+    kl, balance = sig.mean("indexer"), sig.mean("balance")
+    if kl is not None and cfg.indexer_weight > 0:
+        out["indexer_kl"] = cfg.indexer_weight * kl
+    if balance is not None:
+        out["balance"] = balance
+    return out
 
 
 def token_loss(model: Model, batch: Batch, n_scored: int) -> tuple[torch.Tensor, int, torch.Tensor]:
@@ -231,23 +248,23 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
         batch = task.sample(cfg.batch_size, batch_seed(cfg.seed, "train", step))
         local = batch.slice(*dist.shard(cfg.batch_size))
         n = batch.n_scored
-        with IndexerTap(model, enabled=cfg.indexer_weight > 0) as tap:
+        with training_signals(ignore=() if cfg.indexer_weight > 0 else ("indexer",)) as sig:
             loss, correct, _ = token_loss(model, local, n)
-        aux = tap.loss()
+        aux, total = auxiliary_losses(sig, cfg), loss
+        for v in aux.values():  # weighted by this process's share of the global batch
+            total = total + v * len(local) / cfg.batch_size
         opt.zero_grad(set_to_none=True)
-        if aux is not None:  # weighted by this process's share of the global batch
-            (loss + cfg.indexer_weight * aux * len(local) / cfg.batch_size).backward()
-        else:
-            loss.backward()
+        total.backward()
         dist.all_reduce_grads(params)
         gnorm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.grad_clip)
         opt.step()
+        sig.apply_updates(reduce=dist.sum_tensor)
         last_loss = dist.sum(loss.item())
         acc = dist.sum(correct) / max(n, 1)
         done = step + 1
         row = {"step": done, "loss": last_loss, "acc": acc, "lr": lr, "grad_norm": float(gnorm)}
-        if aux is not None:
-            row["indexer_kl"] = dist.sum(aux.item() * len(local) / cfg.batch_size)
+        for k, v in aux.items():
+            row[k] = dist.sum(v.item() * len(local) / cfg.batch_size)
         if done % cfg.log_every == 0 or done == cfg.steps:
             history.append(row)
         if on_step is not None:
