@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from storelab.ops.attention import attend, attend_causal, attend_causal_blocks, causal_mask
+from storelab.ops.attention import attend, attend_causal, attend_causal_blocks
 from storelab.ops.norm import RMSNorm
 from storelab.ops.rope import apply_rope
 from storelab.state import State, append_rows, joined_rows
@@ -313,8 +313,11 @@ class MLA(nn.Module):
         with no [T, L] mask. ``key_BLX``: [latent ; k_rope] when the cache holds it joined."""
         c = self.cfg
         T, L = p.latent_BTC.shape[1], latent_BLC.shape[1]
-        if torch.is_grad_enabled() and latent_BLC.requires_grad:  # training: the plain masked form
-            return self.read_dense(p, latent_BLC, k_rope_BLR, causal_mask(T, L, latent_BLC.device))
+        if torch.is_grad_enabled() and latent_BLC.requires_grad and not self.absorbed:
+            # training, naive form: keys and values expanded at once (the blockwise expansion below is inference
+            # only); attend_causal differentiates a whole sequence without a [T, L] array, as the absorbed form
+            k_BLHK, v_BLHV = self._expand(latent_BLC, k_rope_BLR)
+            return attend_causal(torch.cat([p.q_nope_BTHN, p.q_rope_BTHR], dim=-1), k_BLHK, v_BLHV, scale=c.scale)
         if self.absorbed:
             if key_BLX is None:
                 key_BLX = torch.cat([latent_BLC, k_rope_BLR], dim=-1)
