@@ -350,9 +350,10 @@ class CompressedAttention(nn.Module):
         w_BTH = self.index_weights(x_BTD) * IH ** -0.5
         keys = lambda s, e: self._decode(cache.index_keys[:, s:e], IC, 0, x_BTD.dtype)  # noqa: E731
         block = min(N, SCORE_BLOCK)
-        return select_topk_streamed(iq_BTHK, keys, w_BTH, seen=int(pos_T[0]), n_entries=N, stride=cfg.stride,
-                                    k=cfg.index_topk, scale=IC ** -0.5, block=block,
-                                    queries=SCORE_BUDGET // (B * IH * block))
+        with torch.no_grad():  # the top-k passes no gradient: autograd keeps none of the scores
+            return select_topk_streamed(iq_BTHK, keys, w_BTH, seen=int(pos_T[0]), n_entries=N, stride=cfg.stride,
+                                        k=cfg.index_topk, scale=IC ** -0.5, block=block,
+                                        queries=SCORE_BUDGET // (B * IH * block))
 
     def _imitation(self, x_BTD: Tensor, q_res: Tensor, q_BTHK: Tensor, cache: CompressedCache, pos_T: Tensor):
         """``imitation_loss`` of the queries with an entry to read (None if none has), from x detached."""

@@ -75,11 +75,8 @@ HF_INDEXER_NAMES = {"wq_b": "q_up", "wk": "k_proj", "k_norm": "k_norm", "weights
 
 SCORE_BUDGET = 1 << 18  # index logits held at once while scoring a long context (1 MiB in fp32)
 
-SELECTION_CARD = dict(
-    written_by="each token of the context",
-    holds="an entry per token",
-    forgets="nothing; what the indexer passes over is missed",
-)
+SELECTION_CARD = dict(written_by="each token of the context", holds="an entry per token",
+                      forgets="nothing; what the indexer passes over is missed")
 
 
 # -- the sharing mechanism and the state ------------------------------------------------
@@ -259,8 +256,9 @@ class Selector(nn.Module):
         q_BTHK, w_BTH = self.indexer.queries(x_BTD, q_src_BTQ, positions_T)
         if self.role == "refresh":
             pool_BTP, pool_valid_BTP = share.take_pool(seen, T)
-            scores_BTP = index_scores_at(q_BTHK, k_idx_BLK, w_BTH, pool_BTP, pool_valid_BTP, scale=self.indexer.scale)
-            j_BTk, valid_BTk = top_positions(scores_BTP, self.k)
+            with torch.no_grad():  # the top-k passes no gradient: autograd keeps none of the scores
+                j_BTk, valid_BTk = top_positions(index_scores_at(q_BTHK, k_idx_BLK, w_BTH, pool_BTP, pool_valid_BTP,
+                                                                 scale=self.indexer.scale), self.k)
             pos_BTk = pool_BTP.gather(-1, j_BTk)
             share.publish(seen=seen, T=T, pos_BTk=pos_BTk, valid_BTk=valid_BTk)
             return pos_BTk, valid_BTk, pool_valid_BTP.sum(-1)
@@ -272,17 +270,17 @@ class Selector(nn.Module):
                 mask = torch.arange(s, e, device=x_BTD.device)[None, :] <= positions_T[:, None]
             return index_scores(q_BTHK, k_idx_BLK[:, s:e], w_BTH, scale=scale, mask_TL=mask)
 
-        # the scores are made a block of positions at a time (at most about SCORE_BUDGET logits held)
-        unit = self.pool_block if self.role == "root" else 1
+        unit = self.pool_block if self.role == "root" else 1  # blocks of positions: ~SCORE_BUDGET logits held
         block = max(unit, SCORE_BUDGET // max(1, B * T * H) // unit * unit)
         pool = {}
-        if self.role == "root":
-            pos_BTk, valid_BTk, pool_BTP, pool_valid_BTP = top_positions_streamed(
-                score_fn, L, self.k, block=block, pool_block=self.pool_block, n_pool_blocks=self.pool_blocks,
-                query_pos_T=positions_T)
-            pool = dict(pool_BTP=pool_BTP, pool_valid_BTP=pool_valid_BTP)
-        else:
-            pos_BTk, valid_BTk = top_positions_streamed(score_fn, L, self.k, block=block)
+        with torch.no_grad():  # as above: none of the T x L scores kept
+            if self.role == "root":
+                pos_BTk, valid_BTk, pool_BTP, pool_valid_BTP = top_positions_streamed(
+                    score_fn, L, self.k, block=block, pool_block=self.pool_block, n_pool_blocks=self.pool_blocks,
+                    query_pos_T=positions_T)
+                pool = dict(pool_BTP=pool_BTP, pool_valid_BTP=pool_valid_BTP)
+            else:
+                pos_BTk, valid_BTk = top_positions_streamed(score_fn, L, self.k, block=block)
         share.publish(seen=seen, T=T, pos_BTk=pos_BTk, valid_BTk=valid_BTk, **pool)
         return pos_BTk, valid_BTk, (positions_T + 1).expand(B, T)
 
