@@ -72,6 +72,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from storelab.ops.attention import attend_lse, merge_parts, window_mask
 from storelab.ops.compress import imitation_loss, pool_entries, readable_entries, select_topk_streamed
@@ -387,16 +388,20 @@ class CompressedAttention(nn.Module):
         outs = []
         q_chunks = q_BTHK.split(step, dim=1)  # split, not sliced: a slice's backward zero-fills a whole q
         old_chunks = None if old is None else zip(old[0].split(step, dim=1), old[1].split(step, dim=2))
+        # training: each chunk's scores are recomputed in backward, not kept (HCA's would be T x T / stride)
+        train = torch.is_grad_enabled() and q_BTHK.requires_grad
         for i, a in enumerate(range(0, T, step)):
             b = min(T, a + step)
             sel = None if picks is None else (picks[0][:, a:b], picks[1][:, a:b])
-            parts = [self._gathered_part(q_chunks[i], cache, T, a, sel)]
-            if old_chunks is not None:
-                parts.append(next(old_chunks))
-            n_hi = min(cache.entries, (seen + b) // cfg.stride)
-            if not cfg.indexed and n_hi > n_done:
-                parts.append(self._new_entries_part(q_chunks[i], cache.pooled[:, n_done:n_hi], seen + a, n_done))
-            outs.append(merge_parts(parts, sinks_H=self.sinks))
+            old_i = None if old_chunks is None else next(old_chunks)
+
+            def chunk(q_i, a=a, b=b, sel=sel, old_i=old_i):
+                parts = [self._gathered_part(q_i, cache, T, a, sel)] + ([] if old_i is None else [old_i])
+                n_hi = min(cache.entries, (seen + b) // cfg.stride)
+                if not cfg.indexed and n_hi > n_done:
+                    parts.append(self._new_entries_part(q_i, cache.pooled[:, n_done:n_hi], seen + a, n_done))
+                return merge_parts(parts, sinks_H=self.sinks)
+            outs.append(checkpoint(chunk, q_chunks[i], use_reentrant=False) if train else chunk(q_chunks[i]))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
     def _attend_rows(self, q_BTHK: Tensor, rows_BNr: Tensor) -> tuple[Tensor, Tensor]:
