@@ -38,7 +38,7 @@ from torch import Tensor
 
 from storelab.ops.delta_reference import (_from_chunks, _recurrent, _to_chunks, check_delta_shapes,  # noqa: F401
                                          chunk_reference, prepare_delta_inputs, records_grad, recurrent_step)
-from storelab.ops.delta_train import chunk_train, training_chunk
+from storelab.ops.delta_train import chunk_train, neumann_doubling, training_chunk
 
 __all__ = ["linear_attention", "delta_rule", "gated_delta_rule", "kda", "recurrent_step"]
 
@@ -73,11 +73,7 @@ def _unit_lower_inverse(A_BCC: Tensor, cz: "_Chunked", block: int = 16, tame: bo
         torch.tril(blocks, -1, out=X)
     X = X.view(M * n, b, b)
     inv = torch.sub(torch.eye(b, dtype=A.dtype, device=A.device), X, out=cz.buf("inv_D", A, M * n, b, b))
-    p = 2
-    while p < b:
-        X = torch.bmm(X, X)
-        inv = torch.baddbmm(inv, inv, X)
-        p *= 2
+    inv = neumann_doubling(X, inv)
     if n == 1:
         return inv.view(shape)
     inv = inv.view(M, n, b, b)

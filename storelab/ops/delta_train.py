@@ -37,7 +37,7 @@ from torch import Tensor
 
 from storelab.ops.delta_reference import _from_chunks, _to_chunks
 
-__all__ = ["chunk_train", "fits_factored", "training_chunk"]
+__all__ = ["chunk_train", "fits_factored", "neumann_doubling", "training_chunk"]
 
 
 def _chunks(x: Tensor, C: int) -> Tensor:
@@ -118,6 +118,17 @@ def _mm(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a.flatten(0, 1), b.flatten(0, 1)).view(N, BH, a.shape[2], b.shape[3])
 
 
+def neumann_doubling(X: Tensor, inv: Tensor) -> Tensor:
+    """(I + X)^-1 for nilpotent (strictly lower) X [M, b, b], given inv = I - X: the Neumann series summed by
+    doubling, (I - X)(I + X^2)(I + X^4)... up to X^(b-1). ``inv`` may be a buffer (the tuned forward's)."""
+    b, p = X.shape[-1], 2
+    while p < b:
+        X = torch.bmm(X, X)
+        inv = torch.baddbmm(inv, inv, X)
+        p *= 2
+    return inv
+
+
 def _unit_lower_inverse(A: Tensor, block: int = 16) -> Tensor:
     """(I + A)^-1 for strictly lower A [..., C, C] by products (batched LAPACK solves of many small systems
     are slow, and under a loaded machine's threads much slower). Diagonal blocks of size b: the Neumann
@@ -129,12 +140,7 @@ def _unit_lower_inverse(A: Tensor, block: int = 16) -> Tensor:
     A = A.reshape(-1, C, C)
     M = A.shape[0]
     X = torch.diagonal(A.view(M, n, b, n, b), dim1=1, dim2=3).permute(0, 3, 1, 2).tril(-1).reshape(M * n, b, b)
-    inv = torch.eye(b, dtype=A.dtype, device=A.device) - X
-    p = 2
-    while p < b:
-        X = torch.bmm(X, X)
-        inv = torch.baddbmm(inv, inv, X)
-        p *= 2
+    inv = neumann_doubling(X, torch.eye(b, dtype=A.dtype, device=A.device) - X)
     if n == 1:
         return inv.view(shape)
     inv = inv.view(M, n, b, b)
