@@ -58,3 +58,16 @@ def install_fake_fla(monkeypatch, chunk_gated_delta_rule, chunk_kda) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(fla_dispatch, "FLA_DEVICES", ("cpu",))
     monkeypatch.delenv("STORELAB_FLA", raising=False)
+
+
+def one_pass_and_chunks(m: torch.nn.Module, x: torch.Tensor, chunks: list[int]):
+    """Store ``m`` over x [B, T, D] in one pass and in ``chunks`` with the state carried, without gradients:
+    (one pass's output, its state, the chunks' outputs concatenated, the state after the last chunk)."""
+    with torch.no_grad():
+        want, full = m(x)
+        st, ys, t = None, [], 0
+        for c in chunks:
+            y, st = m(x[:, t:t + c], st)
+            ys.append(y)
+            t += c
+    return want, full, torch.cat(ys, 1), st

@@ -19,7 +19,7 @@ from storelab.models.config import ModelConfig
 from storelab.models.model import Model, prefill
 from storelab.ops import gated_delta_product, gated_delta_rule
 from storelab.stores import REGISTRY, build_store
-from tests.helpers import assert_close
+from tests.helpers import assert_close, one_pass_and_chunks
 
 LENGTHS = [1, 7, 33, 65]
 
@@ -175,15 +175,9 @@ def _module(case, **over):
 def test_store_prefill_then_step_equals_one_pass(case, chunks):
     m = _module(case)
     x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want, full = m(x)
-        st, ys, t = None, [], 0
-        for c in chunks:
-            y, st = m(x[:, t:t + c], st)
-            ys.append(y)
-            t += c
+    want, full, got, st = one_pass_and_chunks(m, x, chunks)
     assert want.abs().max() > 0.1
-    assert_close(torch.cat(ys, 1), want, 1e-5, f"{case} chunks {chunks}")
+    assert_close(got, want, 1e-5, f"{case} chunks {chunks}")
     assert_close(st.S, full.S, 1e-5, f"{case} state")
     assert st.seen == 11
 

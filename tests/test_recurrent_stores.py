@@ -5,7 +5,7 @@ import torch
 
 from storelab.state import RecurrentState
 from storelab.stores import build_store
-from tests.helpers import assert_close
+from tests.helpers import assert_close, one_pass_and_chunks
 
 SMALL = dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=6, chunk_size=4)
 CASES = {
@@ -38,16 +38,10 @@ def _module(case, **over):
 def test_prefill_then_step_equals_one_pass(case, chunks):
     m = _module(case)
     x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want, full = m(x)
-        st, ys, t = None, [], 0
-        for c in chunks:
-            y, st = m(x[:, t:t + c], st)
-            ys.append(y)
-            t += c
+    want, full, got, st = one_pass_and_chunks(m, x, chunks)
     scale = want.abs().max().item()
     assert scale > 0.1
-    assert_close(torch.cat(ys, 1), want, 1e-5 * max(1.0, scale), f"{case} chunks {chunks}")  # fp32, relative to O(1)
+    assert_close(got, want, 1e-5 * max(1.0, scale), f"{case} chunks {chunks}")  # fp32, relative to O(1)
     assert_close(st.S, full.S, 1e-5, f"{case} state")
     assert st.seen == 11 and isinstance(st, RecurrentState)
 

@@ -312,12 +312,7 @@ class MLA(nn.Module):
         """Each of the T new queries (the last T of the L entries) reads every entry up to its own,
         with no [T, L] mask. ``key_BLX``: [latent ; k_rope] when the cache holds it joined."""
         c = self.cfg
-        T, L = p.latent_BTC.shape[1], latent_BLC.shape[1]
-        if torch.is_grad_enabled() and latent_BLC.requires_grad and not self.absorbed:
-            # training, naive form: keys and values expanded at once (the blockwise expansion below is inference
-            # only); attend_causal differentiates a whole sequence without a [T, L] array, as the absorbed form
-            k_BLHK, v_BLHV = self._expand(latent_BLC, k_rope_BLR)
-            return attend_causal(torch.cat([p.q_nope_BTHN, p.q_rope_BTHR], dim=-1), k_BLHK, v_BLHV, scale=c.scale)
+        L = latent_BLC.shape[1]
         if self.absorbed:
             if key_BLX is None:
                 key_BLX = torch.cat([latent_BLC, k_rope_BLR], dim=-1)
@@ -326,6 +321,10 @@ class MLA(nn.Module):
                                    scale=c.scale, v_dim=c.kv_lora_rank)
             return self.values_from_latent(o_BTHC)
         q_BTHK = torch.cat([p.q_nope_BTHN, p.q_rope_BTHR], dim=-1)
+        if torch.is_grad_enabled() and latent_BLC.requires_grad:
+            # training: keys and values expanded at once (the blockwise expansion is inference only);
+            # attend_causal differentiates a whole sequence without a [T, L] array
+            return attend_causal(q_BTHK, *self._expand(latent_BLC, k_rope_BLR), scale=c.scale)
         return attend_causal_blocks(q_BTHK, lambda s, e: self._expand(latent_BLC[:, s:e], k_rope_BLR[:, s:e]), L,
                                     G=c.n_heads, V=c.v_head_dim, scale=c.scale)
 
