@@ -71,3 +71,34 @@ def one_pass_and_chunks(m: torch.nn.Module, x: torch.Tensor, chunks: list[int]):
             ys.append(y)
             t += c
     return want, full, torch.cat(ys, 1), st
+
+
+SAMPLE_TEXT = (
+    "The river rose in the night and the bridge keepers counted the stones twice. "
+    "A key opens one door; a map opens many. The capital of the northern province is Varen, "
+    "and its harbour freezes in the winter months. Seven blue lamps hang over the market square. "
+    "When the bell rings at noon the bakers close their shutters and the children run home. "
+)
+
+
+def write_tokenizer(folder, text: str = SAMPLE_TEXT, *, vocab: int = 512, chat_template: str | None = None) -> None:
+    """A byte-level BPE tokenizer trained on ``text``, written as ``folder/tokenizer.json`` (and a
+    tokenizer_config.json with BOS/EOS and, when given, a chat template): what a checkpoint ships."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text] * 4, trainer)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "add_bos_token": True}
+    if chat_template is not None:
+        cfg["chat_template"] = chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
