@@ -46,13 +46,20 @@ def test_training_takes_the_hand_written_backward_and_equals_the_per_token_rule(
         torch.testing.assert_close(a, b, rtol=0, atol=1e-11, msg=lambda m: f"d{name}: {m}")
 
 
+def test_the_training_chunk_follows_the_key_width():
+    # min(chunk_size, max(16, K / 2)), K rounded down to a power of two; never above what was asked
+    assert [training_chunk(None, 32, K) for K in (8, 16, 32, 48, 64, 128, 256)] == [16, 16, 16, 16, 32, 32, 32]
+    assert [training_chunk(None, 64, K) for K in (16, 64, 128, 256)] == [16, 32, 64, 64]
+    assert training_chunk(None, 8, 128) == 8 and training_chunk(torch.zeros(1, 4, 1), 64, 128) == 64
+
+
 def test_per_channel_decays_beyond_the_factored_range_halve_the_chunk_then_fall_back():
     g = torch.full((1, 64, 1, 4), -1.0)                     # a span of 64 per chunk of 64: within 2 x 40
-    assert fits_factored(g, 64) and training_chunk(g, 64) == 64
+    assert fits_factored(g, 64) and training_chunk(g, 64, 128) == 64
     g[:, :, :, 0] = -3.0                                    # 192 over 64 tokens: the chunk halves to 16
-    assert not fits_factored(g, 64) and training_chunk(g, 64) == 16
+    assert not fits_factored(g, 64) and training_chunk(g, 64, 128) == 16
     g[0, 5, 0, 1] = -100.0                                  # one token alone beyond the range: no chunk fits
-    assert training_chunk(g, 64) == 0
+    assert training_chunk(g, 64, 128) == 0
     for strength in (30.0, 300.0):                          # strong decays: both answers still exact
         x = [t.detach().float().requires_grad_() for t in _inputs(True, strength=strength)]
         o, S, got = _grads(kda, x, "chunk", chunk_size=32)

@@ -448,7 +448,7 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     if mode == "recurrent" or (mode == "chunk" and T == 1):  # one token: the step is the whole algorithm
         o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
     elif mode == "chunk" and records_grad(q, k, v, g, beta, S0):  # training (``delta_train.training_chunk``)
-        C = training_chunk(g, chunk_size) if g_per_channel else chunk_size
+        C = training_chunk(g, chunk_size, K)
         o, S = chunk_train(q, k, v, g, beta, S0, scale=scale, chunk_size=C) if C else chunk_reference(
             q, k, v, g=g, beta=beta, scale=scale, initial_state=S0, chunk_size=chunk_size, recompute=True)
     elif mode == "chunk":

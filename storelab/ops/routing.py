@@ -156,19 +156,19 @@ def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up
     counts = torch.bincount(flat_e, minlength=E).tolist()
     x_sorted = x_ND[tok]                             # [N*K, D]
     w_sorted = weights_NK.reshape(-1)[order].to(x_ND.dtype)
-    out_sorted = x_ND.new_empty(N * K, D_out)
-    start = 0
-    for e, c in enumerate(counts):
-        if c == 0:
-            continue
-        seg = slice(start, start + c)
-        gate, up = F.linear(x_sorted[seg], gate_up_EFD[e]).chunk(2, dim=-1)   # [c, I] each
-        out_sorted[seg] = F.linear(act(gate, up), down_EDI[e]) * w_sorted[seg, None]
-        start += c
-    # back to slot order (a permutation, no accumulation), then sum each token's K slots
-    out_slots = torch.empty_like(out_sorted)
-    out_slots[order] = out_sorted
-    return out_slots.view(N, K, D_out).sum(1)
+    # each expert's tokens as a split and the results joined by one cat: under autograd, slices or slice
+    # assignments would each cost a full-size zero-filled gradient (E of them per layer)
+    outs = []
+    for x_c, w_c, gu_FD, dn_DI in zip(x_sorted.split(counts), w_sorted.split(counts), gate_up_EFD.unbind(0),
+                                      down_EDI.unbind(0)):
+        if x_c.shape[0]:
+            gate, up = F.linear(x_c, gu_FD).chunk(2, dim=-1)                         # [c, I] each
+            outs.append(F.linear(act(gate, up), dn_DI) * w_c[:, None])
+    out_sorted = torch.cat(outs) if outs else x_ND.new_zeros(0, D_out)
+    # back to slot order (a gather by the inverse permutation, no accumulation), then sum each token's K slots
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return out_sorted[inverse].view(N, K, D_out).sum(1)
 
 
 def dense_moe_reference(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up_EFD: Tensor, down_EDI: Tensor,
