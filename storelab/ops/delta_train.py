@@ -184,17 +184,16 @@ class _DeltaChunks(torch.autograd.Function):
             A = sc(Kb, Kc, strict=True)
             Tm = _unit_lower_inverse(A)                                                # N BH C C
             bV, bKe = Vc * b, Kb * eG
-            U, W = _mm(Tm, bV), _mm(Tm, bKe)
-            Vn = torch.empty_like(U)
+            Vn, W = _mm(Tm, bV), _mm(Tm, bKe)                                          # U, made V_new in place
         else:
             b = A = Tm = W = Kb = bV = bKe = None
             Vn = Vc
         KdT = Kd.transpose(-1, -2).contiguous()
-        for n in range(N):
+        for n in range(N):  # in place on the buffers: an out= product would copy its addend first
             S = S_all[n]
             if beta is not None:
-                torch.baddbmm(U[n], W[n], S, alpha=-1, out=Vn[n])                     # V_new = U - W S
-            torch.baddbmm(S * eGC[n], KdT[n], Vn[n], out=S_all[n + 1])
+                Vn[n].baddbmm_(W[n], S, alpha=-1)                                     # V_new = U - W S
+            torch.mul(S, eGC[n], out=S_all[n + 1]).baddbmm_(KdT[n], Vn[n])
         Qg = Q * eG
         O = torch.baddbmm(_mm(M, Vn).flatten(0, 1), Qg.flatten(0, 1), S_all[:-1].flatten(0, 1)).view(N, BH, C, V)
         ctx.save_for_backward(Q, Kc, Vc, G, eG, eK, eGC, M, Kd, S_all, b, A, Tm, W, Vn, Kb, bV, bKe)
@@ -211,17 +210,23 @@ class _DeltaChunks(torch.autograd.Function):
         N, BH = Q.shape[:2]
         dO = _chunks(do.to(Q.dtype), C)                               # N BH C V (do may be expanded)
         Qg = Q * eG
-        MtdO = _mm(M.transpose(-1, -2), dO)                                          # N BH C V
-        QtdO = _mm(Qg.transpose(-1, -2), dO)                                          # N BH K V
-        dS_after = Q.new_empty(N, BH, K, V)
-        dVn = torch.empty_like(MtdO)
-        dS = Q.new_zeros(BH, K, V) if dS_final is None else dS_final.reshape(BH, K, V).to(Q.dtype)
+        dVn = _mm(M.transpose(-1, -2), dO)                                           # N BH C V: M^T dO, then dV_new
+        # dS_all[n] is the gradient on the state entering chunk n: Qg^T dO, then the recursion in place;
+        # dS_all[N] the final state's
+        dS_all = Q.new_empty(N + 1, BH, K, V)
+        torch.bmm(Qg.transpose(-1, -2).flatten(0, 1), dO.flatten(0, 1), out=dS_all[:N].flatten(0, 1))
+        if dS_final is None:
+            dS_all[N] = 0.0
+        else:
+            dS_all[N] = dS_final.reshape(BH, K, V)
         WT = None if W is None else W.transpose(-1, -2).contiguous()
         for n in range(N - 1, -1, -1):  # the one sequential recursion
-            dS_after[n] = dS
-            torch.baddbmm(MtdO[n], Kd[n], dS, out=dVn[n])                             # dV_new
-            nxt = torch.addcmul(QtdO[n], eGC[n], dS)
-            dS = nxt if WT is None else nxt.baddbmm_(WT[n], dVn[n], alpha=-1)
+            dS = dS_all[n + 1]
+            dVn[n].baddbmm_(Kd[n], dS)                                                # dV_new
+            nxt = dS_all[n].addcmul_(eGC[n], dS)
+            if WT is not None:
+                nxt.baddbmm_(WT[n], dVn[n], alpha=-1)
+        dS, dS_after = dS_all[0], dS_all[1:]
         S_in = S_all[:-1]
         dG = torch.zeros_like(G)
         dQg = _mm(dO, S_in.transpose(-1, -2))                                          # N BH C K
