@@ -32,18 +32,19 @@ def open_text_model(folder: Path):
     return load(folder), tok
 
 
-def text_records(name: str, prompts: Path | None) -> list[dict]:
-    """The records probe ``name`` reads: the user's file's records of its kind, or the shipped ones."""
-    from storelab.probes.prompts import load_records, records_of, shipped
+def text_records(name: str, prompts: Path | None, records: list[dict] | None) -> list[dict]:
+    """The records probe ``name`` reads: those of its kind in the user's file (``records``, read from
+    ``prompts`` by ``load_records``), or the shipped ones."""
+    from storelab.probes.prompts import records_of, shipped
 
     kind = {"state_swap": "swap", "keep_one": "keep_one", "forgetting": "document"}[name]
-    if prompts is None:
+    if records is None:
         return shipped(kind)
-    return records_of(load_records(prompts), kind, prompts)
+    return records_of(records, kind, prompts)
 
 
-def run_text_probes(model, tok, names: list[str], *, prompts: Path | None, n: int, chat: bool,
-                    explicit: bool) -> tuple[dict, dict]:
+def run_text_probes(model, tok, names: list[str], *, prompts: Path | None, records: list[dict] | None, n: int,
+                    chat: bool, explicit: bool) -> tuple[dict, dict]:
     """(results, skipped) of the text probes in ``names``; a probe that cannot run is skipped with its
     reason, or (``explicit``: the user asked for that one) raises."""
     from storelab.probes.text import text_forgetting, text_keep_one, text_state_swap
@@ -57,7 +58,7 @@ def run_text_probes(model, tok, names: list[str], *, prompts: Path | None, n: in
             if nm not in run:
                 raise ValueError(f"name: {nm} runs on a train run's synthetic task, not on text "
                                  f"(on a model folder: {', '.join(TEXT_PROBES)})")
-            results[nm] = run[nm](text_records(nm, prompts))
+            results[nm] = run[nm](text_records(nm, prompts, records))
         except ValueError as e:
             if explicit:
                 raise

@@ -19,6 +19,7 @@ from storelab import options as opt
 from storelab.commands._probe_text import MODEL_FOLDERS, OUT_FILES, open_text_model, run_text_probes, write_out
 from storelab.console import console, emit_json, table
 from storelab.outputs import KINDS, check_folder, folder_kind
+from storelab.probes.prompts import load_records
 
 
 def _rows(name: str, r: dict) -> list[list]:
@@ -118,6 +119,7 @@ def register(app: typer.Typer) -> None:
                                  f"folder (Hugging Face or storelab save) as --checkpoint")
             if prompts is not None and not prompts.is_file():
                 raise ValueError(f"--prompts: {prompts} is not a file")
+            records = load_records(prompts) if prompts is not None else None   # checked before the model loads
             if out is not None:
                 check_folder(out, "probe", OUT_FILES, force=force)
             if text:
@@ -140,8 +142,8 @@ def register(app: typer.Typer) -> None:
         results, skipped = {}, {}
         if text:
             with opt.user_errors():
-                results, skipped = run_text_probes(net, t, names, prompts=prompts, n=n, chat=chat,
-                                                   explicit=name != "all")
+                results, skipped = run_text_probes(net, t, names, prompts=prompts, records=records, n=n,
+                                                   chat=chat, explicit=name != "all")
         for nm in [] if text else names:
             try:
                 results[nm] = PROBES[nm](net, t, n=n, seed=seed)
