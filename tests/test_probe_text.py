@@ -134,7 +134,8 @@ def test_users_prompts_and_their_errors(folder, tmp_path):
     _, d = folder("qwen3_5_text")
     mine = tmp_path / "mine.jsonl"
     rec = shipped("swap")[0]
-    mine.write_text(json.dumps({**rec, "id": "mine"}) + "\n" + json.dumps({"id": "doc", "text": "A short note."}) + "\n")
+    doc = json.dumps({"id": "doc", "text": "A short note."})
+    mine.write_text(json.dumps({**rec, "id": "mine"}) + "\n" + doc + "\n")
     res = probe("state_swap", "--checkpoint", str(d), "--prompts", str(mine), "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["results"]["state_swap"]["per_example"][0]["id"] == "mine"

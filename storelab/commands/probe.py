@@ -46,7 +46,8 @@ def _rows(name: str, r: dict) -> list[list]:
                 ["paired: content from the state's prompt", p["content_from_state"], ""],
                 ["paired: language from the cache's prompt", p["language_from_cache"], ""],
                 ["paired: language from the state's prompt", p["language_from_state"], "most"]] + [
-                [f"persona, {c.replace('_', ' ')}", v, e["persona"].get(c, "")] for c, v in r.get("persona", {}).items()]
+                [f"persona, {c.replace('_', ' ')}", v, e["persona"].get(c, "")]
+                for c, v in r.get("persona", {}).items()]
     if name == "forgetting":
         return [["median half-life (tokens)", r["median_half_life"], e["median_half_life_tokens"]],
                 ["ranking stability (mean Spearman)", r["ranking_stability"], e["ranking"]],

@@ -151,7 +151,8 @@ def text_keep_one(model, tok, records: list[dict], *, n: int = 64, chat: bool = 
             if len(ids2) != len(ids):
                 _count(skipped, "paired prompts of other token lengths (paired swap only)")
             else:
-                x.update(ids2=ids2, ret2=_candidates(tok, p["prompt"], p["retrieval"], chat) if p["retrieval"] else None,
+                x.update(ids2=ids2,
+                         ret2=_candidates(tok, p["prompt"], p["retrieval"], chat) if p["retrieval"] else None,
                          com2=_candidates(tok, p["prompt"], p["compliance"], chat) if p["compliance"] else None)
         _check_vocab(model, ids + x.get("ids2", []), f"prompt {rec['id']}")
         items.append(x)
@@ -181,7 +182,8 @@ def text_keep_one(model, tok, records: list[dict], *, n: int = 64, chat: bool = 
             top = continue_from(model, X1, mixed, t)[:, -1].argmax(-1)
             for j, x in enumerate(sub):
                 paired.append({"id": x["id"], "task": x["task"],
-                               "content_from_cache": hit(top, j, x["ret"]), "content_from_state": hit(top, j, x["ret2"]),
+                               "content_from_cache": hit(top, j, x["ret"]),
+                               "content_from_state": hit(top, j, x["ret2"]),
                                "language_from_cache": hit(top, j, x["com"]),
                                "language_from_state": hit(top, j, x["com2"])})
     conds = ("full", "cache_only", "state_only")
