@@ -1,5 +1,11 @@
 """``storelab generate``: prefill a random prompt in chunks, decode token by token, and
-report per store kind the state bytes measured beside the analytic ones."""
+report per store kind the state bytes measured beside the analytic ones.
+
+With ``--prompt TEXT`` (and ``--checkpoint DIR``) the prompt is text instead: encoded with the
+folder's tokenizer.json (``--chat``: as a user turn of its chat template), decoded greedily or
+sampled, stopped at an end-of-sequence token (tokenizer_config.json's eos_token, and
+generation_config.json's / config.json's eos_token_id), and printed as text (``--json``: the ids
+and the text). A missing or malformed tokenizer is an error naming the file."""
 
 from __future__ import annotations
 
@@ -50,6 +56,53 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
     }
 
 
+def eos_ids(folder: Path, tok) -> set[int]:
+    """The ids that end a generation: the tokenizer's eos_token and the folder's eos_token_id entries."""
+    import json
+
+    out = {tok.eos_id} - {None}
+    for name in ("generation_config.json", "config.json"):
+        try:
+            d = json.loads((Path(folder) / name).read_text())
+        except (OSError, ValueError):
+            continue
+        v = d.get("eos_token_id") if isinstance(d, dict) else None
+        out |= {x for x in (v if isinstance(v, list) else [v]) if isinstance(x, int) and not isinstance(x, bool)}
+    return out
+
+
+def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int], chunk: int = 0,
+                  temperature: float = 0.0, top_k: int = 0, seed: int = 0) -> dict:
+    """Generate after the prompt ids until ``new_tokens`` or a token of ``stop``; the ids and the text."""
+    import torch
+
+    from storelab.models.model import pick, prefill
+
+    if not ids:
+        raise ValueError("prompt: encodes to no token")
+    if max(ids) >= model.cfg.vocab_size:
+        raise ValueError(f"prompt: token id {max(ids)} is outside the model's vocabulary of {model.cfg.vocab_size} "
+                         f"(tokenizer.json does not belong to this checkpoint?)")
+    if model.cfg.context and len(ids) + new_tokens > model.cfg.context:
+        raise ValueError(f"prompt: {len(ids)} tokens + {new_tokens} new exceed {model.cfg.name}'s context of "
+                         f"{model.cfg.context:,} tokens")
+    gen = torch.Generator().manual_seed(seed + 1)
+    out, why = [], "length"
+    with torch.no_grad():
+        logits, cache = prefill(model, torch.tensor([ids]), chunk=chunk)
+        while len(out) < new_tokens:
+            nxt = pick(logits.float(), temperature=temperature, top_k=top_k, generator=gen)
+            if int(nxt) in stop:
+                why = "eos"
+                break
+            out.append(int(nxt))
+            if len(out) < new_tokens:
+                step, cache = model(nxt, cache)
+                logits = step[:, -1]
+    return {"model": model.cfg.name, "prompt_ids": ids, "tokens": out, "text": tok.decode(out), "stopped": why,
+            "temperature": temperature, "seed": seed}
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def generate(
@@ -65,9 +118,12 @@ def register(app: typer.Typer) -> None:
         checkpoint: Path = typer.Option(None, "--checkpoint",
                                         help="A checkpoint folder (config.json + safetensors): its weights."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        prompt: str = typer.Option(None, "--prompt", help="Text to continue (needs --checkpoint: its tokenizer.json); "
+                                   "prints the generated text."),
+        chat: bool = typer.Option(False, "--chat", help="With --prompt: wrap it in the folder's chat template."),
     ) -> None:
         """Generate with random weights (or a checkpoint's); report the cache per store kind, measured
-        beside analytic."""
+        beside analytic. With --prompt: text in, text out."""
         from rich.progress import Progress
 
         from storelab.models.config import load_model
@@ -75,8 +131,17 @@ def register(app: typer.Typer) -> None:
 
         from storelab.models.config import check_fits
 
-        loaded = None
+        loaded = tok = None
         with opt.user_errors():
+            if chat and prompt is None:
+                raise ValueError("--chat: wraps a --prompt in the chat template; give --prompt TEXT")
+            if prompt is not None and checkpoint is None:
+                raise ValueError("--prompt: text needs a tokenizer: give --checkpoint FOLDER (with tokenizer.json)")
+            if prompt is not None:
+                from storelab.text import Tokenizer
+
+                tok = Tokenizer.from_folder(checkpoint)    # before any weight is read
+                ids = tok.chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
             if (model is None) + (config is None) + (checkpoint is None) != 2:
                 raise ValueError("model: give a zoo model name, --config FILE or --checkpoint FOLDER (one of them)")
             if checkpoint is not None:
@@ -84,13 +149,22 @@ def register(app: typer.Typer) -> None:
 
                 check_fits(load(checkpoint, device="meta").cfg, what="--checkpoint",  # reads no weights
                            instead="generate with a smaller checkpoint")
-                loaded = load(checkpoint, dtype="fp32")
+                loaded = load(checkpoint, dtype="fp32" if prompt is None else None)  # text: its own dtype
                 cfg = loaded.cfg
             else:
                 cfg = load_model(config) if config is not None else load_zoo(model, tiny=tiny)
                 check_fits(cfg, what="--config" if config is not None else "model",
                            instead="write a smaller model file" if config is not None
                            else f"run its tiny version (storelab generate {model} --tiny)")
+        if tok is not None:
+            with opt.user_errors():
+                res = generate_text(loaded, tok, ids, new_tokens=new_tokens, stop=eos_ids(checkpoint, tok),
+                                    chunk=chunk, temperature=temperature, top_k=top_k, seed=seed)
+            if json_:
+                emit_json(res)
+            else:
+                typer.echo(res["text"])
+            return
         with opt.user_errors():
             if json_:
                 res = run_generation(cfg, prompt_len=prompt_len, new_tokens=new_tokens, chunk=chunk,

@@ -3,6 +3,10 @@
 Probes: state_swap, keep_one, forgetting, mhc, selection (see ``storelab.probes``), or
 ``all`` for every probe that applies to the model. The essay's figures for the large
 models are printed beside ours, as context: tiny models on synthetic tasks need not match.
+
+``--checkpoint`` takes a ``storelab train`` run folder (the probes run on its task) or a model
+folder, Hugging Face or ``storelab save`` (the probes run on text: ``storelab.commands._probe_text``).
+``--out DIR`` writes probe.json and a figure per probe.
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ from pathlib import Path
 import typer
 
 from storelab import options as opt
+from storelab.commands._probe_text import MODEL_FOLDERS, OUT_FILES, open_text_model, run_text_probes, write_out
 from storelab.console import console, emit_json, table
+from storelab.outputs import KINDS, check_folder, folder_kind
+from storelab.probes.prompts import load_records
 
 
 def _rows(name: str, r: dict) -> list[list]:
@@ -25,7 +32,8 @@ def _rows(name: str, r: dict) -> list[list]:
                 ["shift moved by all recurrent states", r["recurrent_fraction"], f"{lo_r:.1%} to {hi_r:.1%}"],
                 ["shift moved by all attention caches", r["cache_fraction"], f"{lo_c:.0%} to {hi_c:.0%}"],
                 ["answers flipped by the states", r["answers_flipped"]["recurrent"], ""],
-                ["answers flipped by the caches", r["answers_flipped"]["cache"], ""]]
+                ["answers flipped by the caches", r["answers_flipped"]["cache"], ""]] + [
+                [f"layer {x['layer']} ({x['kind']}) alone", x["fraction"], ""] for x in r.get("per_layer", [])]
     if name == "keep_one":
         p = r["paired"]
         return [["retrieval, both stores", r["full"]["retrieval"], ""],
@@ -37,7 +45,9 @@ def _rows(name: str, r: dict) -> list[list]:
                 ["paired: content from the cache's prompt", p["content_from_cache"], "most"],
                 ["paired: content from the state's prompt", p["content_from_state"], ""],
                 ["paired: language from the cache's prompt", p["language_from_cache"], ""],
-                ["paired: language from the state's prompt", p["language_from_state"], "most"]]
+                ["paired: language from the state's prompt", p["language_from_state"], "most"]] + [
+                [f"persona, {c.replace('_', ' ')}", v, e["persona"].get(c, "")]
+                for c, v in r.get("persona", {}).items()]
     if name == "forgetting":
         return [["median half-life (tokens)", r["median_half_life"], e["median_half_life_tokens"]],
                 ["ranking stability (mean Spearman)", r["ranking_stability"], e["ranking"]],
@@ -63,8 +73,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def probe(
         name: str = typer.Argument(..., help="state_swap, keep_one, forgetting, mhc, selection, or all."),
-        checkpoint: Path = typer.Option(None, "--checkpoint", help="A run folder written by storelab train --out "
-                                        "(not a model folder: generate --checkpoint takes those)."),
+        checkpoint: Path = typer.Option(None, "--checkpoint", help="A run folder written by storelab train --out, "
+                                        "or a model folder (Hugging Face or storelab save: probes on text)."),
         model: str = typer.Option(None, "--model", help="Instead of a checkpoint: an untrained model "
                                   "(tiny-<zoo name> or a built-in stack), for a look at the machinery."),
         task: str = typer.Option(None, "--task", help="Probe on this task instead of the checkpoint's."),
@@ -72,6 +82,12 @@ def register(app: typer.Typer) -> None:
         n: int = opt.count(64, "--n", help="Examples (documents) per probe."),
         seed: int = opt.seed(1234),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        # probes on text (a model folder); see storelab.commands._probe_text
+        prompts: Path = typer.Option(None, "--prompts", help="A JSONL file of your own prompts (model folders; "
+                                     "format in storelab.probes.prompts). Default: the shipped sets."),
+        chat: bool = typer.Option(False, "--chat", help="Wrap each prompt in the folder's chat template."),
+        out: Path = typer.Option(None, "--out", help="Write probe.json and a figure per probe into this folder."),
+        force: bool = opt.force(),
     ) -> None:
         """Run a probe on a trained model; print its figures beside the essay's."""
         import torch
@@ -91,7 +107,27 @@ def register(app: typer.Typer) -> None:
                     raise ValueError(f"name: unknown probe {nm!r} (known: {', '.join(PROBES)}, all)")
             if (checkpoint is None) == (model is None):
                 raise ValueError("checkpoint: give exactly one of --checkpoint DIR or --model NAME")
-            if checkpoint is not None:
+            kind = folder_kind(checkpoint) if checkpoint is not None else None
+            if checkpoint is not None and kind is None:
+                raise ValueError(f"checkpoint: {checkpoint} does not exist")
+            if kind is not None and kind != "run" and kind not in MODEL_FOLDERS:
+                raise ValueError(f"checkpoint: {checkpoint} is {KINDS.get(kind, 'no model folder (' + kind + ')')}; "
+                                 f"give a storelab train run folder or a model folder (config.json, *.safetensors, "
+                                 f"tokenizer.json)")
+            text = kind in MODEL_FOLDERS
+            if (prompts is not None or chat) and not text:
+                raise ValueError(f"{'--prompts' if prompts is not None else '--chat'}: prompts on text need a model "
+                                 f"folder (Hugging Face or storelab save) as --checkpoint")
+            if prompts is not None and not prompts.is_file():
+                raise ValueError(f"--prompts: {prompts} is not a file")
+            records = load_records(prompts) if prompts is not None else None   # checked before the model loads
+            if out is not None:
+                check_folder(out, "probe", OUT_FILES, force=force)
+            if text:
+                if task is not None:
+                    raise ValueError("task: a model folder is probed on text, not on a synthetic --task")
+                net, t = open_text_model(checkpoint)
+            elif checkpoint is not None:
                 net, t, _ = load_trained(checkpoint)
                 if task is not None:
                     t = make_task(task, size)
@@ -105,18 +141,29 @@ def register(app: typer.Typer) -> None:
                 torch.manual_seed(seed)
                 net = Model(mcfg).eval()
         results, skipped = {}, {}
-        for nm in names:
+        if text:
+            with opt.user_errors():
+                results, skipped = run_text_probes(net, t, names, prompts=prompts, records=records, n=n,
+                                                   chat=chat, explicit=name != "all")
+        for nm in [] if text else names:
             try:
                 results[nm] = PROBES[nm](net, t, n=n, seed=seed)
             except ValueError as e:
                 if name != "all":
                     opt.fail(str(e))
                 skipped[nm] = str(e)
+        on = f"text ({prompts or 'shipped prompts'})" if text else t.NAME
+        doc = {"model": net.cfg.name, "task": on, "results": results, "skipped": skipped}
+        if out is not None:
+            with opt.user_errors():
+                written = write_out(out, doc, results)
         if json_:
-            emit_json({"model": net.cfg.name, "task": t.NAME, "results": results, "skipped": skipped})
+            emit_json(doc)
             return
         for nm, r in results.items():
-            console.print(table(f"probe {nm}: {net.cfg.name} on {t.NAME} (essay: {r['essay']['source']})",
+            console.print(table(f"probe {nm}: {net.cfg.name} on {on} (essay: {r['essay']['source']})",
                                 ["figure", "ours", "essay (large models)"], _rows(nm, r)))
         for nm, why in skipped.items():
             console.print(f"probe {nm}: skipped ({why})")
+        if out is not None:
+            console.print(f"wrote {', '.join(written)} into {out}")
