@@ -123,6 +123,16 @@ def test_only_the_recurrent_layer_carries_the_value_on_text(folder):
     assert r["cache_fraction"] == pytest.approx(0.0, abs=1e-5)
     assert [x["store"] for x in r["per_layer"]] == ["cache", "recurrent"]
     assert r["per_layer"][1]["fraction"] == pytest.approx(1.0, abs=1e-5)
+    # the same swap with the answer's tokens run as decoding steps: the same figures
+    dec = text_state_swap(m, tok, shipped("swap"), n=6, decode=True)
+    assert dec["recurrent_fraction"] == pytest.approx(r["recurrent_fraction"], abs=1e-5)
+    assert dec["logit_diff"] == pytest.approx(r["logit_diff"], abs=1e-4)
+    # a swap after the first token, before any fact: the states carry nothing of the asked value
+    early = text_state_swap(m, tok, shipped("swap"), n=6, position=0)
+    assert early["recurrent_fraction"] == pytest.approx(0.0, abs=1e-5)
+    assert early["cache_fraction"] == pytest.approx(0.0, abs=1e-5)
+    with pytest.raises(ValueError, match="position: 10000 is outside"):
+        text_state_swap(m, tok, shipped("swap"), n=6, position=10000)
     torch.manual_seed(0)
     only_state = Model(resolve_model("pattern:K", VOCAB, d_model=32, n_heads=2, head_dim=16, d_ff=64,
                                      n_layers=2)).eval()

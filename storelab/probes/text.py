@@ -47,8 +47,15 @@ def _check_vocab(model, ids: list[int], where: str) -> None:
 
 
 @torch.no_grad()
-def text_state_swap(model, tok, records: list[dict], *, n: int = 64, chat: bool = False) -> dict:
-    """Fraction of the answer's shift moved by all recurrent states, all caches, and each layer alone."""
+def text_state_swap(model, tok, records: list[dict], *, n: int = 64, chat: bool = False, position: int = -2,
+                    decode: bool = False) -> dict:
+    """Fraction of the answer's shift moved by all recurrent states, all caches, and each layer alone.
+
+    ``position``: the token after which the states are swapped, 0-based from the prompt's start, or
+    from its end when negative (-2, the default: the second-to-last, so the answer's token reads the
+    patched stores at once). A swap before the differing fact measures what the stores carry of the
+    prompt's earlier part (nothing of the asked value). ``decode``: the tokens after the swap run one
+    per call, as decoding does, rather than as one prefill call."""
     model.eval()
     R, C = recurrent_layers(model), cache_layers(model)
     skipped: dict[str, int] = {}
@@ -81,17 +88,23 @@ def text_state_swap(model, tok, records: list[dict], *, n: int = 64, chat: bool 
         A = torch.tensor([x["ia"] for x in grp])
         B = torch.tensor([x["ib"] for x in grp])
         a, b = torch.tensor([x["a"] for x in grp]), torch.tensor([x["b"] for x in grp])
-        t = A.shape[1] - 2
+        T = A.shape[1]
+        t = position if position >= 0 else T + position
+        if not 0 <= t <= T - 2:
+            raise ValueError(f"position: {position} is outside the prompts of {T} tokens (the swap needs a token "
+                             f"after it: 0 to {T - 2}, or -{T} to -2 from the end)")
+        pl = t + 1 if decode else None
         ca, cb = run_to(model, A, t), run_to(model, B, t)
-        logits = {"clean": continue_from(model, A, ca, t)[:, -1], "corrupt": continue_from(model, B, cb, t)[:, -1]}
+        logits = {"clean": continue_from(model, A, ca, t, prompt_len=pl)[:, -1],
+                  "corrupt": continue_from(model, B, cb, t, prompt_len=pl)[:, -1]}
         for k, layers in (("recurrent", R), ("cache", C)):
-            logits[k] = (patched_logits(model, A, B, Swap(t, tuple(layers)), base_cache=ca, donor_cache=cb)[:, -1]
-                         if layers else logits["clean"])
+            logits[k] = (patched_logits(model, A, B, Swap(t, tuple(layers)), base_cache=ca, donor_cache=cb,
+                                        prompt_len=pl)[:, -1] if layers else logits["clean"])
         ld = {k: logit_diff(v, a, b) for k, v in logits.items()}
         for k in names:
             sums[k] += float(ld[k].sum())
         for i in range(model.cfg.n_layers):
-            lg = patched_logits(model, A, B, Swap(t, (i,)), base_cache=ca, donor_cache=cb)[:, -1]
+            lg = patched_logits(model, A, B, Swap(t, (i,)), base_cache=ca, donor_cache=cb, prompt_len=pl)[:, -1]
             layer_sums[i] += float(logit_diff(lg, a, b).sum())
         top = {k: v.argmax(-1) for k, v in logits.items()}
         ok = (top["clean"] == a) & (top["corrupt"] == b)
@@ -115,7 +128,7 @@ def text_state_swap(model, tok, records: list[dict], *, n: int = 64, chat: bool 
                   "fraction": swap_fraction(torch.tensor([s / total]), ld_a, ld_b)} for i, s in enumerate(layer_sums)]
     return {"probe": "state_swap", "input": "text", "examples": total, "skipped": skipped,
             "answer_accuracy": correct / total, "recurrent_layers": R, "cache_layers": C,
-            "position": "state after the prompt's second-to-last token; the answer read at its last",
+            "position": position, "decode": decode,
             "logit_diff": mean, "recurrent_fraction": frac("recurrent", R), "cache_fraction": frac("cache", C),
             "answers_flipped": {k: (v / eligible if eligible else None) for k, v in flips.items()},
             "flip_eligible": eligible, "per_layer": per_layer, "per_example": per_example, "essay": ESSAY_SWAP}
