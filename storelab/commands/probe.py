@@ -63,8 +63,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def probe(
         name: str = typer.Argument(..., help="state_swap, keep_one, forgetting, mhc, selection, or all."),
-        checkpoint: Path = typer.Option(None, "--checkpoint", help="A run folder written by storelab train --out "
-                                        "(not a model folder: generate --checkpoint takes those)."),
+        checkpoint: Path = typer.Option(None, "--checkpoint", help="A run folder written by storelab train --out, "
+                                        "or a model folder (config.json + safetensors; probed on --task)."),
         model: str = typer.Option(None, "--model", help="Instead of a checkpoint: an untrained model "
                                   "(tiny-<zoo name> or a built-in stack), for a look at the machinery."),
         task: str = typer.Option(None, "--task", help="Probe on this task instead of the checkpoint's."),
@@ -72,12 +72,22 @@ def register(app: typer.Typer) -> None:
         n: int = opt.count(64, "--n", help="Examples (documents) per probe."),
         seed: int = opt.seed(1234),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        stream: bool = typer.Option(False, "--stream", help="With a model folder (config.json + safetensors): "
+                                    "read each layer's weights from the shards during its call, then let them go "
+                                    "(checkpoints larger than memory; the same results)."),
+        weights_only: bool = typer.Option(False, "--weights-only", help="forgetting only: the gates' half-lives "
+                                          "at x = 0 and the KDA channel-fade estimate, from the gate tensors of a "
+                                          "model folder alone (megabytes read, no model built)."),
+        plot: bool = typer.Option(False, "--plot", help="With --weights-only: draw the half-lives' histogram."),
+        out: Path = typer.Option(Path("forgetting.png"), "--out", help="Where --plot writes its PNG (and a JSON "
+                                 "beside it)."),
     ) -> None:
         """Run a probe on a trained model; print its figures beside the essay's."""
         import torch
 
         from storelab.models.model import Model
         from storelab.probes import PROBES
+        from storelab.probes.source import is_model_folder, open_model
         from storelab.tasks import make_task
         from storelab.train.loop import load_trained
         from storelab.train.models import resolve_model
@@ -85,13 +95,26 @@ def register(app: typer.Typer) -> None:
         from storelab.models.config import check_fits
 
         with opt.user_errors():
+            if weights_only:
+                from storelab.commands._probe_weights import weights_only as run_weights_only
+
+                return run_weights_only(name, checkpoint, json_=json_, plot=plot, out=out)
             names = list(PROBES) if name == "all" else [name]
             for nm in names:
                 if nm not in PROBES:
                     raise ValueError(f"name: unknown probe {nm!r} (known: {', '.join(PROBES)}, all)")
             if (checkpoint is None) == (model is None):
                 raise ValueError("checkpoint: give exactly one of --checkpoint DIR or --model NAME")
-            if checkpoint is not None:
+            if checkpoint is not None and is_model_folder(checkpoint):  # a model folder: no task of its own
+                net = open_model(checkpoint, stream=stream)
+                t = make_task(task or "dictionary", size)
+                if t.vocab_size > net.cfg.vocab_size:
+                    raise ValueError(f"task: {t.NAME} ({size}) has vocabulary {t.vocab_size}, more than the "
+                                     f"model's {net.cfg.vocab_size}")
+            elif stream:
+                raise ValueError("stream: --stream reads a model folder (config.json + safetensors) given as "
+                                 "--checkpoint DIR")
+            elif checkpoint is not None:
                 net, t, _ = load_trained(checkpoint)
                 if task is not None:
                     t = make_task(task, size)
