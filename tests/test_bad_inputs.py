@@ -173,7 +173,9 @@ def test_a_bad_out_fails_before_the_work(cmd, tmp_path):
 
 
 def test_checkpoint_options_say_which_folder_they_take(save_folder, run_folder):
-    refused("probe", "state_swap", "--checkpoint", save_folder, says=("storelab save", "not a run folder"))
+    # a model folder is probed on a task, which must fit its vocabulary (this one has 32 tokens)
+    refused("probe", "state_swap", "--checkpoint", save_folder, says=("task: dictionary", "vocabulary", "32"))
+    refused("probe", "state_swap", "--checkpoint", run_folder, "--stream", says=("--stream reads a model folder",))
     refused("generate", "--checkpoint", run_folder, says=("train run folder, not a model folder", "probe"))
 
 
