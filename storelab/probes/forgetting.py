@@ -17,7 +17,8 @@ log retention is its bias term, for KDA ``g_k = lb * sigmoid(exp(A_log) * dt_bia
 (Kimi K3's bounded gate) or ``-exp(A_log) * softplus(dt_bias_k)``. A channel fades to a
 thousandth within 64 tokens when ``64 g_k <= ln 1e-3``; a head *mixes* when it has such a
 channel and one that lasts longer. Reported: the fraction of those heads that mix
-(``kda_mixing_fraction``).
+(``kda_mixing_fraction``). The same estimate, and each head's half-life at x = 0, straight
+from a checkpoint's gate tensors without building the model: ``storelab.probes.gate_weights``.
 """
 
 from __future__ import annotations
