@@ -90,7 +90,7 @@ def fail(message: str) -> None:
 
     from storelab.console import err_console
 
-    err_console.print(f"[red]error:[/red] {escape(str(message))}")
+    err_console.print(f"[red]error:[/red] {escape(str(message))}", soft_wrap=True)  # a path is never cut in two
     raise typer.Exit(2)
 
 

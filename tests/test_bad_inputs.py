@@ -175,6 +175,9 @@ def test_a_bad_out_fails_before_the_work(cmd, tmp_path):
 def test_checkpoint_options_say_which_folder_they_take(save_folder, run_folder):
     # a storelab save is a model folder: probed on text, which needs its tokenizer.json
     refused("probe", "state_swap", "--checkpoint", save_folder, says=("tokenizer.json: missing",))
+    refused("probe", "state_swap", "--checkpoint", save_folder, "--task", "dictionary",
+            says=("task: dictionary", "vocabulary", "32"))
+    refused("probe", "state_swap", "--checkpoint", run_folder, "--stream", says=("--stream reads a model folder",))
     refused("generate", "--checkpoint", run_folder, says=("train run folder, not a model folder", "probe"))
 
 

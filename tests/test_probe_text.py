@@ -182,7 +182,7 @@ def test_folder_errors_and_safe_outputs(folder, tmp_path):
     res = probe("state_swap", "--checkpoint", str(d), "--n", "1", "--out", str(mine))
     assert res.exit_code == 2 and "refusing to replace" in " ".join(res.output.split())
     assert (mine / "state_swap.png").read_text() == "my own picture"
-    for args, msg in ((["mhc"], "runs on a train run"), (["state_swap", "--task", "mqar"], "task: a model folder")):
+    for args, msg in ((["mhc"], "runs on a train run"), (["state_swap", "--task", "mqar", "--size", "full"], "more than the model's 1024")):
         res = probe(*args, "--checkpoint", str(d))
         assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output
     res = probe("state_swap", "--checkpoint", str(tmp_path / "nowhere"))

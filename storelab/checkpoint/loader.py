@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ from storelab.checkpoint.quantized import QUANTIZED, SCALES, dequantize_table
 from storelab.checkpoint.shards import FLOAT_DTYPES, INT_DTYPES, TORCH_DTYPES, CheckpointError, Shards, read_config
 from storelab.checkpoint.table import Src, ours_to_load
 
-__all__ = ["load", "resolve_dtype"]
+__all__ = ["load", "plan", "Plan", "resolve_dtype"]
 
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
                "fp16": torch.float16, "float16": torch.float16, "fp64": torch.float64, "float64": torch.float64}
@@ -98,8 +99,23 @@ def check_config(hf: dict, where: str = "config.json") -> None:
                                       "(one entry per layer)")
 
 
-def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
-    """Build the storelab model of a checkpoint folder; ``device="meta"`` reads no weights."""
+@dataclass
+class Plan:
+    """What ``load`` settles before a weight is read: the model built on ``meta`` (in its target
+    dtype), the name table (quantized pieces with their scales) checked against the shard headers,
+    and the shards to read it from."""
+
+    path: Path
+    hf: dict
+    family: object
+    model: torch.nn.Module
+    table: dict[str, Src]
+    shards: Shards
+
+
+def plan(path: str | Path, *, dtype=None, shards: type[Shards] = Shards) -> Plan:
+    """Steps 1-3 of ``load``: the checked plan of a checkpoint folder; nothing but headers is read.
+    ``shards``: the class that reads the folder (``storelab.checkpoint.reader.CountingShards`` counts it)."""
     from storelab.models.model import Model
 
     path = Path(path)
@@ -109,7 +125,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
                               "reads run folders; storelab.train.loop.load_trained loads one)")
     fam = family_for(hf, path)
     check_config(hf, str(path / "config.json"))
-    shards = Shards(path)
+    found = shards(path)
     try:
         cfg = fam.to_config(hf)
     except CheckpointError:
@@ -123,15 +139,22 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
     with torch.device("meta"):
         model = Model(cfg)
     ours = ours_to_load(model)
-    tab = dequantize_table(fam.table(hf, cfg, set(shards.names())), shards, hf)
-    check(tab, ours, shards, fam.ignored(hf))
+    tab = dequantize_table(fam.table(hf, cfg, set(found.names())), found, hf)
+    check(tab, ours, found, fam.ignored(hf))
     model = model.to(target)  # still on meta: the weights are then allocated in the target dtype
+    model.checkpoint = {"path": str(path), "family": fam.name, "model_type": hf.get("model_type")}
+    return Plan(path=path, hf=hf, family=fam, model=model, table=tab, shards=found)
+
+
+def load(path: str | Path, *, device: str | torch.device = "cpu", dtype=None):
+    """Build the storelab model of a checkpoint folder; ``device="meta"`` reads no weights."""
+    p = plan(path, dtype=dtype)
+    model = p.model
     if torch.device(device).type != "meta":
         model = model.to_empty(device=device)
-        if cfg.tie_embeddings:
+        if model.cfg.tie_embeddings:
             model.lm_head.weight = model.embed.weight
-        fill(model, tab, shards)
-    model.checkpoint = {"path": str(path), "family": fam.name, "model_type": hf.get("model_type")}
+        fill(model, p.table, p.shards)
     return model.eval()
 
 

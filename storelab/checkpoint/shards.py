@@ -79,12 +79,10 @@ class Shards:
             raise CheckpointError(f"{self.folder}: no safetensors files{extra}{only}")
         self.files = files
         for fname in files:
-            with self._open(fname) as f:
-                for name in f.keys():
-                    sl = f.get_slice(name)
-                    self.info[name] = (tuple(sl.get_shape()), sl.get_dtype())
-                    if weight_map is None:
-                        self.where[name] = fname
+            for name, shape_dtype in self._header(fname).items():
+                self.info[name] = shape_dtype
+                if weight_map is None:
+                    self.where[name] = fname
         if weight_map is not None:
             for name, fname in weight_map.items():
                 if name not in self.info:
@@ -108,6 +106,11 @@ class Shards:
             if type(e).__name__ != "SafetensorError":
                 raise
             raise CheckpointError(f"{path}: unreadable safetensors file, truncated or damaged ({e})") from None
+
+    def _header(self, fname: str) -> dict[str, tuple[tuple[int, ...], str]]:
+        """One file's tensors: name -> (shape, safetensors dtype), from its header."""
+        with self._open(fname) as f:
+            return {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()) for name in f.keys()}
 
     def names(self) -> list[str]:
         return list(self.where)

@@ -21,15 +21,19 @@ MODEL_FOLDERS = ("hf", "save")
 OUT_FILES = ("probe.json", "*.png")
 
 
-def open_text_model(folder: Path):
-    """(model, tokenizer) of a model folder; the model checked to fit in memory before any weight is read."""
+def open_text_model(folder: Path, *, stream: bool = False):
+    """(model, tokenizer) of a model folder; the model checked to fit in memory before any weight is read,
+    unless ``stream`` (each layer's weights read during its call: ``storelab.probes.source.open_model``)."""
     from storelab.checkpoint import load
     from storelab.models.config import check_fits
+    from storelab.probes.source import open_model
     from storelab.text import Tokenizer
 
     tok = Tokenizer.from_folder(folder)          # a missing tokenizer.json is named before the weights are read
-    check_fits(load(folder, device="meta").cfg, what="--checkpoint", instead="probe a smaller checkpoint")
-    return load(folder), tok
+    if not stream:
+        check_fits(load(folder, device="meta").cfg, what="--checkpoint",
+                   instead="probe it with --stream, or a smaller checkpoint")
+    return open_model(folder, stream=stream), tok
 
 
 def text_records(name: str, prompts: Path | None, records: list[dict] | None) -> list[dict]:
@@ -44,12 +48,12 @@ def text_records(name: str, prompts: Path | None, records: list[dict] | None) ->
 
 
 def run_text_probes(model, tok, names: list[str], *, prompts: Path | None, records: list[dict] | None, n: int,
-                    chat: bool, explicit: bool) -> tuple[dict, dict]:
+                    chat: bool, explicit: bool, position: int = -2, decode: bool = False) -> tuple[dict, dict]:
     """(results, skipped) of the text probes in ``names``; a probe that cannot run is skipped with its
     reason, or (``explicit``: the user asked for that one) raises."""
     from storelab.probes.text import text_forgetting, text_keep_one, text_state_swap
 
-    run = {"state_swap": lambda r: text_state_swap(model, tok, r, n=n, chat=chat),
+    run = {"state_swap": lambda r: text_state_swap(model, tok, r, n=n, chat=chat, position=position, decode=decode),
            "keep_one": lambda r: text_keep_one(model, tok, r, n=n, chat=chat),
            "forgetting": lambda r: text_forgetting(model, tok, r, n=n)}
     results, skipped = {}, {}

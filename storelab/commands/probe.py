@@ -5,7 +5,10 @@ Probes: state_swap, keep_one, forgetting, mhc, selection (see ``storelab.probes`
 models are printed beside ours, as context: tiny models on synthetic tasks need not match.
 
 ``--checkpoint`` takes a ``storelab train`` run folder (the probes run on its task) or a model
-folder, Hugging Face or ``storelab save`` (the probes run on text: ``storelab.commands._probe_text``).
+folder, Hugging Face or ``storelab save``: the probes run on text (``storelab.commands._probe_text``),
+or on a synthetic ``--task`` when one is given. ``--stream`` reads a model folder's weights layer by
+layer during each call (``storelab.checkpoint.stream``: checkpoints larger than memory);
+``forgetting --weights-only`` reads only the gate tensors (``storelab.probes.gate_weights``).
 ``--out DIR`` writes probe.json and a figure per probe.
 """
 
@@ -20,6 +23,7 @@ from storelab.commands._probe_text import MODEL_FOLDERS, OUT_FILES, open_text_mo
 from storelab.console import console, emit_json, table
 from storelab.outputs import KINDS, check_folder, folder_kind
 from storelab.probes.prompts import load_records
+from storelab.probes.source import open_model
 
 
 def _rows(name: str, r: dict) -> list[list]:
@@ -88,6 +92,16 @@ def register(app: typer.Typer) -> None:
         chat: bool = typer.Option(False, "--chat", help="Wrap each prompt in the folder's chat template."),
         out: Path = typer.Option(None, "--out", help="Write probe.json and a figure per probe into this folder."),
         force: bool = opt.force(),
+        position: int = typer.Option(-2, "--position", help="state_swap on text: swap the states after this "
+                                     "token (0-based; negative from the prompt's end)."),
+        decode: bool = typer.Option(False, "--decode", help="state_swap on text: run the tokens after the swap "
+                                    "one per call, as decoding."),
+        stream: bool = typer.Option(False, "--stream", help="With a model folder: read each layer's weights from "
+                                    "the shards during its call, then let them go (checkpoints larger than "
+                                    "memory; the same results)."),
+        weights_only: bool = typer.Option(False, "--weights-only", help="forgetting only: the gates' half-lives "
+                                          "at x = 0 and the KDA channel-fade estimate, from the gate tensors of a "
+                                          "model folder alone (megabytes read, no model built)."),
     ) -> None:
         """Run a probe on a trained model; print its figures beside the essay's."""
         import torch
@@ -101,6 +115,10 @@ def register(app: typer.Typer) -> None:
         from storelab.models.config import check_fits
 
         with opt.user_errors():
+            if weights_only:
+                from storelab.commands._probe_weights import weights_only as run_weights_only
+
+                return run_weights_only(name, checkpoint, json_=json_, out=out, force=force)
             names = list(PROBES) if name == "all" else [name]
             for nm in names:
                 if nm not in PROBES:
@@ -114,7 +132,10 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"checkpoint: {checkpoint} is {KINDS.get(kind, 'no model folder (' + kind + ')')}; "
                                  f"give a storelab train run folder or a model folder (config.json, *.safetensors, "
                                  f"tokenizer.json)")
-            text = kind in MODEL_FOLDERS
+            text = kind in MODEL_FOLDERS and task is None   # a model folder with --task: probed on the task
+            if stream and kind not in MODEL_FOLDERS:
+                raise ValueError("stream: --stream reads a model folder (config.json + safetensors) given as "
+                                 "--checkpoint DIR")
             if (prompts is not None or chat) and not text:
                 raise ValueError(f"{'--prompts' if prompts is not None else '--chat'}: prompts on text need a model "
                                  f"folder (Hugging Face or storelab save) as --checkpoint")
@@ -124,9 +145,13 @@ def register(app: typer.Typer) -> None:
             if out is not None:
                 check_folder(out, "probe", OUT_FILES, force=force)
             if text:
-                if task is not None:
-                    raise ValueError("task: a model folder is probed on text, not on a synthetic --task")
-                net, t = open_text_model(checkpoint)
+                net, t = open_text_model(checkpoint, stream=stream)
+            elif kind in MODEL_FOLDERS:
+                t = make_task(task, size)
+                net = open_model(checkpoint, stream=stream)
+                if t.vocab_size > net.cfg.vocab_size:
+                    raise ValueError(f"task: {t.NAME} ({size}) has vocabulary {t.vocab_size}, more than the "
+                                     f"model's {net.cfg.vocab_size}")
             elif checkpoint is not None:
                 net, t, _ = load_trained(checkpoint)
                 if task is not None:
@@ -144,7 +169,8 @@ def register(app: typer.Typer) -> None:
         if text:
             with opt.user_errors():
                 results, skipped = run_text_probes(net, t, names, prompts=prompts, records=records, n=n,
-                                                   chat=chat, explicit=name != "all")
+                                                   chat=chat, explicit=name != "all", position=position,
+                                                   decode=decode)
         for nm in [] if text else names:
             try:
                 results[nm] = PROBES[nm](net, t, n=n, seed=seed)

@@ -17,7 +17,8 @@ log retention is its bias term, for KDA ``g_k = lb * sigmoid(exp(A_log) * dt_bia
 (Kimi K3's bounded gate) or ``-exp(A_log) * softplus(dt_bias_k)``. A channel fades to a
 thousandth within 64 tokens when ``64 g_k <= ln 1e-3``; a head *mixes* when it has such a
 channel and one that lasts longer. Reported: the fraction of those heads that mix
-(``kda_mixing_fraction``).
+(``kda_mixing_fraction``). The same estimate, and each head's half-life at x = 0, straight
+from a checkpoint's gate tensors without building the model: ``storelab.probes.gate_weights``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ FADE, WITHIN = 1e-3, 64
 
 
 @torch.no_grad()
-def decay_gates(model, inputs_BT: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Per recurrent layer, its log decays on these inputs: [B, T, H] or [B, T, H, K] (g <= 0)."""
+def decay_gates(model, inputs_BT: torch.Tensor, *, at_rest: dict | None = None) -> dict[int, torch.Tensor]:
+    """Per recurrent layer, its log decays on these inputs: [B, T, H] or [B, T, H, K] (g <= 0).
+
+    Each layer's gate is computed in a hook on its store, inside the layer's call, while its
+    weights are at hand (a streamed model, ``storelab.checkpoint.stream``, holds them only then).
+    ``at_rest``: a dict to fill with each such layer's gate at x = 0 (``rest_log_decay``)."""
     model.eval()
     seen: dict[int, torch.Tensor] = {}
     hooks = []
@@ -45,19 +50,18 @@ def decay_gates(model, inputs_BT: torch.Tensor) -> dict[int, torch.Tensor]:
         store = model.blocks[i].token
 
         def grab(mod, args, i=i):
-            seen[i] = args[0].detach()
+            g = mod._log_decay(args[0])
+            if g is not None:
+                seen[i] = g.float()
+                if at_rest is not None:
+                    at_rest[i] = rest_log_decay(mod)
         hooks.append(store.register_forward_pre_hook(grab))
     try:
         model(inputs_BT)
     finally:
         for h in hooks:
             h.remove()
-    out = {}
-    for i, x in seen.items():
-        g = model.blocks[i].token._log_decay(x)
-        if g is not None:
-            out[i] = g.float()
-    return out
+    return seen
 
 
 def half_lives(g: torch.Tensor) -> torch.Tensor:
@@ -67,15 +71,26 @@ def half_lives(g: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def rest_log_decay(store) -> torch.Tensor:
+    """A store's gate at x = 0, the bias term alone: [H] (a decay per head) or [H, K] (per key channel)."""
+    w = next(store.parameters())
+    zero_11D = torch.zeros(1, 1, store.cfg.d_model, device=w.device, dtype=w.dtype)
+    return store._log_decay(zero_11D)[0, 0].float()
+
+
+def channel_mixing(g_HK: torch.Tensor) -> dict:
+    """Which channels fade to a thousandth within 64 tokens, and which heads mix such a channel
+    with one that lasts longer, from the f = 0 log retentions [H, K]."""
+    fades = WITHIN * g_HK <= math.log(FADE)
+    return {"fades": fades, "mixes": fades.any(-1) & (~fades).any(-1)}
+
+
+@torch.no_grad()
 def kda_weight_estimate(store) -> dict:
     """Per head of one layer with a decay per key channel (KDA): the f = 0 log retention of each
     channel (its gate at x = 0, the bias term alone) and whether the head mixes."""
-    w = next(store.parameters())
-    zero_11D = torch.zeros(1, 1, store.cfg.d_model, device=w.device, dtype=w.dtype)
-    g_HK = store._log_decay(zero_11D)[0, 0].float()               # H K
-    fades = WITHIN * g_HK <= math.log(FADE)                       # to a thousandth within 64 tokens
-    mixes = fades.any(-1) & (~fades).any(-1)
-    return {"log_retention": g_HK, "fades": fades, "mixes": mixes}
+    g_HK = rest_log_decay(store)                                  # H K
+    return {"log_retention": g_HK, **channel_mixing(g_HK)}
 
 
 @torch.no_grad()
@@ -85,7 +100,8 @@ def forgetting(model, task=None, *, inputs=None, n: int = 8, seed: int = 0) -> d
         if task is None:
             raise ValueError("task: forgetting needs a task or inputs")
         inputs = task.sample(n, seed).inputs
-    gates = decay_gates(model, inputs)
+    at_rest: dict[int, torch.Tensor] = {}
+    gates = decay_gates(model, inputs, at_rest=at_rest)
     heads = []      # (layer, head)
     cols = []
     for i, g in sorted(gates.items()):
@@ -106,7 +122,7 @@ def forgetting(model, task=None, *, inputs=None, n: int = 8, seed: int = 0) -> d
     else:
         out.update({"heads": [], "median_half_life": None, "ranking_stability": None})
     per_channel = [i for i, g in sorted(gates.items()) if g.dim() == 4]   # a decay per key channel (KDA)
-    mixes = [kda_weight_estimate(model.blocks[i].token)["mixes"] for i in per_channel]
+    mixes = [channel_mixing(at_rest[i])["mixes"] for i in per_channel]
     if mixes:
         m = torch.cat(mixes)
         out["kda_heads"] = int(m.numel())
