@@ -256,6 +256,7 @@ class TrainResult:
     seconds: float
     resumed_from: int = 0
     parallel: str = "none"            # the engine the run used
+    optimizer: Any = None             # its AdamW (under FSDP2 stepping the local shards)
 
 
 def _check_resume(saved: dict[str, Any], cfg: TrainConfig, path: Path, step: int) -> None:
@@ -371,7 +372,7 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
             if task.HAS_TEST_SPLIT else {}
     return TrainResult(model=model, model_config=mcfg, task=task, step=min(step + 1, cfg.steps), final_loss=last_loss,
                        eval=last_eval, test=test, history=history, seconds=time.time() - t0,
-                       resumed_from=resumed_from, parallel=eng.name)
+                       resumed_from=resumed_from, parallel=eng.name, optimizer=opt)
 
 
 def load_trained(path: str | Path) -> tuple[Model, Any, dict[str, Any]]:
