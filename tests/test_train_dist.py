@@ -192,3 +192,24 @@ def test_export_gives_the_runs_logits(fsdp_run, tmp_path):
         export_run(run, run)  # a run folder is not a model folder
     with pytest.raises(ValueError, match="RUN"):
         export_run(tmp_path / "model", tmp_path / "again")
+
+
+def test_an_older_single_file_run_still_loads_and_refuses_to_resume(tmp_path):
+    from safetensors.torch import save_file
+
+    from storelab.outputs import folder_kind
+    from storelab.train.loop import build
+    from storelab.tasks import task_dict
+
+    cfg = TrainConfig(**CFG, steps=4)
+    task, mcfg, model = build(cfg)
+    meta = {"format": "storelab-checkpoint-1", "step": "4", "optim_groups": "[]",
+            **{k: json.dumps(v) for k, v in {"train_config": cfg.to_dict(), "model_config": mcfg.to_dict(),
+                                              "task": task_dict(task)}.items()}}
+    save_file({f"model/{k}": v.clone() for k, v in model.state_dict().items()}, str(tmp_path / "checkpoint.safetensors"),
+              metadata=meta)
+    assert folder_kind(tmp_path) == "run"
+    loaded, _, got = load_trained(tmp_path)
+    assert got["step"] == 4 and all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="earlier storelab"):
+        train(cfg, tmp_path)
