@@ -57,6 +57,8 @@ def _same_run(run_dir: Path, ref, loss_tol: float = LOSS_TOL) -> None:
     meta = read_meta(run_dir)
     got, want = _losses(meta["history"]), _losses(ref.history)
     assert len(got) == len(want) and max(abs(a - b) for a, b in zip(got, want)) < loss_tol, (got, want)
+    norms = [(h["grad_norm"], r["grad_norm"]) for h, r in zip(meta["history"], ref.history) if "grad_norm" in h]
+    assert norms and all(a == pytest.approx(b, rel=1e-5) for a, b in norms), norms  # clipping saw the global norm
     tensors, _ = read_checkpoint(run_dir)
     for k, v in ref.model.state_dict().items():
         assert torch.allclose(tensors[f"model/{k}"], v, atol=WEIGHT_TOL), k
@@ -87,14 +89,33 @@ def test_one_process_equals_ddp_equals_fsdp(reference, fsdp_run, tmp_path):
     _same_run(tmp_path, ref)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), children first."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        here = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == here]
+        out += kids
+        todo += kids
+    return out
+
+
 def test_fsdp_run_killed_resumes_in_one_process(reference, tmp_path):
     ref, _ = reference
     p = subprocess.Popen(_torchrun(*_args(tmp_path, STEPS, "--parallel", "fsdp")), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, env=_env(), cwd=ROOT, start_new_session=True)
+                         stderr=subprocess.DEVNULL, env=_env(), cwd=ROOT)
     deadline = time.time() + 240
     while not (tmp_path / CHECKPOINT).exists() and time.time() < deadline and p.poll() is None:
         time.sleep(0.01)
-    os.killpg(p.pid, signal.SIGKILL)  # the launcher and both workers
+    for pid in [*_descendants(p.pid), p.pid]:  # the workers (torchrun starts each in its own session), the launcher
+        os.kill(pid, signal.SIGKILL)
     p.wait()
     step = read_meta(tmp_path)["step"]
     assert 0 < step < STEPS, "the run was not interrupted"
@@ -213,3 +234,34 @@ def test_an_older_single_file_run_still_loads_and_refuses_to_resume(tmp_path):
     assert got["step"] == 4 and all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match="earlier storelab"):
         train(cfg, tmp_path)
+
+
+def test_a_cache_readers_unused_parameters_resume(tmp_path):
+    # the reader layers' cache-writing parameters never get a gradient, so AdamW keeps no state for them:
+    # the resumed run asks the checkpoint only for the states it has, and ends where the whole run ends
+    c = dict(model="tiny-deepseek-v4.1-flash", task="mqar", batch_size=4, eval_every=1000, eval_examples=4,
+             threads=1, steps=3, checkpoint_every=2)
+    whole = train(TrainConfig(**c))
+
+    def stop(done, row):
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(**c), tmp_path, on_step=stop)
+    r = train(TrainConfig(**c), tmp_path)
+    assert r.resumed_from == 2 and r.final_loss == pytest.approx(whole.final_loss, abs=LOSS_TOL)
+    assert len(r.optimizer.state) == len(whole.optimizer.state) < len(list(whole.model.parameters()))
+
+
+def test_cli_refuses_engines_it_cannot_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from storelab.cli import app
+
+    base = ["train", "--model", "attention", "--steps", "1", "--out", str(tmp_path / "r")]
+    for extra, word in ((["--parallel", "fsdp"], "torchrun"), (["--parallel", "zero3"], "parallel"),
+                        (["--precision", "fp16"], "precision"), (["--accumulate", "0"], "--accumulate")):
+        res = CliRunner().invoke(app, base + extra)
+        assert res.exit_code == 2 and word in res.output, (extra, res.output)
+    assert not (tmp_path / "r").exists()

@@ -160,16 +160,21 @@ def load_state(path: str | Path, *, model: torch.nn.Module, optimizer: torch.opt
         tensors, _ = _read_legacy(p / LEGACY)
         model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
         return meta
+    folder = str(p / meta["folder"])
     state = _state(model, optimizer)
+    if optimizer is not None:  # a parameter that never had a gradient (a cache reader's) has no AdamW state
+        saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+        state["optim"]["state"] = {name: st for name, st in state["optim"]["state"].items()
+                                   if any(f"optim.state.{name}.{key}" in saved for key in st)}
     if rng:
         state["rng"] = torch.get_rng_state()
     with _quiet():
-        dcp.load(state, checkpoint_id=str(p / meta["folder"]), no_dist=not (collective and dist.is_initialized()))
+        dcp.load(state, checkpoint_id=folder, no_dist=not (collective and dist.is_initialized()))
     if optimizer is None:
         model.load_state_dict(state["model"], strict=True)
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=StateDictOptions(strict=True))
+                       options=StateDictOptions(strict=False))  # DCP's load already required every key asked
     if rng:
         torch.set_rng_state(state["rng"])
     return meta
