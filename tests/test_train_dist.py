@@ -134,7 +134,7 @@ def test_one_process_run_resumes_on_two(reference, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train(TrainConfig(**CFG, steps=STEPS), tmp_path, on_step=stop)
     assert read_meta(tmp_path)["step"] == 20
-    rec = _run(_torchrun(*_args(tmp_path, STEPS, "--parallel", "fsdp")))  # 1 -> 2, onto shards
+    rec = _run(_torchrun(*_args(tmp_path, STEPS, "--parallel", "fsdp", "--async-checkpoint")))  # 1 -> 2, onto shards
     assert rec["resumed_from"] == 20
     _same_run(tmp_path, ref)
 
@@ -265,3 +265,21 @@ def test_cli_refuses_engines_it_cannot_run(tmp_path):
         res = CliRunner().invoke(app, base + extra)
         assert res.exit_code == 2 and word in res.output, (extra, res.output)
     assert not (tmp_path / "r").exists()
+
+
+def test_an_asynchronous_checkpoint_is_the_state_of_its_step(tmp_path):
+    # the state is staged at step 5 while steps 6.. go on changing the weights; a kill at step 8 resumes from 5
+    whole = train(TrainConfig(**CFG, steps=10))
+
+    def stop(done, row):
+        if done == 6:
+            time.sleep(0.5)  # the background write finishes; the next step's poll points checkpoint.json at it
+        if done == 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(**CFG, steps=10), tmp_path, on_step=stop, async_checkpoint=True)
+    assert read_meta(tmp_path)["step"] == 5 and not list(tmp_path.glob("*.tmp"))
+    r = train(TrainConfig(**CFG, steps=10), tmp_path, async_checkpoint=True)
+    assert r.resumed_from == 5 and r.final_loss == pytest.approx(whole.final_loss, abs=LOSS_TOL)
+    assert read_meta(tmp_path)["step"] == 10

@@ -65,6 +65,8 @@ def register(app: typer.Typer) -> None:
                                            "of the main attention (DSA, hierarchical, MSA, CSA; 0: off)."),
         task_opt: list[str] = typer.Option(None, "--task-opt", help="Task option key=value (repeatable)."),
         model_opt: list[str] = typer.Option(None, "--model-opt", help="Built-in stack option key=value."),
+        async_checkpoint: bool = typer.Option(False, "--async-checkpoint", help="Write checkpoints in the "
+                                              "background (dcp.async_save) while training goes on."),
         fresh: bool = typer.Option(False, "--fresh", help="Ignore a checkpoint in --out and start over."),
         force: bool = opt.force(),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
@@ -81,7 +83,8 @@ def register(app: typer.Typer) -> None:
                               parallel=parallel, precision=precision, task_options=parse_options(task_opt, "--task-opt"),
                               model_options=parse_options(model_opt, "--model-opt"))
             dist = Dist.from_env()
-            res = run(cfg, out, resume=not fresh, progress=not json_, dist=dist, force=force)
+            res = run(cfg, out, resume=not fresh, progress=not json_, dist=dist, force=force,
+                      async_checkpoint=async_checkpoint)
         if not dist.main:
             dist.close()
             return

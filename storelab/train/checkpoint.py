@@ -21,10 +21,9 @@ pieces it needs from whatever shards were written. A single process needs no pro
 Atomic: the step folder is written as ``step-<n>.tmp`` and renamed when every process has finished
 writing; then ``checkpoint.json`` is replaced atomically (``os.replace``) to name it; only then are
 older step folders removed. A kill at any moment leaves the previous pointer to a whole folder, or
-the new one. Saving is synchronous: ``dcp.async_save`` would overlap the write with training, but
-the rename and the pointer must wait for the write to finish on every process, and on gloo the
-background write needs a process group of its own; the checkpoints here are seconds to write, so
-the simpler order wins (a recorded limitation).
+the new one. ``Checkpointer(asynchronous=True)`` (``storelab train --async-checkpoint``) writes with
+``dcp.async_save``: the state is copied to CPU memory at the checkpoint's step and written in the
+background; the rename and the pointer follow when the write is done (see ``Checkpointer``).
 
 Run folders of storelab before DCP (one ``checkpoint.safetensors``) are read by ``load_trained`` and
 ``storelab export``; resuming one is refused with a message (their AdamW state is keyed by position).
@@ -87,26 +86,70 @@ def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> d
     return {"model": msd, "optim": osd}
 
 
-def save_checkpoint(out_dir: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                    step: int, meta: dict[str, Any], rank: int = 0, barrier=lambda: None) -> Path:
-    """Write the model, optimizer and RNG state plus ``meta`` (JSON-able) atomically; a collective:
-    every process calls it (``rank``, ``barrier`` of the process group)."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
+class Checkpointer:
+    """Writes a run folder's checkpoints; every process makes one and calls ``save`` (a collective).
 
-    out = Path(out_dir)
-    folder = f"step-{step:08d}"
-    final, tmp = out / folder, out / (folder + ".tmp")
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # a kill's leftover
-        tmp.mkdir()
-    barrier()
-    state = {**_state(model, optimizer), "rng": torch.get_rng_state()}
-    with _quiet():
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
-    barrier()  # every shard written
-    if rank == 0:
+    ``asynchronous``: ``dcp.async_save`` copies the state to CPU memory ("staging") and writes it in a
+    background thread while training goes on, over a gloo group of its own (the training group may
+    be nccl, and the main thread keeps using it). The write is finished -- the step folder renamed
+    and ``checkpoint.json`` pointed at it -- by rank 0 as soon as its future is done (``poll``, each
+    step; DCP's coordinator writes ``.metadata`` only after every process has written its shard), or
+    at the next ``save`` / ``close`` at the latest. Until then the previous checkpoint is the run's."""
+
+    def __init__(self, out: str | Path, *, rank: int = 0, barrier=lambda: None, asynchronous: bool = False):
+        import torch.distributed as dist
+
+        self.out, self.rank, self.barrier, self.asynchronous = Path(out), rank, barrier, asynchronous
+        self.group = dist.new_group(backend="gloo") if asynchronous and dist.is_initialized() else None
+        if asynchronous and not dist.is_initialized():  # the background thread's save warns outside _quiet
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled.*save in a single process")
+        self.pending = None  # (future, step, meta) of an asynchronous save not yet finished
+
+    def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+             meta: dict[str, Any]) -> None:
+        """Write the model, optimizer and RNG state plus ``meta`` (JSON-able, copied now) atomically."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        self.close()
+        meta = json.loads(json.dumps(meta))  # the history goes on growing while a write is in flight
+        tmp = self.out / (f"step-{step:08d}" + ".tmp")
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a kill's leftover
+            tmp.mkdir()
+        self.barrier()
+        state = {**_state(model, optimizer), "rng": torch.get_rng_state()}
+        with _quiet():
+            if self.asynchronous:
+                fut = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group,
+                                     no_dist=not dist.is_initialized())
+                self.pending = (fut, step, meta)
+                return
+            dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+        self.barrier()  # every shard written
+        self._finish(step, meta)
+        self.barrier()
+
+    def poll(self) -> None:
+        """Finish an asynchronous save whose write is done (local: no collective)."""
+        if self.pending is not None and self.pending[0].done():
+            self.close()
+
+    def close(self) -> None:
+        """Wait for an asynchronous save in flight and finish it."""
+        if self.pending is None:
+            return
+        fut, step, meta = self.pending
+        self.pending = None
+        fut.result()
+        self._finish(step, meta)
+
+    def _finish(self, step: int, meta: dict[str, Any]) -> None:
+        if self.rank != 0:
+            return
+        out, folder = self.out, f"step-{step:08d}"
+        final, tmp = out / folder, out / (folder + ".tmp")
         _fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)  # the same step written again (an extended run's last)
         os.replace(tmp, final)
@@ -118,8 +161,6 @@ def save_checkpoint(out_dir: str | Path, *, model: torch.nn.Module, optimizer: t
         for old in out.glob("step-*"):
             if old.name != folder:
                 shutil.rmtree(old, ignore_errors=True)
-    barrier()
-    return final
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:

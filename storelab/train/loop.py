@@ -63,7 +63,7 @@ from storelab.models.model import Model
 from storelab.stores.base import training_signals
 from storelab.tasks import IGNORE, Batch, batch_seed, make_task, task_dict
 from storelab.outputs import check_folder
-from storelab.train.checkpoint import RUN_FILES, has_checkpoint, load_state, read_meta, save_checkpoint
+from storelab.train.checkpoint import RUN_FILES, Checkpointer, has_checkpoint, load_state, read_meta
 from storelab.train.distributed import PARALLEL, PRECISIONS, Dist, default_parallel, engine
 from storelab.train.models import resolve_model
 
@@ -272,9 +272,10 @@ def _check_resume(saved: dict[str, Any], cfg: TrainConfig, path: Path, step: int
 
 def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = True, progress: bool = False,
           dist: Dist | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None,
-          max_seconds: float | None = None, force: bool = False) -> TrainResult:
-    """Train (or resume) a run; write checkpoints to ``out`` when given. A collective under torchrun:
-    every process calls it with the same config.
+          max_seconds: float | None = None, force: bool = False, async_checkpoint: bool = False) -> TrainResult:
+    """Train (or resume) a run; write checkpoints to ``out`` when given (``async_checkpoint``: in the
+    background, ``storelab.train.checkpoint.Checkpointer``). A collective under torchrun: every process
+    calls it with the same config.
 
     ``out`` is checked before any work (``storelab.outputs``): a run folder of its own, an empty or new
     folder, or (``force``) any folder; a storelab save, a Hugging Face folder or a file is refused."""
@@ -306,10 +307,12 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
     meta_static = {"train_config": cfg.to_dict(), "model_config": mcfg.to_dict(), "task": task_dict(task),
                    "world": dist.world, "parallel": eng.name, "schedule": schedule}
 
+    ckpt = Checkpointer(out, rank=dist.rank, barrier=dist.barrier, asynchronous=async_checkpoint) \
+        if out is not None else None
+
     def checkpoint(step: int) -> None:
-        if out is not None:
-            save_checkpoint(out, model=model, optimizer=opt, step=step, meta={**meta_static, "history": history},
-                            rank=dist.rank, barrier=dist.barrier)
+        if ckpt is not None:
+            ckpt.save(step, model=model, optimizer=opt, meta={**meta_static, "history": history})
 
     bar = _Bar(cfg.steps, start, enabled=progress and dist.main)
     t0 = time.time()
@@ -319,6 +322,8 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
     lo, hi = dist.shard(cfg.batch_size)
     micro = (hi - lo) // cfg.accumulate
     for step in range(start, cfg.steps):
+        if ckpt is not None:
+            ckpt.poll()
         lr = lr_at(cfg, step)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -367,6 +372,8 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
                 last_eval = evaluate(model, task, cfg.seed, cfg.eval_examples, dist=dist)
             last_loss = next((h["loss"] for h in reversed(history) if "loss" in h), float("nan"))
     bar.close()
+    if ckpt is not None:
+        ckpt.close()  # the last checkpoint is whole when train returns
     with eng.autocast():
         test = evaluate(model, task, cfg.seed, cfg.eval_examples, split="test", dist=dist) \
             if task.HAS_TEST_SPLIT else {}
