@@ -214,6 +214,9 @@ def engine(parallel: str, dist_: Dist, precision: str = "fp32") -> Plain:
         raise ValueError(f"parallel: one of {', '.join(PARALLEL)}, got {parallel!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision: one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if parallel == "none" and dist_.world > 1:
+        raise ValueError(f"parallel: none is one process, but {dist_.world} were launched: use ddp or fsdp "
+                         "(or auto)")
     if parallel != "none" and dist_.world == 1 and not dist.is_initialized():
         raise ValueError(f"parallel: {parallel} needs a process group: launch with torchrun "
                          "(torchrun --nproc-per-node N -m storelab train ...), or use --parallel none")
