@@ -265,6 +265,10 @@ def test_cli_refuses_engines_it_cannot_run(tmp_path):
         res = CliRunner().invoke(app, base + extra)
         assert res.exit_code == 2 and word in res.output, (extra, res.output)
     assert not (tmp_path / "r").exists()
+    from storelab.train.distributed import Dist, engine
+
+    with pytest.raises(ValueError, match="parallel: none is one process"):
+        engine("none", Dist(rank=0, world=2))  # two processes without an engine would not sync
 
 
 def test_an_asynchronous_checkpoint_is_the_state_of_its_step(tmp_path):

@@ -65,6 +65,8 @@ def register(app: typer.Typer) -> None:
                                            "of the main attention (DSA, hierarchical, MSA, CSA; 0: off)."),
         task_opt: list[str] = typer.Option(None, "--task-opt", help="Task option key=value (repeatable)."),
         model_opt: list[str] = typer.Option(None, "--model-opt", help="Built-in stack option key=value."),
+        device: str = typer.Option("cpu", "--device", help="cpu (gloo between processes), cuda (one GPU per "
+                                   "process, nccl), auto (cuda when there is one)."),
         async_checkpoint: bool = typer.Option(False, "--async-checkpoint", help="Write checkpoints in the "
                                               "background (dcp.async_save) while training goes on."),
         fresh: bool = typer.Option(False, "--fresh", help="Ignore a checkpoint in --out and start over."),
@@ -82,7 +84,7 @@ def register(app: typer.Typer) -> None:
                               threads=threads, indexer_weight=indexer_weight, accumulate=accumulate,
                               parallel=parallel, precision=precision, task_options=parse_options(task_opt, "--task-opt"),
                               model_options=parse_options(model_opt, "--model-opt"))
-            dist = Dist.from_env()
+            dist = Dist.from_env(device)
             res = run(cfg, out, resume=not fresh, progress=not json_, dist=dist, force=force,
                       async_checkpoint=async_checkpoint)
         if not dist.main:

@@ -1,8 +1,9 @@
 """Training over several processes on torch's own engines: DDP and FSDP2; mixed precision.
 
 ``torchrun --nproc-per-node N -m storelab train --parallel ddp|fsdp ...`` sets RANK, WORLD_SIZE,
-LOCAL_RANK and MASTER_ADDR/PORT; ``Dist.from_env()`` joins the process group -- nccl when the
-process has a CUDA device (``cuda:LOCAL_RANK``), gloo on the CPU. Every process builds the same
+LOCAL_RANK and MASTER_ADDR/PORT; ``Dist.from_env(device)`` joins the process group -- nccl when
+the process trains on a CUDA device (``--device cuda``: ``cuda:LOCAL_RANK``), gloo on the CPU
+(``--device cpu``, the default: the tiny models and the tests run there alike on any machine). Every process builds the same
 model from the same seed and generates the same *global* batch for each step (batches are a
 function of (seed, step)), then takes its own contiguous slice.
 
@@ -59,11 +60,16 @@ class Dist:
     device: torch.device = torch.device("cpu")
 
     @classmethod
-    def from_env(cls) -> "Dist":
+    def from_env(cls, device: str = "cpu") -> "Dist":
         """Join the process group when launched by torchrun (WORLD_SIZE > 1); else a single process.
-        The device is ``cuda:LOCAL_RANK`` when CUDA is there (backend nccl), else the CPU (gloo)."""
+        ``device``: ``cpu`` (backend gloo), ``cuda`` (``cuda:LOCAL_RANK``, backend nccl) or ``auto``
+        (cuda when torch sees one, else cpu)."""
+        if device not in ("cpu", "cuda", "auto"):
+            raise ValueError(f"device: one of cpu, cuda, auto, got {device!r}")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device: cuda asked for, but torch sees no CUDA device (use --device cpu)")
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        cuda = torch.cuda.is_available()
+        cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(device)
