@@ -12,9 +12,9 @@ kind        written by                                       known by
 ==========  ===============================================  =========================================
 save        ``storelab save`` / ``storelab.save``            config.json with model_type "storelab"
 run         ``storelab train --out``                         checkpoint.json (the DCP checkpoint's
-                                                             pointer), checkpoint.safetensors (an
-                                                             older run), or a config.json with
-                                                             "train_config"
+                                                             pointer), a step-<8 digits> folder,
+                                                             checkpoint.safetensors (an older run),
+                                                             or a config.json with "train_config"
 hf          (a Hugging Face model folder, never written)      any other config.json, *.safetensors,
                                                              *.bin, tokenizer files
 report      ``storelab report``                              report.json or report.html
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,6 +84,8 @@ def folder_kind(folder: str | Path) -> str | None:
         return "report"
     if "checkpoint.json" in names or "checkpoint.safetensors" in names:
         return "run"
+    if any(re.fullmatch(r"step-\d{8}(\.tmp)?", n) and (folder / n).is_dir() for n in names):
+        return "run"  # a run killed while writing its first checkpoint (a DCP step folder, no pointer yet)
     cfg = _config_json(folder)
     if cfg is not None:
         if cfg.get("model_type") == "storelab":

@@ -287,3 +287,13 @@ def test_an_asynchronous_checkpoint_is_the_state_of_its_step(tmp_path):
     r = train(TrainConfig(**CFG, steps=10), tmp_path, async_checkpoint=True)
     assert r.resumed_from == 5 and r.final_loss == pytest.approx(whole.final_loss, abs=LOSS_TOL)
     assert read_meta(tmp_path)["step"] == 10
+
+
+def test_a_run_killed_in_its_first_checkpoint_starts_again_without_force(tmp_path):
+    from storelab.outputs import folder_kind
+
+    (tmp_path / "step-00000005.tmp").mkdir()  # what a kill inside the first save leaves
+    (tmp_path / "step-00000005.tmp" / "__0_0.distcp").write_bytes(b"half")
+    assert folder_kind(tmp_path) == "run"
+    r = train(TrainConfig(**CFG, steps=2), tmp_path)
+    assert r.resumed_from == 0 and read_meta(tmp_path)["step"] == 2 and not list(tmp_path.glob("*.tmp"))

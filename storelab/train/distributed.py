@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -194,6 +195,8 @@ class FSDP(Plain):
         mesh = init_device_mesh(self.dist.device.type, (self.dist.world,))
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if self.precision == "bf16" else MixedPrecisionPolicy()
+        # the logits are a view (a linear layer over [B, T, D]); the loop never writes into them in place
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         for block in model.blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
