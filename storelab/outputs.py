@@ -11,8 +11,10 @@ The kinds, and how each is known from the files the command itself writes (its m
 kind        written by                                       known by
 ==========  ===============================================  =========================================
 save        ``storelab save`` / ``storelab.save``            config.json with model_type "storelab"
-run         ``storelab train --out``                         checkpoint.safetensors, or a config.json
-                                                             with "train_config"
+run         ``storelab train --out``                         checkpoint.json (the DCP checkpoint's
+                                                             pointer), a step-<8 digits> folder,
+                                                             checkpoint.safetensors (an older run),
+                                                             or a config.json with "train_config"
 hf          (a Hugging Face model folder, never written)      any other config.json, *.safetensors,
                                                              *.bin, tokenizer files
 report      ``storelab report``                              report.json or report.html
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,7 +44,7 @@ __all__ = ["OutputError", "KINDS", "folder_kind", "check_folder", "check_file", 
 
 KINDS = {
     "save": "a storelab save (config.json with model_type 'storelab')",
-    "run": "a storelab train run (checkpoint.safetensors)",
+    "run": "a storelab train run (checkpoint.json)",
     "hf": "a Hugging Face model folder",
     "report": "a storelab report folder (report.json)",
     "recall": "a storelab recall folder (recall.json)",
@@ -81,8 +84,10 @@ def folder_kind(folder: str | Path) -> str | None:
         return "empty"
     if "report.json" in names or "report.html" in names:
         return "report"
-    if "checkpoint.safetensors" in names:
+    if "checkpoint.json" in names or "checkpoint.safetensors" in names:
         return "run"
+    if any(re.fullmatch(r"step-\d{8}(\.tmp)?", n) and (folder / n).is_dir() for n in names):
+        return "run"  # a run killed while writing its first checkpoint (a DCP step folder, no pointer yet)
     cfg = _config_json(folder)
     if cfg is not None:
         if cfg.get("model_type") == "storelab":

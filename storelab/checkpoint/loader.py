@@ -120,9 +120,10 @@ def plan(path: str | Path, *, dtype=None, shards: type[Shards] = Shards) -> Plan
 
     path = Path(path)
     hf = read_config(path)
-    if "train_config" in hf:  # the config.json beside a train run's checkpoint.safetensors
-        raise CheckpointError(f"{path}: a storelab train run folder, not a model folder (storelab probe --checkpoint "
-                              "reads run folders; storelab.train.loop.load_trained loads one)")
+    if "train_config" in hf:  # the config.json beside a train run's checkpoint
+        raise CheckpointError(f"{path}: a storelab train run folder, not a model folder (storelab export RUN OUT "
+                              "writes its model folder; storelab probe --checkpoint and "
+                              "storelab.train.loop.load_trained read run folders)")
     fam = family_for(hf, path)
     check_config(hf, str(path / "config.json"))
     found = shards(path)

@@ -4,7 +4,9 @@ Every bench prints our time, the peer's time measured in the same run, their rat
 the machine's fp32 matrix-product rate measured in the same run (see storelab/bench).
 ``--quick`` runs tiny sizes (seconds; for tests and smoke checks, not for figures).
 ``train`` (the ops, the tiny models' training steps and their peak memory, under autograd) takes
-tens of minutes at its full sizes and is not part of ``all``.
+tens of minutes at its full sizes and is not part of ``all``. ``dist`` (``storelab.bench.dist``:
+bytes per process and step time of a ~50M-parameter model under DDP and FSDP2 on two torchrun
+processes) is not part of ``all`` either.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import typer
 from storelab import options as opt
 from storelab.console import console, emit_json, table
 
-WHICH = ("gdn", "kda", "decode", "prefill", "train", "all")
+WHICH = ("gdn", "kda", "decode", "prefill", "train", "dist", "all")
 
 # full sizes (the issue's targets) and quick sizes (smoke checks)
 FULL = {
@@ -78,6 +80,10 @@ def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, 
             if repeats:
                 kw["ops"]["repeats"] = kw["step"]["repeats"] = repeats
             out[name] = bench_train(models=models or None, progress=not quick, **kw)
+        elif name == "dist":
+            from storelab.bench.dist import bench_dist
+
+            out[name] = bench_dist(quick=quick, steps=repeats or (1 if quick else 3))
         elif name == "decode":
             from storelab.bench.decode import bench_decode
 
@@ -155,7 +161,24 @@ def print_train(r: dict[str, Any]) -> None:
                         rows))
 
 
+def print_dist(r: dict[str, Any]) -> None:
+    """``storelab bench dist``: bytes each process holds and the step time, per engine."""
+    rows = []
+    for row in r["rows"]:
+        if "error" in row:
+            rows.append([row["parallel"], None, None, None, None, row["error"]])
+            continue
+        held = max(row["per_process"], key=lambda h: h["params"] + h["optimizer"])
+        rows.append([row["parallel"], row["parameters"], _round(held["params"] / 2**20, 1),
+                     _round(held["optimizer"] / 2**20, 1), _round(held["grads"] / 2**20, 1),
+                     _round(row["step_s"], 2)])
+    console.print(table(f"bench dist: {r['nproc']} processes, MiB per process (largest), fp32",
+                        ["engine", "parameters", "params MiB", "AdamW MiB", "grads MiB", "step s"], rows))
+
+
 def print_tables(res: dict[str, Any]) -> None:
+    if "dist" in res:
+        print_dist(res["dist"])
     for name in ("gdn", "kda"):
         if name not in res:
             continue
@@ -229,7 +252,8 @@ def failed(res: dict[str, Any]) -> list[dict[str, Any]]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
-        which: str = typer.Argument("all", help="gdn, kda, decode, prefill, train or all (all but train)."),
+        which: str = typer.Argument("all", help="gdn, kda, decode, prefill, train, dist or all (all but train "
+                                    "and dist)."),
         quick: bool = typer.Option(False, "--quick", help="Tiny sizes: a smoke check in seconds, not figures."),
         repeats: int = opt.count(0, "--repeats", zero=True, help="Timed rounds (0: the bench's default)."),
         models: list[str] = typer.Option(None, "--model", help="prefill, train: zoo models to run "

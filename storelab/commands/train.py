@@ -2,8 +2,13 @@
 
 ``storelab train --model tiny-kimi-k3 --task mqar --steps 500 --out runs/k3`` trains with
 AdamW, warm-up and cosine decay, clipping and a progress bar; it checkpoints to ``--out``
-and resumes from there when run again. Under ``torchrun --nproc-per-node 2 -m storelab
-train ...`` the processes split each global batch (gloo, on the CPU).
+and resumes from there when run again, on any number of processes, also with a larger
+``--steps`` (the run is extended; ``storelab.train.loop`` gives the schedule's rule). Under
+``torchrun --nproc-per-node N -m storelab train ...`` the processes split each global batch,
+with torch's DDP (``--parallel ddp``, the default) or FSDP2 (``--parallel fsdp``); nccl on GPUs,
+gloo on the CPU (``storelab.train.distributed``). ``--precision bf16`` computes in bf16 with fp32
+master weights; ``--accumulate N`` splits each process's share of the batch into N micro-batches.
+``storelab export RUN OUT`` turns a run folder into a model folder (``storelab.load``).
 """
 
 from __future__ import annotations
@@ -41,7 +46,15 @@ def register(app: typer.Typer) -> None:
                                  "small, full (Zoology's)."),
         steps: int = opt.count(1000, "--steps"),
         out: Path = typer.Option(None, "--out", help="Run directory: checkpoints, resumed from when present."),
-        batch_size: int = opt.count(32, "--batch-size", help="Global batch (split over torchrun processes)."),
+        batch_size: int = opt.count(32, "--batch-size", help="Global batch of one optimiser step (split over "
+                                    "torchrun processes and --accumulate micro-batches)."),
+        accumulate: int = opt.count(1, "--accumulate", help="Micro-batches per process and step (gradient "
+                                    "accumulation: the same step in 1/N of the memory)."),
+        parallel: str = typer.Option("auto", "--parallel", help="auto (ddp under torchrun with several "
+                                     "processes, else none), none, ddp, fsdp (FSDP2: parameters and optimizer "
+                                     "state sharded)."),
+        precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16 (bf16 compute, fp32 master "
+                                      "weights and gradient reduction)."),
         lr: float = opt.number(3e-3, "--lr", min=0, min_open=True),
         warmup: int = opt.count(50, "--warmup", zero=True),
         seed: int = opt.seed(),
@@ -52,28 +65,35 @@ def register(app: typer.Typer) -> None:
                                            "of the main attention (DSA, hierarchical, MSA, CSA; 0: off)."),
         task_opt: list[str] = typer.Option(None, "--task-opt", help="Task option key=value (repeatable)."),
         model_opt: list[str] = typer.Option(None, "--model-opt", help="Built-in stack option key=value."),
+        device: str = typer.Option("cpu", "--device", help="cpu (gloo between processes), cuda (one GPU per "
+                                   "process, nccl), auto (cuda when there is one)."),
+        async_checkpoint: bool = typer.Option(False, "--async-checkpoint", help="Write checkpoints in the "
+                                              "background (dcp.async_save) while training goes on."),
         fresh: bool = typer.Option(False, "--fresh", help="Ignore a checkpoint in --out and start over."),
         force: bool = opt.force(),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Train a model on a synthetic task (AdamW, warm-up + cosine, clipping, checkpoints, resume)."""
+        from storelab.train.checkpoint import CHECKPOINT
         from storelab.train.distributed import Dist
         from storelab.train.loop import TrainConfig, train as run
 
         with opt.user_errors():
             cfg = TrainConfig(model=model, task=task, task_preset=size, steps=steps, batch_size=batch_size, lr=lr,
                               warmup=warmup, seed=seed, eval_every=eval_every, checkpoint_every=checkpoint_every,
-                              threads=threads, indexer_weight=indexer_weight, task_options=parse_options(task_opt, "--task-opt"),
+                              threads=threads, indexer_weight=indexer_weight, accumulate=accumulate,
+                              parallel=parallel, precision=precision, task_options=parse_options(task_opt, "--task-opt"),
                               model_options=parse_options(model_opt, "--model-opt"))
-            dist = Dist.from_env()
-            res = run(cfg, out, resume=not fresh, progress=not json_, dist=dist, force=force)
+            dist = Dist.from_env(device)
+            res = run(cfg, out, resume=not fresh, progress=not json_, dist=dist, force=force,
+                      async_checkpoint=async_checkpoint)
         if not dist.main:
             dist.close()
             return
         rec = {"model": res.model_config.name, "mix": res.model_config.mix(), "task": res.task.NAME,
                "steps": res.step, "resumed_from": res.resumed_from, "final_loss": res.final_loss,
                "eval": res.eval, "test": res.test, "chance": res.task.chance(), "seconds": res.seconds,
-               "processes": dist.world, "out": str(out) if out else None,
+               "processes": dist.world, "parallel": res.parallel, "out": str(out) if out else None,
                "params": sum(p.numel() for p in res.model.parameters())}
         dist.close()
         if json_:
@@ -81,12 +101,12 @@ def register(app: typer.Typer) -> None:
             return
         rows = [["model", f"{rec['model']} ({rec['mix']}, {rec['params']:,} parameters)"],
                 ["task", f"{rec['task']} ({size})"], ["steps", f"{res.step} (resumed from {res.resumed_from})"],
-                ["final training loss", res.final_loss], ["processes", dist.world], ["seconds", res.seconds],
+                ["final training loss", res.final_loss], ["processes", f"{dist.world} ({res.parallel})"], ["seconds", res.seconds],
                 ["chance accuracy", rec["chance"]]]
         rows += [[f"eval {k}", v] for k, v in res.eval.items()]
         rows += [[f"test (longer) {k}", v] for k, v in res.test.items()]
         if out:
-            rows.append(["checkpoint", str(Path(out) / "checkpoint.safetensors")])
+            rows.append(["checkpoint", str(Path(out) / CHECKPOINT)])
         console.print(table("storelab train", ["", "value"], rows))
 
     @app.command()

@@ -1,38 +1,51 @@
-"""Checkpoints: one safetensors file per run directory, written atomically.
+"""Checkpoints of a run folder, through ``torch.distributed.checkpoint`` (DCP): sharded, resharded on load.
 
-``DIR/checkpoint.safetensors`` holds
+A run folder ``DIR`` holds
 
-* ``model/<name>``          - every tensor of the model's state dict;
-* ``optim/<i>/<key>``       - AdamW's per-parameter state (``exp_avg``, ``exp_avg_sq``,
-                              ``step``), ``i`` the parameter's index in the optimizer;
-* ``rng/torch``             - the CPU random state;
+* ``DIR/step-<8 digits>/`` - a DCP checkpoint: ``.metadata`` plus one ``__<rank>_0.distcp`` per process
+  writing. Its state dict is ``{"model": ..., "optim": ..., "rng": ...}``: the model's and AdamW's
+  state from ``torch.distributed.checkpoint.state_dict.get_state_dict`` (keys are parameter names,
+  ``optim.state.<name>.exp_avg``; under FSDP2 each process writes its own shards), and rank 0's
+  CPU random state;
+* ``DIR/checkpoint.json`` - the pointer, written last: ``format``, ``step``, ``folder`` (the step
+  folder above), ``world`` and ``parallel`` of the writer, the resolved ``train_config``,
+  ``model_config`` (``ModelConfig.to_dict``), ``task`` and ``history`` (the logged losses and
+  evaluations);
+* ``DIR/config.json`` - the same without the history, for people.
 
-and, in the file's string metadata, ``train_config`` (the resolved training config),
-``model_config`` (the model file as JSON, ``ModelConfig.to_dict``), ``task`` (the
-resolved task), ``step``, ``optim_groups`` (hyper-parameters of the parameter groups)
-and ``history`` (the logged losses and evaluations). Everything needed to rebuild the
-model and continue training is in the one file.
+Any world size reads any checkpoint: ``load_state`` asks DCP for the tensors of *this* process's
+layout (plain tensors in one process or under DDP, DTensor shards under FSDP2) and DCP reads the
+pieces it needs from whatever shards were written. A single process needs no process group
+(``no_dist``).
 
-Atomic: the file is written to ``checkpoint.safetensors.tmp`` in the same directory,
-flushed to disk, then renamed over the old one (``os.replace`` is atomic on POSIX), so
-a kill at any moment leaves either the previous checkpoint or the new one, never
-half a file. ``config.json`` beside it repeats the resolved config for people.
+Atomic: the step folder is written as ``step-<n>.tmp`` and renamed when every process has finished
+writing; then ``checkpoint.json`` is replaced atomically (``os.replace``) to name it; only then are
+older step folders removed. A kill at any moment leaves the previous pointer to a whole folder, or
+the new one. ``Checkpointer(asynchronous=True)`` (``storelab train --async-checkpoint``) writes with
+``dcp.async_save``: the state is copied to CPU memory at the checkpoint's step and written in the
+background; the rename and the pointer follow when the write is done (see ``Checkpointer``).
+
+Run folders of storelab before DCP (one ``checkpoint.safetensors``) are read by ``load_trained`` and
+``storelab export``; resuming one is refused with a message (their AdamW state is keyed by position).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
-CHECKPOINT = "checkpoint.safetensors"
-RUN_FILES = (CHECKPOINT, "config.json")  # what a run folder holds (storelab.outputs checks --out against them)
-FORMAT = "storelab-checkpoint-1"
+CHECKPOINT = "checkpoint.json"
+LEGACY = "checkpoint.safetensors"
+RUN_FILES = (CHECKPOINT, "config.json", "step-*", LEGACY)  # what a run folder holds (storelab.outputs checks --out)
+FORMAT = "storelab-checkpoint-2"
+LEGACY_FORMAT = "storelab-checkpoint-1"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -56,71 +69,196 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def save_checkpoint(out_dir: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                    step: int, meta: dict[str, Any]) -> Path:
-    """Write the model, optimizer and RNG state plus ``meta`` (JSON-able) atomically."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for k, v in model.state_dict().items():
-        tensors[f"model/{k}"] = v.detach().cpu().contiguous().clone()  # clone: tied weights share storage
-    groups = []
-    if optimizer is not None:
-        sd = optimizer.state_dict()
-        for i, st in sd["state"].items():
-            for key, v in st.items():
-                t = v if torch.is_tensor(v) else torch.tensor(v)
-                tensors[f"optim/{i}/{key}"] = t.detach().cpu().contiguous().clone()
-        groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
-    tensors["rng/torch"] = torch.get_rng_state()
-    metadata = {"format": FORMAT, "step": str(step), "optim_groups": json.dumps(groups)}
-    metadata.update({k: json.dumps(v) for k, v in meta.items()})
-    path = out / CHECKPOINT
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(out)
-    atomic_write_bytes(out / "config.json", (json.dumps({"step": step, **{k: meta[k] for k in meta
-                                                         if k != "history"}}, indent=2) + "\n").encode())
-    return path
+@contextmanager
+def _quiet():
+    """DCP warns that it saves or loads in a single process when no group is up: that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    msd, osd = get_state_dict(model, optimizer)
+    return {"model": msd, "optim": osd}
+
+
+class Checkpointer:
+    """Writes a run folder's checkpoints; every process makes one and calls ``save`` (a collective).
+
+    ``asynchronous``: ``dcp.async_save`` copies the state to CPU memory ("staging") and writes it in a
+    background thread while training goes on, over a gloo group of its own (the training group may
+    be nccl, and the main thread keeps using it). The write is finished -- the step folder renamed
+    and ``checkpoint.json`` pointed at it -- by rank 0 as soon as its future is done (``poll``, each
+    step; DCP's coordinator writes ``.metadata`` only after every process has written its shard), or
+    at the next ``save`` / ``close`` at the latest. Until then the previous checkpoint is the run's."""
+
+    def __init__(self, out: str | Path, *, rank: int = 0, barrier=lambda: None, asynchronous: bool = False):
+        import torch.distributed as dist
+
+        self.out, self.rank, self.barrier, self.asynchronous = Path(out), rank, barrier, asynchronous
+        self.group = dist.new_group(backend="gloo") if asynchronous and dist.is_initialized() else None
+        if asynchronous and not dist.is_initialized():  # the background thread's save warns outside _quiet
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled.*save in a single process")
+        self.pending = None  # (future, step, meta) of an asynchronous save not yet finished
+
+    def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+             meta: dict[str, Any]) -> None:
+        """Write the model, optimizer and RNG state plus ``meta`` (JSON-able, copied now) atomically."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        self.close()
+        meta = json.loads(json.dumps(meta))  # the history goes on growing while a write is in flight
+        tmp = self.out / (f"step-{step:08d}" + ".tmp")
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a kill's leftover
+            tmp.mkdir()
+        self.barrier()
+        state = {**_state(model, optimizer), "rng": torch.get_rng_state()}
+        with _quiet():
+            if self.asynchronous:
+                fut = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group,
+                                     no_dist=not dist.is_initialized())
+                self.pending = (fut, step, meta)
+                return
+            dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+        self.barrier()  # every shard written
+        self._finish(step, meta)
+        self.barrier()
+
+    def poll(self) -> None:
+        """Finish an asynchronous save whose write is done (local: no collective)."""
+        if self.pending is not None and self.pending[0].done():
+            self.close()
+
+    def close(self) -> None:
+        """Wait for an asynchronous save in flight and finish it."""
+        if self.pending is None:
+            return
+        fut, step, meta = self.pending
+        self.pending = None
+        fut.result()
+        self._finish(step, meta)
+
+    def _finish(self, step: int, meta: dict[str, Any]) -> None:
+        if self.rank != 0:
+            return
+        out, folder = self.out, f"step-{step:08d}"
+        final, tmp = out / folder, out / (folder + ".tmp")
+        _fsync_dir(tmp)
+        shutil.rmtree(final, ignore_errors=True)  # the same step written again (an extended run's last)
+        os.replace(tmp, final)
+        _fsync_dir(out)
+        pointer = {"format": FORMAT, "step": step, "folder": folder, **meta}
+        atomic_write_bytes(out / CHECKPOINT, (json.dumps(pointer) + "\n").encode())
+        atomic_write_bytes(out / "config.json", (json.dumps({"step": step, **{k: meta[k] for k in meta
+                                                             if k != "history"}}, indent=2) + "\n").encode())
+        for old in out.glob("step-*"):
+            if old.name != folder:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """The pointer of a run folder (``checkpoint.json``) or, for an old one, its file's metadata."""
+    p = Path(path)
+    if (p / CHECKPOINT).is_file():
+        meta = json.loads((p / CHECKPOINT).read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"checkpoint: {p / CHECKPOINT} is not a storelab checkpoint (format {meta.get('format')!r})")
+        return meta
+    if (p / LEGACY).is_file():
+        return _read_legacy(p / LEGACY)[1]
+    from storelab.outputs import KINDS, folder_kind
+
+    kind = folder_kind(path)
+    what = f": {path} is {KINDS[kind]}, not a run folder written by storelab train --out" if kind in KINDS else ""
+    raise ValueError(f"checkpoint: no {CHECKPOINT} at {path}{what}")
+
+
+def has_checkpoint(path: str | Path) -> bool:
+    return (Path(path) / CHECKPOINT).is_file() or (Path(path) / LEGACY).is_file()
+
+
+def load_state(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+               rng: bool = True, collective: bool = True) -> dict[str, Any]:
+    """Load the model (strictly) and the optimizer's state, in this process's layout; return the metadata.
+    A collective when a process group is up and ``collective`` (every process calls it)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    p = Path(path)
+    meta = read_meta(p)
+    if meta.get("format") == LEGACY_FORMAT:
+        if optimizer is not None:
+            raise ValueError(f"checkpoint: {p / LEGACY} was written by an earlier storelab (one safetensors file): "
+                             "it cannot be resumed; storelab export or load_trained still read it (or use --fresh)")
+        tensors, _ = _read_legacy(p / LEGACY)
+        model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
+        return meta
+    folder = str(p / meta["folder"])
+    state = _state(model, optimizer)
+    if optimizer is not None:  # a parameter that never had a gradient (a cache reader's) has no AdamW state
+        saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+        state["optim"]["state"] = {name: st for name, st in state["optim"]["state"].items()
+                                   if any(f"optim.state.{name}.{key}" in saved for key in st)}
+    if rng:
+        state["rng"] = torch.get_rng_state()
+    with _quiet():
+        dcp.load(state, checkpoint_id=folder, no_dist=not (collective and dist.is_initialized()))
+    if optimizer is None:
+        model.load_state_dict(state["model"], strict=True)
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(strict=False))  # DCP's load already required every key asked
+    if rng:
+        torch.set_rng_state(state["rng"])
+    return meta
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(tensors, metadata with JSON values decoded) of a checkpoint file or run directory."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / CHECKPOINT
-    if not p.exists():
-        from storelab.outputs import KINDS, folder_kind
+    """(tensors, metadata) of a run folder, in one process: ``model/<name>``, ``optim/<name>/<key>``
+    (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``) and ``rng/torch``, whatever world size wrote them."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-        kind = folder_kind(path)
-        what = f": {path} is {KINDS[kind]}, not a run folder written by storelab train --out" if kind in KINDS else ""
-        raise ValueError(f"checkpoint: no {CHECKPOINT} at {path}{what}")
+    p = Path(path)
+    meta = read_meta(p)
+    if meta.get("format") == LEGACY_FORMAT:
+        return _read_legacy(p / LEGACY)
+    folder = str(p / meta["folder"])
+    md = dcp.FileSystemReader(folder).read_metadata()
+    flat = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
+            if isinstance(v, TensorStorageMetadata)}
+    with _quiet():
+        dcp.load(flat, checkpoint_id=folder, no_dist=True)
+    tensors = {}
+    for k, v in flat.items():
+        if k.startswith("model."):
+            tensors["model/" + k[len("model."):]] = v
+        elif k.startswith("optim.state."):
+            name, key = k[len("optim.state."):].rsplit(".", 1)
+            tensors[f"optim/{name}/{key}"] = v
+        elif k == "rng":
+            tensors["rng/torch"] = v
+    return tensors, meta
+
+
+def _read_legacy(p: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    from safetensors import safe_open
+
     with safe_open(str(p), framework="pt") as f:
         raw = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    if raw.get("format") != FORMAT:
+    if raw.get("format") != LEGACY_FORMAT:
         raise ValueError(f"checkpoint: {p} is not a storelab checkpoint (format {raw.get('format')!r})")
-    meta: dict[str, Any] = {"step": int(raw["step"])}
+    meta: dict[str, Any] = {"format": LEGACY_FORMAT, "step": int(raw["step"])}
     for k, v in raw.items():
         if k not in ("format", "step"):
             meta[k] = json.loads(v)
     return tensors, meta
-
-
-def restore(tensors: dict[str, torch.Tensor], meta: dict[str, Any], *, model: torch.nn.Module,
-            optimizer: torch.optim.Optimizer | None = None, rng: bool = True) -> None:
-    """Load the model (strictly), the optimizer's state and the RNG state from a checkpoint."""
-    model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}, strict=True)
-    if optimizer is not None:
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for k, v in tensors.items():
-            if k.startswith("optim/"):
-                _, i, key = k.split("/", 2)
-                state.setdefault(int(i), {})[key] = v
-        groups = meta["optim_groups"]
-        optimizer.load_state_dict({"state": state, "param_groups": groups})
-    if rng and "rng/torch" in tensors:
-        torch.set_rng_state(tensors["rng/torch"])

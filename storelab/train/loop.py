@@ -1,4 +1,4 @@
-"""The training loop: AdamW, linear warm-up then cosine decay, gradient clipping, seeded.
+"""The training loop: AdamW, linear warm-up then cosine decay, gradient clipping, seeded; one process or many.
 
 ``train(cfg, out=DIR)`` trains ``cfg.model`` on ``cfg.task`` and returns a ``TrainResult``.
 
@@ -9,21 +9,40 @@
   learning rate ``lr * s / warmup`` for the first ``warmup`` steps, then a cosine from
   ``lr`` down to ``lr * min_lr_ratio`` at the last step; the global gradient norm is
   clipped to ``grad_clip``.
-* Loss: the token cross-entropy summed over the scored positions of the global batch,
-  divided by their number (the same in one process or split over several; see
-  ``distributed``).
+* ``batch_size`` is the *global* batch of one optimiser step: it is split over the processes
+  (``Dist.shard``) and each process's slice into ``accumulate`` micro-batches, so neither the
+  number of processes nor ``accumulate`` changes what is learnt (beyond rounding). The loss of a
+  micro-batch is its summed token cross-entropy over the scored positions divided by the number
+  of scored positions of the *global* batch, so the gradients summed over micro-batches and
+  processes are those of the global batch's mean.
+* Several processes (torchrun): ``parallel`` picks torch's engine (``storelab.train.distributed``):
+  ``ddp`` (DistributedDataParallel; the default for more than one process), ``fsdp`` (FSDP2,
+  parameters, gradients and AdamW state sharded), ``none`` for one process. ``precision="bf16"``:
+  bf16 compute with fp32 master weights and fp32 gradient reduction.
+* The step's objective is a module (``Objective``): the model's forward, the token loss and the
+  auxiliary losses, so DDP sees, among its outputs, every loss the backward pass runs through.
 * Every ``eval_every`` steps (and at the end) the model is scored on ``eval_examples``
   held-out examples (split "eval"); every ``checkpoint_every`` steps (and at the end)
-  the run directory gets an atomic checkpoint. ``train`` on a directory that holds one
-  resumes from it: a run killed at any moment ends exactly where an uninterrupted run
-  with the same config ends (the test kills one with SIGKILL).
+  the run directory gets an atomic DCP checkpoint (``storelab.train.checkpoint``). ``train`` on
+  a directory that holds one resumes from it, on any number of processes: a run killed at any
+  moment ends where an uninterrupted run with the same config ends (the tests kill one with SIGKILL).
+* Extending a run: ``steps`` may grow on resume (a finished run continues). The schedule is
+  always the current config's: from the resume step on, the learning rate is ``lr_at(cfg, s)``
+  with the new total, so the cosine is stretched to the new end and the learning rate jumps at
+  the resume step from the old schedule's value to the new one's. An extended run therefore
+  differs from a run started with the larger ``steps``; the checkpoint's ``schedule`` lists each
+  segment (first step, total steps).
 * What the stores hand to training (``storelab.stores.base.training_signals``) joins the step:
   the indexers' imitation losses (``"indexer"``: DSA / IndexShare, hierarchical, MSA and CSA
   layers, whose hard top-k passes no gradient; each the KL from the main attention's weights,
   detached, to the indexer's softmax, on the indexer's input detached, so it trains the indexer
   alone; their mean times ``indexer_weight``, 0 = off), the experts' balancing losses
-  (``"balance"``, weighted by each MoE config), and after the optimiser step the updates made
-  outside the gradient (DeepSeek-V3's routing bias), from the load summed over processes.
+  (``"balance"``, weighted by each MoE config), each weighted by its micro-batch's share of the
+  global batch, and after the optimiser step the updates made outside the gradient (DeepSeek-V3's
+  routing bias), from the load summed over processes -- one per micro-batch, so with
+  ``accumulate`` > 1 the bias takes that many steps per optimiser step (and the balancing loss,
+  a function of a whole batch, is that of each micro-batch): MoE runs are equal across world
+  sizes and accumulation only where their routing statistics are per micro-batch.
 """
 
 from __future__ import annotations
@@ -44,12 +63,14 @@ from storelab.models.model import Model
 from storelab.stores.base import training_signals
 from storelab.tasks import IGNORE, Batch, batch_seed, make_task, task_dict
 from storelab.outputs import check_folder
-from storelab.train.checkpoint import CHECKPOINT, RUN_FILES, read_checkpoint, restore, save_checkpoint
-from storelab.train.distributed import Dist
+from storelab.train.checkpoint import RUN_FILES, Checkpointer, has_checkpoint, load_state, read_meta
+from storelab.train.distributed import PARALLEL, PRECISIONS, Dist, default_parallel, engine
 from storelab.train.models import resolve_model
 
-# fields a resumed run may change without breaking the equality with an uninterrupted run
-_RESUMABLE_CHANGES = ("eval_every", "eval_examples", "checkpoint_every", "log_every", "threads")
+# fields a resumed run may change without breaking the equality with an uninterrupted run (``steps``:
+# only upwards, see the module docstring; ``parallel`` and ``accumulate``: equal up to rounding)
+_RESUMABLE_CHANGES = ("eval_every", "eval_examples", "checkpoint_every", "log_every", "threads", "steps",
+                      "parallel", "accumulate")
 
 
 @dataclass(kw_only=True)
@@ -60,7 +81,10 @@ class TrainConfig:
     task_preset: str = "tiny"     # a size preset of the task ("tiny", "small", "full")
     task_options: dict[str, Any] = field(default_factory=dict)
     steps: int = 1000
-    batch_size: int = 32          # the global batch
+    batch_size: int = 32          # the global batch of one optimiser step (all processes, all micro-batches)
+    accumulate: int = 1           # micro-batches per process and step (gradient accumulation)
+    parallel: str = "auto"        # auto (ddp for several processes, none for one), none, ddp, fsdp
+    precision: str = "fp32"       # fp32, or bf16 (bf16 compute, fp32 master weights and reduction)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup: int = 50
@@ -78,7 +102,8 @@ class TrainConfig:
 
     def __post_init__(self):
         check_types({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, TrainConfig)
-        for n in ("steps", "batch_size", "eval_every", "eval_examples", "checkpoint_every", "log_every"):
+        for n in ("steps", "batch_size", "accumulate", "eval_every", "eval_examples", "checkpoint_every",
+                  "log_every"):
             if getattr(self, n) <= 0:
                 raise ValueError(f"{n}: must be > 0, got {getattr(self, n)}")
         for n in ("lr", "grad_clip"):
@@ -92,6 +117,10 @@ class TrainConfig:
             raise ValueError(f"indexer_weight: must be >= 0, got {self.indexer_weight}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
+        if self.parallel not in ("auto",) + PARALLEL:
+            raise ValueError(f"parallel: one of auto, {', '.join(PARALLEL)}, got {self.parallel!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision: one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -142,15 +171,45 @@ def auxiliary_losses(sig, cfg: TrainConfig) -> dict[str, torch.Tensor]:
     return out
 
 
+def _to(batch: Batch, device: torch.device) -> Batch:
+    if device.type == "cpu":
+        return batch
+    return Batch(batch.inputs.to(device), batch.targets.to(device), {k: v.to(device) for k, v in batch.meta.items()})
+
+
+def _scored(logits: torch.Tensor, targets: torch.Tensor, n_scored: int) -> tuple[torch.Tensor, torch.Tensor]:
+    flat_t = targets.reshape(-1)
+    flat = logits.reshape(-1, logits.shape[-1])
+    loss = F.cross_entropy(flat.float(), flat_t, ignore_index=IGNORE, reduction="sum") / max(n_scored, 1)
+    m = flat_t != IGNORE
+    return loss, (flat.argmax(-1)[m] == flat_t[m]).sum()
+
+
 def token_loss(model: Model, batch: Batch, n_scored: int) -> tuple[torch.Tensor, int, torch.Tensor]:
     """(summed cross-entropy / n_scored, correct predictions, logits) over the batch's scored positions."""
     logits, _ = model(batch.inputs)
-    flat_t = batch.targets.reshape(-1)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat_t, ignore_index=IGNORE,
-                           reduction="sum") / max(n_scored, 1)
-    m = flat_t != IGNORE
-    correct = int((logits.reshape(-1, logits.shape[-1]).argmax(-1)[m] == flat_t[m]).sum())
-    return loss, correct, logits
+    loss, correct = _scored(logits, batch.targets, n_scored)
+    return loss, int(correct), logits
+
+
+class Objective(torch.nn.Module):
+    """One micro-batch's objective as a module: ``forward(inputs, targets, n_scored, share)`` returns
+    (total, token loss, correct, weighted auxiliary losses, the signals). ``share`` is the micro-batch's
+    share of the global batch (it weights the auxiliary losses); the total is what ``backward`` runs on."""
+
+    def __init__(self, model: Model, cfg: TrainConfig):
+        super().__init__()
+        self.model, self.cfg = model, cfg
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor, n_scored: int, share: float):
+        with training_signals(ignore=() if self.cfg.indexer_weight > 0 else ("indexer",)) as sig:
+            logits, _ = self.model(inputs)
+        loss, correct = _scored(logits, targets, n_scored)
+        aux = {k: v * share for k, v in auxiliary_losses(sig, self.cfg).items()}
+        total = loss
+        for v in aux.values():
+            total = total + v
+        return total, loss, correct, aux, sig
 
 
 @torch.no_grad()
@@ -159,7 +218,7 @@ def evaluate(model: Model, task, seed: int, n: int, *, split: str = "eval", dist
     """Loss and accuracy on n held-out examples (plus the task's own scores, when it has any).
 
     ``split="test"`` uses the task's length-generalisation split (``sample_test``) where it has one.
-    """
+    Under FSDP2 every process must call it (each forward all-gathers the weights)."""
     dist = dist or Dist()
     was = model.training
     model.eval()
@@ -171,7 +230,7 @@ def evaluate(model: Model, task, seed: int, n: int, *, split: str = "eval", dist
     reduce = dist.sum if split_up else float
     total, correct, extra = 0.0, 0, {}
     for s in range(lo, hi, chunk):
-        part = batch.slice(s, min(hi, s + chunk))
+        part = _to(batch.slice(s, min(hi, s + chunk)), dist.device)
         loss, c, logits = token_loss(model, part, 1)
         total, correct = total + loss.item(), correct + c
         for k, v in task.score(logits, part).items():
@@ -196,82 +255,110 @@ class TrainResult:
     history: list[dict[str, Any]]
     seconds: float
     resumed_from: int = 0
+    parallel: str = "none"            # the engine the run used
+    optimizer: Any = None             # its AdamW (under FSDP2 stepping the local shards)
 
 
-def _check_resume(saved: dict[str, Any], cfg: TrainConfig, path: Path) -> None:
+def _check_resume(saved: dict[str, Any], cfg: TrainConfig, path: Path, step: int) -> None:
     now = cfg.to_dict()
     for k in sorted(set(saved) | set(now)):
-        if k not in _RESUMABLE_CHANGES and saved.get(k) != now.get(k):
+        if k not in _RESUMABLE_CHANGES and saved.get(k, TrainConfig().to_dict().get(k)) != now.get(k):
             raise ValueError(f"{k}: the checkpoint in {path} was trained with {saved.get(k)!r}, this run asks for "
                              f"{now.get(k)!r} (use another --out, or the same settings to resume)")
+    if cfg.steps < step:
+        raise ValueError(f"steps: the checkpoint in {path} is at step {step}, this run asks for {cfg.steps} steps "
+                         "(a run can be extended, not shortened: use another --out)")
 
 
 def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = True, progress: bool = False,
           dist: Dist | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None,
-          max_seconds: float | None = None, force: bool = False) -> TrainResult:
-    """Train (or resume) a run; write checkpoints to ``out`` when given.
+          max_seconds: float | None = None, force: bool = False, async_checkpoint: bool = False) -> TrainResult:
+    """Train (or resume) a run; write checkpoints to ``out`` when given (``async_checkpoint``: in the
+    background, ``storelab.train.checkpoint.Checkpointer``). A collective under torchrun: every process
+    calls it with the same config.
 
     ``out`` is checked before any work (``storelab.outputs``): a run folder of its own, an empty or new
     folder, or (``force``) any folder; a storelab save, a Hugging Face folder or a file is refused."""
     dist = dist or Dist()
     if out is not None:
         check_folder(out, "run", RUN_FILES, force=force)
+    if cfg.batch_size % (dist.world * cfg.accumulate):
+        raise ValueError(f"batch_size: the global batch {cfg.batch_size} does not split into {dist.world} "
+                         f"process(es) x {cfg.accumulate} micro-batch(es)")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    eng = engine(default_parallel(dist.world) if cfg.parallel == "auto" else cfg.parallel, dist, cfg.precision)
     task, mcfg, model = build(cfg)
-    opt = make_optimizer(model, cfg)
+    model = eng.prepare(model.to(dist.device))
+    opt = make_optimizer(model, cfg)  # after sharding: under FSDP2 it steps the local shards
+    step_fn = eng.wrap(Objective(model, cfg))
     params = unique_params(model)
-    start, history = 0, []
+    start, history, schedule = 0, [], [{"from": 0, "steps": cfg.steps}]
     out = Path(out) if out is not None else None
-    if out is not None and resume and (out / CHECKPOINT).exists():
-        tensors, meta = read_checkpoint(out)
-        _check_resume(meta["train_config"], cfg, out)
-        restore(tensors, meta, model=model, optimizer=opt)
+    if out is not None and resume and has_checkpoint(out):
+        saved = read_meta(out)
+        _check_resume(saved["train_config"], cfg, out, saved["step"])
+        meta = load_state(out, model=model, optimizer=opt)
         start, history = meta["step"], meta.get("history", [])
+        schedule = meta.get("schedule", [{"from": 0, "steps": meta["train_config"]["steps"]}])
+        if schedule[-1]["steps"] != cfg.steps:
+            schedule.append({"from": start, "steps": cfg.steps})
     resumed_from = start
-    meta_static = {"train_config": cfg.to_dict(), "model_config": mcfg.to_dict(), "task": task_dict(task)}
+    meta_static = {"train_config": cfg.to_dict(), "model_config": mcfg.to_dict(), "task": task_dict(task),
+                   "world": dist.world, "parallel": eng.name, "schedule": schedule}
+
+    ckpt = Checkpointer(out, rank=dist.rank, barrier=dist.barrier, asynchronous=async_checkpoint) \
+        if out is not None else None
 
     def checkpoint(step: int) -> None:
-        if out is not None and dist.main:
-            save_checkpoint(out, model=model, optimizer=opt, step=step, meta={**meta_static, "history": history})
-        dist.barrier()
+        if ckpt is not None:
+            ckpt.save(step, model=model, optimizer=opt, meta={**meta_static, "history": history})
 
     bar = _Bar(cfg.steps, start, enabled=progress and dist.main)
     t0 = time.time()
     last_loss, last_eval = float("nan"), {}
     model.train()
     step = start
+    lo, hi = dist.shard(cfg.batch_size)
+    micro = (hi - lo) // cfg.accumulate
     for step in range(start, cfg.steps):
+        if ckpt is not None:
+            ckpt.poll()
         lr = lr_at(cfg, step)
         for g in opt.param_groups:
             g["lr"] = lr
         batch = task.sample(cfg.batch_size, batch_seed(cfg.seed, "train", step))
-        local = batch.slice(*dist.shard(cfg.batch_size))
         n = batch.n_scored
-        with training_signals(ignore=() if cfg.indexer_weight > 0 else ("indexer",)) as sig:
-            loss, correct, _ = token_loss(model, local, n)
-        aux, total = auxiliary_losses(sig, cfg), loss
-        for v in aux.values():  # weighted by this process's share of the global batch
-            total = total + v * len(local) / cfg.batch_size
         opt.zero_grad(set_to_none=True)
-        total.backward()
-        dist.all_reduce_grads(params)
+        loss_sum, correct_sum, aux_sum, signals = 0.0, 0, {}, []
+        for j in range(cfg.accumulate):
+            part = _to(batch.slice(lo + j * micro, lo + (j + 1) * micro), dist.device)
+            with eng.sync(step_fn, j == cfg.accumulate - 1):
+                with eng.autocast():
+                    total, loss, correct, aux, sig = step_fn(part.inputs, part.targets, n, len(part) / cfg.batch_size)
+                (total * eng.loss_scale).backward()
+            loss_sum, correct_sum = loss_sum + loss.item(), correct_sum + int(correct)
+            for k, v in aux.items():
+                aux_sum[k] = aux_sum.get(k, 0.0) + v.item()
+            signals.append(sig)
         gnorm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.grad_clip)
         opt.step()
-        sig.apply_updates(reduce=dist.sum_tensor)
-        last_loss = dist.sum(loss.item())
-        acc = dist.sum(correct) / max(n, 1)
+        for sig in signals:
+            sig.apply_updates(reduce=dist.sum_tensor)
+        last_loss = dist.sum(loss_sum)
+        acc = dist.sum(correct_sum) / max(n, 1)
         done = step + 1
-        row = {"step": done, "loss": last_loss, "acc": acc, "lr": lr, "grad_norm": float(gnorm)}
-        for k, v in aux.items():
-            row[k] = dist.sum(v.item() * len(local) / cfg.batch_size)
+        row = {"step": done, "loss": last_loss, "acc": acc, "lr": lr, "grad_norm": float(eng.full(gnorm))}
+        for k, v in aux_sum.items():
+            row[k] = dist.sum(v)
         if done % cfg.log_every == 0 or done == cfg.steps:
             history.append(row)
         if on_step is not None:
             on_step(done, row)
         over_time = max_seconds is not None and dist.sum(float(time.time() - t0 > max_seconds)) > 0  # all agree
         if done % cfg.eval_every == 0 or done == cfg.steps or over_time:
-            last_eval = evaluate(model, task, cfg.seed, cfg.eval_examples, dist=dist)
+            with eng.autocast():
+                last_eval = evaluate(model, task, cfg.seed, cfg.eval_examples, dist=dist)
             history.append({"step": done, **{f"eval_{k}": v for k, v in last_eval.items()}})
         bar.update(done, last_loss, acc, last_eval)
         if done % cfg.checkpoint_every == 0 or done == cfg.steps or over_time:
@@ -281,24 +368,29 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
     else:
         step = cfg.steps - 1
         if start >= cfg.steps:  # nothing left to do: report the saved state
-            last_eval = evaluate(model, task, cfg.seed, cfg.eval_examples, dist=dist)
+            with eng.autocast():
+                last_eval = evaluate(model, task, cfg.seed, cfg.eval_examples, dist=dist)
             last_loss = next((h["loss"] for h in reversed(history) if "loss" in h), float("nan"))
     bar.close()
-    test = evaluate(model, task, cfg.seed, cfg.eval_examples, split="test", dist=dist) \
-        if task.HAS_TEST_SPLIT else {}
+    if ckpt is not None:
+        ckpt.close()  # the last checkpoint is whole when train returns
+    with eng.autocast():
+        test = evaluate(model, task, cfg.seed, cfg.eval_examples, split="test", dist=dist) \
+            if task.HAS_TEST_SPLIT else {}
     return TrainResult(model=model, model_config=mcfg, task=task, step=min(step + 1, cfg.steps), final_loss=last_loss,
                        eval=last_eval, test=test, history=history, seconds=time.time() - t0,
-                       resumed_from=resumed_from)
+                       resumed_from=resumed_from, parallel=eng.name, optimizer=opt)
 
 
 def load_trained(path: str | Path) -> tuple[Model, Any, dict[str, Any]]:
-    """(model, task, metadata) of a run directory's checkpoint, the model in eval mode."""
+    """(model, task, metadata) of a run directory's checkpoint (any world size wrote it), in eval mode,
+    in this process alone."""
     from storelab.tasks import make_task as _make
 
-    tensors, meta = read_checkpoint(path)
+    meta = read_meta(path)
     mcfg = ModelConfig.from_dict(meta["model_config"], source=str(path))
     model = Model(mcfg)
-    restore(tensors, meta, model=model, rng=False)
+    load_state(path, model=model, rng=False, collective=False)
     t = dict(meta["task"])
     task = _make(t.pop("name"), **t)
     return model.eval(), task, meta
