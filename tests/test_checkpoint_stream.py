@@ -132,7 +132,7 @@ print(json.dumps({"peak": peak, "read": read, "same": torch.equal(logits, want),
 
 
 def test_checkpoint_larger_than_a_third_of_the_peak(tmp_path):
-    """A ~1.9 GB Qwen3-Next checkpoint (16 layers of 100 MiB experts) streams with a peak RSS under a
+    """A ~1.9 GB Qwen3-Next checkpoint (32 layers of 50 MiB experts) streams with a peak RSS under a
     third of its size, and gives the in-memory model's logits exactly, prefill and a decoding step."""
     from tests.big_checkpoint import write
 
