@@ -18,6 +18,7 @@ hf          (a Hugging Face model folder, never written)      any other config.j
 report      ``storelab report``                              report.json or report.html
 recall      ``storelab recall``                              recall.json
 capacity    ``storelab capacity --plot``                     capacity.json
+probe       ``storelab probe --out``                         probe.json
 ==========  ===============================================  =========================================
 
 The rule: a folder of the command's own kind is its to rewrite (a resumed run, a report built
@@ -45,6 +46,7 @@ KINDS = {
     "report": "a storelab report folder (report.json)",
     "recall": "a storelab recall folder (recall.json)",
     "capacity": "a storelab capacity folder (capacity.json)",
+    "probe": "a storelab probe folder (probe.json)",
 }
 HF_MARKERS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "tokenizer.json", "tokenizer_config.json",
               "generation_config.json", "model.safetensors.index.json")
@@ -94,6 +96,8 @@ def folder_kind(folder: str | Path) -> str | None:
         return "recall"
     if "capacity.json" in names:
         return "capacity"
+    if "probe.json" in names:
+        return "probe"
     return "other"
 
 

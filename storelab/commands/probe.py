@@ -15,9 +15,25 @@ from storelab import options as opt
 from storelab.console import console, emit_json, table
 
 
+def _sweep_rows(r: dict) -> list[list]:
+    """Per selecting layer and top-k multiplier: recall and mass missed at each context (short to long)."""
+    rows = [["contexts (last %d queries each)" % r["queries"], " / ".join(map(str, r["contexts"])), ""]]
+    for x in r["layers"]:
+        shares = "" if x["own_indexer"] else f", shares layer {x['owner']}"
+        name = f"layer {x['layer']} ({x['kind']}{shares})"
+        for m in r["topk"]:
+            pts = [p for p in x["points"] if p["topk_multiplier"] == m]
+            fmt = lambda k: " / ".join("-" if p[k] is None else f"{p[k]:.3f}" for p in pts)  # noqa: E731
+            rows += [[f"{name} recall, top {m * x['k']}", fmt("recall"), "-"],
+                     [f"{name} mass missed, top {m * x['k']}", fmt("mass_missed"), "-"]]
+    return rows
+
+
 def _rows(name: str, r: dict) -> list[list]:
     """(figure, ours, essay) rows for one probe's result."""
     e = r.get("essay", {})
+    if r.get("probe") == "selection_sweep":
+        return _sweep_rows(r)
     if name == "state_swap":
         lo_r, hi_r = e["recurrent_fraction"]
         lo_c, hi_c = e["cache_fraction"]
@@ -71,13 +87,20 @@ def register(app: typer.Typer) -> None:
         size: str = typer.Option("tiny", "--size", help="Size preset of --task."),
         n: int = opt.count(64, "--n", help="Examples (documents) per probe."),
         seed: int = opt.seed(1234),
+        contexts: str = opt.int_list(None, "--contexts", help="Probe on documents at these context lengths "
+                                     "(e.g. 512,1024,4096): selection sweeps them, mhc uses the first."),
+        topk: str = opt.int_list("1", "--topk", help="selection: top-k multipliers (the layer reads m * k)."),
+        queries: int = opt.count(64, "--queries", help="selection: query positions measured (the last ones)."),
+        out: Path = typer.Option(None, "--out", help="Write probe.json and a figure per probe into this folder."),
+        force: bool = opt.force(),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Run a probe on a trained model; print its figures beside the essay's."""
         import torch
 
         from storelab.models.model import Model
-        from storelab.probes import PROBES
+        from storelab.probes import DOCUMENT_PROBES, PROBES
+        from storelab.probes.figures import check_out, write_outputs
         from storelab.tasks import make_task
         from storelab.train.loop import load_trained
         from storelab.train.models import resolve_model
@@ -104,16 +127,26 @@ def register(app: typer.Typer) -> None:
                 check_fits(mcfg, what="--model", instead=f"probe its tiny version (--model tiny-{model})")
                 torch.manual_seed(seed)
                 net = Model(mcfg).eval()
+            if out is not None:
+                check_out(out, force=force)
+        docs = None if contexts is None else [row.tolist() for row in t.sample(n, seed).inputs]
         results, skipped = {}, {}
         for nm in names:
             try:
-                results[nm] = PROBES[nm](net, t, n=n, seed=seed)
+                if docs is not None and nm in DOCUMENT_PROBES:
+                    results[nm] = DOCUMENT_PROBES[nm](net, docs, contexts=contexts, topk=topk, queries=queries, n=n)
+                else:
+                    results[nm] = PROBES[nm](net, t, n=n, seed=seed)
             except ValueError as e:
                 if name != "all":
                     opt.fail(str(e))
                 skipped[nm] = str(e)
+        doc = {"model": net.cfg.name, "task": t.NAME, "results": results, "skipped": skipped}
+        if out is not None:
+            with opt.user_errors():
+                write_outputs(out, doc)
         if json_:
-            emit_json({"model": net.cfg.name, "task": t.NAME, "results": results, "skipped": skipped})
+            emit_json(doc)
             return
         for nm, r in results.items():
             console.print(table(f"probe {nm}: {net.cfg.name} on {t.NAME} (essay: {r['essay']['source']})",

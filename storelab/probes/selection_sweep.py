@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from storelab.models.model import prefill
+from storelab.probes.common import document_inputs
 from storelab.ops.indexer import selection_mask, top_positions
 from storelab.stores.selection_scores import SelectionScores, selected
 
@@ -41,23 +42,6 @@ ESSAY_SWEEP = {"source": "GLM-5 (arXiv 2602.15763), DeepSeek-V4 (arXiv 2606.1934
 def selecting_layers(model) -> list[int]:
     """Layers whose token store reads a selection of its entries (the config's ``SELECTS``)."""
     return [i for i, lay in enumerate(model.cfg.layers) if lay.token.SELECTS]
-
-
-def document_inputs(documents: list[list[int]], context: int, batch: int = 1) -> Tensor:
-    """[batch, context] token ids: the documents concatenated in order, repeated until long enough;
-    row b starts at document b (mod their number), so rows differ."""
-    docs = [list(d) for d in documents if len(d)]
-    if not docs:
-        raise ValueError("documents: none with any token")
-    rows = []
-    for b in range(batch):
-        out: list[int] = []
-        j = b % len(docs)
-        while len(out) < context:
-            out += docs[j]
-            j = (j + 1) % len(docs)
-        rows.append(out[:context])
-    return torch.tensor(rows, dtype=torch.long)
 
 
 @torch.no_grad()
