@@ -61,8 +61,9 @@ def _rows(name: str, r: dict) -> list[list]:
     if name == "mhc":
         ess = {"identity_first_half": e["identity_first_half"], "identity_second_half": e["identity_second_half"],
                "average_first_half": e["average"], "average_second_half": e["average"]}
-        return [[f"perplexity change, {k.replace('_', ' ')}", v["perplexity_change"], ess.get(k, "")]
-                for k, v in r["conditions"].items()]
+        base = [["perplexity, as trained", r["base_perplexity"], ""]] if "base_perplexity" in r else []
+        return base + [[f"perplexity change, {k.replace('_', ' ')}", v["perplexity_change"], ess.get(k, "")]
+                       for k, v in r["conditions"].items()]
     if name == "selection":
         rows = [["miss rate (top-budget entries not selected)", r["miss_rate"], "-"],
                 ["top-1 entry missed", r["top1_miss"], "-"],

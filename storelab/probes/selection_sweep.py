@@ -45,7 +45,7 @@ def selecting_layers(model) -> list[int]:
 
 
 @torch.no_grad()
-def layer_scores(model, inputs_BT: Tensor, *, queries: int, chunk: int = 4096) -> dict[int, SelectionScores]:
+def layer_scores(model, inputs_BT: Tensor, *, queries: int, chunk: int = 1024) -> dict[int, SelectionScores]:
     """Each selecting layer's ``SelectionScores`` at the last ``queries`` positions of ``inputs_BT``."""
     model.eval()
     layers = selecting_layers(model)
@@ -95,7 +95,7 @@ def layer_metrics(s: SelectionScores, k: int) -> dict:
 
 @torch.no_grad()
 def selection_sweep(model, documents: list[list[int]], *, contexts: tuple[int, ...], topk: tuple[int, ...] = (1,),
-                    queries: int = 64, batch: int = 1, chunk: int = 4096) -> dict:
+                    queries: int = 64, batch: int = 1, chunk: int = 1024) -> dict:
     """Recall and mass missed of every selecting layer, per context length and top-k multiplier."""
     if not contexts or min(contexts) < 1:
         raise ValueError(f"contexts: give one or more lengths >= 1, got {contexts}")
