@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from storelab.checkpoint import load
 from storelab.models.model import Model
 from storelab.probes import mhc_documents, selection_sweep
-from storelab.probes.common import document_inputs, text_documents
+from storelab.probes.common import document_inputs
 from storelab.probes.mhc import mhc_mixers
 from storelab.probes.selection_sweep import layer_scores
 from storelab.stores.base import observe
 from storelab.stores.selection_scores import selected
+from storelab.text import Tokenizer
 from storelab.train.models import resolve_model
 from tests.helpers import write_tokenizer
 from tests.test_checkpoint import tiny_hf
@@ -41,7 +42,8 @@ def folder(tmp_path_factory):
             d = tmp_path_factory.mktemp(model_type)
             tiny_hf(model_type, vocab_size=512).save_pretrained(d)
             write_tokenizer(d, " ".join(TEXTS * 4), vocab=400)
-            made[model_type] = (load(d).eval(), text_documents(d, TEXTS))
+            tok = Tokenizer.from_folder(d)
+            made[model_type] = (load(d).eval(), [tok.encode(t) for t in TEXTS])
         return made[model_type]
     return get
 

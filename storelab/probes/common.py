@@ -19,8 +19,7 @@ cache and returns its next-token logits: the prompt's stores are written by the 
 runs, and the answer reads them.
 
 ``document_inputs(documents, context, batch)`` lays token-id documents end to end (repeated as
-needed) into ``batch`` rows of ``context`` tokens: the probes' input on real text;
-``text_documents(folder, texts)`` encodes texts with the checkpoint folder's tokenizer.
+needed) into ``batch`` rows of ``context`` tokens: the probes' input on real text.
 """
 
 from __future__ import annotations
@@ -109,11 +108,3 @@ def document_inputs(documents: list[list[int]], context: int, batch: int = 1) ->
             j = (j + 1) % len(docs)
         rows.append(out[:context])
     return torch.tensor(rows, dtype=torch.long)
-
-
-def text_documents(folder, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text, by the tokenizer of checkpoint ``folder`` (its tokenizer.json)."""
-    from storelab.text import Tokenizer
-
-    tok = Tokenizer.from_folder(folder)
-    return [tok.encode(t) for t in texts]
