@@ -167,6 +167,23 @@ def test_users_prompts_and_their_errors(folder, tmp_path):
     assert res.exit_code == 2 and "--prompts" in " ".join(res.output.split())
 
 
+@pytest.mark.parametrize("model_type, name", [("glm_moe_dsa", "selection"), ("deepseek_v4", "mhc")])
+def test_document_probes_on_a_model_folder_read_the_shipped_prose(model_type, name, folder, tmp_path):
+    """selection and mhc on a Hugging Face folder: the shipped documents through its tokenizer.json."""
+    _, d = folder(model_type)
+    res = probe(name, "--checkpoint", str(d), "--contexts", "48,96", "--queries", "4", "--n", "2", "--json",
+                "--out", str(tmp_path / "out"))
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    r = doc["results"][name]
+    if name == "selection":
+        assert r["contexts"] == [48, 96] and r["layers"]
+        assert all(0.0 <= p["recall"] <= 1.0 for x in r["layers"] for p in x["points"] if p["recall"] is not None)
+    else:
+        assert r["base_perplexity"] > 1 and set(r["conditions"]) >= {"identity_first_half", "identity_second_half"}
+    assert (tmp_path / "out" / f"{name}.png").stat().st_size > 0
+
+
 def test_folder_errors_and_safe_outputs(folder, tmp_path):
     import shutil
 
@@ -182,7 +199,7 @@ def test_folder_errors_and_safe_outputs(folder, tmp_path):
     res = probe("state_swap", "--checkpoint", str(d), "--n", "1", "--out", str(mine))
     assert res.exit_code == 2 and "refusing to replace" in " ".join(res.output.split())
     assert (mine / "state_swap.png").read_text() == "my own picture"
-    for args, msg in ((["mhc"], "runs on a train run"), (["state_swap", "--task", "mqar", "--size", "full"], "more than the model's 1024")):
+    for args, msg in ((["mhc"], "has no mHC depth mixer"), (["state_swap", "--task", "mqar", "--size", "full"], "more than the model's 1024")):
         res = probe(*args, "--checkpoint", str(d))
         assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output
     res = probe("state_swap", "--checkpoint", str(tmp_path / "nowhere"))

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TEXT_PROBES = ("state_swap", "keep_one", "forgetting")
+TEXT_PROBES = ("state_swap", "keep_one", "forgetting", "selection", "mhc")
+DOCUMENT_CONTEXTS = (1024,)  # selection and mhc on text without --contexts
 MODEL_FOLDERS = ("hf", "save")
 OUT_FILES = ("probe.json", "*.png")
 
@@ -41,21 +42,35 @@ def text_records(name: str, prompts: Path | None, records: list[dict] | None) ->
     ``prompts`` by ``load_records``), or the shipped ones."""
     from storelab.probes.prompts import records_of, shipped
 
-    kind = {"state_swap": "swap", "keep_one": "keep_one", "forgetting": "document"}[name]
+    kind = {"state_swap": "swap", "keep_one": "keep_one", "forgetting": "document", "selection": "document",
+            "mhc": "document"}[name]
     if records is None:
         return shipped(kind)
     return records_of(records, kind, prompts)
 
 
 def run_text_probes(model, tok, names: list[str], *, prompts: Path | None, records: list[dict] | None, n: int,
-                    chat: bool, explicit: bool, position: int = -2, decode: bool = False) -> tuple[dict, dict]:
+                    chat: bool, explicit: bool, position: int = -2, decode: bool = False,
+                    contexts: list[int] | None = None, topk: list[int] = (1,), queries: int = 64
+                    ) -> tuple[dict, dict]:
     """(results, skipped) of the text probes in ``names``; a probe that cannot run is skipped with its
-    reason, or (``explicit``: the user asked for that one) raises."""
+    reason, or (``explicit``: the user asked for that one) raises. selection and mhc read the documents
+    (the shipped ones or the user's), encoded with the folder's tokenizer, at ``contexts`` (default
+    ``DOCUMENT_CONTEXTS``): the documents laid end to end to each length."""
+    from storelab.probes import DOCUMENT_PROBES
     from storelab.probes.text import text_forgetting, text_keep_one, text_state_swap
+
+    def on_documents(nm: str):
+        def run_docs(recs: list[dict]) -> dict:
+            docs = [tok.encode(r["text"]) for r in recs]
+            return DOCUMENT_PROBES[nm](model, docs, contexts=list(contexts or DOCUMENT_CONTEXTS), topk=list(topk),
+                                       queries=queries, n=n)
+        return run_docs
 
     run = {"state_swap": lambda r: text_state_swap(model, tok, r, n=n, chat=chat, position=position, decode=decode),
            "keep_one": lambda r: text_keep_one(model, tok, r, n=n, chat=chat),
-           "forgetting": lambda r: text_forgetting(model, tok, r, n=n)}
+           "forgetting": lambda r: text_forgetting(model, tok, r, n=n),
+           **{nm: on_documents(nm) for nm in DOCUMENT_PROBES}}
     results, skipped = {}, {}
     for nm in names:
         try:

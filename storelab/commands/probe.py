@@ -26,9 +26,25 @@ from storelab.probes.prompts import load_records
 from storelab.probes.source import open_model
 
 
+def _sweep_rows(r: dict) -> list[list]:
+    """Per selecting layer and top-k multiplier: recall and mass missed at each context (short to long)."""
+    rows = [["contexts (last %d queries each)" % r["queries"], " / ".join(map(str, r["contexts"])), ""]]
+    for x in r["layers"]:
+        shares = "" if x["own_indexer"] else f", shares layer {x['owner']}"
+        name = f"layer {x['layer']} ({x['kind']}{shares})"
+        for m in r["topk"]:
+            pts = [p for p in x["points"] if p["topk_multiplier"] == m]
+            fmt = lambda k: " / ".join("-" if p[k] is None else f"{p[k]:.3f}" for p in pts)  # noqa: E731
+            rows += [[f"{name} recall, top {m * x['k']}", fmt("recall"), "-"],
+                     [f"{name} mass missed, top {m * x['k']}", fmt("mass_missed"), "-"]]
+    return rows
+
+
 def _rows(name: str, r: dict) -> list[list]:
     """(figure, ours, essay) rows for one probe's result."""
     e = r.get("essay", {})
+    if r.get("probe") == "selection_sweep":
+        return _sweep_rows(r)
     if name == "state_swap":
         lo_r, hi_r = e["recurrent_fraction"]
         lo_c, hi_c = e["cache_fraction"]
@@ -59,8 +75,9 @@ def _rows(name: str, r: dict) -> list[list]:
     if name == "mhc":
         ess = {"identity_first_half": e["identity_first_half"], "identity_second_half": e["identity_second_half"],
                "average_first_half": e["average"], "average_second_half": e["average"]}
-        return [[f"perplexity change, {k.replace('_', ' ')}", v["perplexity_change"], ess.get(k, "")]
-                for k, v in r["conditions"].items()]
+        base = [["perplexity, as trained", r["base_perplexity"], ""]] if "base_perplexity" in r else []
+        return base + [[f"perplexity change, {k.replace('_', ' ')}", v["perplexity_change"], ess.get(k, "")]
+                       for k, v in r["conditions"].items()]
     if name == "selection":
         rows = [["miss rate (top-budget entries not selected)", r["miss_rate"], "-"],
                 ["top-1 entry missed", r["top1_miss"], "-"],
@@ -85,6 +102,10 @@ def register(app: typer.Typer) -> None:
         size: str = typer.Option("tiny", "--size", help="Size preset of --task."),
         n: int = opt.count(64, "--n", help="Examples (documents) per probe."),
         seed: int = opt.seed(1234),
+        contexts: str = opt.int_list(None, "--contexts", help="Probe on documents at these context lengths "
+                                     "(e.g. 512,1024,4096): selection sweeps them, mhc uses the first."),
+        topk: str = opt.int_list("1", "--topk", help="selection: top-k multipliers (the layer reads m * k)."),
+        queries: int = opt.count(64, "--queries", help="selection: query positions measured (the last ones)."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
         # probes on text (a model folder); see storelab.commands._probe_text
         prompts: Path = typer.Option(None, "--prompts", help="A JSONL file of your own prompts (model folders; "
@@ -107,7 +128,7 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from storelab.models.model import Model
-        from storelab.probes import PROBES
+        from storelab.probes import DOCUMENT_PROBES, PROBES
         from storelab.tasks import make_task
         from storelab.train.loop import load_trained
         from storelab.train.models import resolve_model
@@ -165,15 +186,19 @@ def register(app: typer.Typer) -> None:
                 check_fits(mcfg, what="--model", instead=f"probe its tiny version (--model tiny-{model})")
                 torch.manual_seed(seed)
                 net = Model(mcfg).eval()
+        docs = None if contexts is None or text else [row.tolist() for row in t.sample(n, seed).inputs]
         results, skipped = {}, {}
         if text:
             with opt.user_errors():
                 results, skipped = run_text_probes(net, t, names, prompts=prompts, records=records, n=n,
                                                    chat=chat, explicit=name != "all", position=position,
-                                                   decode=decode)
+                                                   decode=decode, contexts=contexts, topk=topk, queries=queries)
         for nm in [] if text else names:
             try:
-                results[nm] = PROBES[nm](net, t, n=n, seed=seed)
+                if docs is not None and nm in DOCUMENT_PROBES:
+                    results[nm] = DOCUMENT_PROBES[nm](net, docs, contexts=contexts, topk=topk, queries=queries, n=n)
+                else:
+                    results[nm] = PROBES[nm](net, t, n=n, seed=seed)
             except ValueError as e:
                 if name != "all":
                     opt.fail(str(e))

@@ -18,14 +18,33 @@ mhc            loss change when mHC's mix is the identity or its average   Zhao 
                over tokens, in the first or second half of the layers
 selection      indexer miss rate; how often it selects the first block     MSA 2606.13392
 =============  ===========================================================  ==========================
+
+On documents (token ids; ``DOCUMENT_PROBES``, ``probe(model, documents, **options)``):
+``selection_sweep`` (recall of the exact top-k and attention mass missed per selecting layer, against
+context length and top-k; IndexShare's cost) and ``mhc_documents`` (perplexity change of the mHC
+ablations over the documents).
 """
 
 from storelab.probes.forgetting import forgetting
-from storelab.probes.mhc import mhc_ablation
+from storelab.probes.mhc import mhc_ablation, mhc_documents
 from storelab.probes.selection import selection
+from storelab.probes.selection_sweep import selection_sweep
 from storelab.probes.swap import keep_one, state_swap
 
 PROBES = {"state_swap": state_swap, "keep_one": keep_one, "forgetting": forgetting, "mhc": mhc_ablation,
           "selection": selection}
 
-__all__ = ["PROBES", "state_swap", "keep_one", "forgetting", "mhc_ablation", "selection"]
+
+def _sweep(model, documents, *, contexts, topk=(1,), queries=64, n=1):
+    return selection_sweep(model, documents, contexts=contexts, topk=topk, queries=queries)
+
+
+def _mhc_docs(model, documents, *, contexts, topk=(1,), queries=64, n=8):  # topk, queries: selection's
+    return mhc_documents(model, documents, context=contexts[0], n=n)
+
+
+# the probes that take documents (``storelab probe NAME --contexts ...``)
+DOCUMENT_PROBES = {"selection": _sweep, "mhc": _mhc_docs}
+
+__all__ = ["PROBES", "DOCUMENT_PROBES", "state_swap", "keep_one", "forgetting", "mhc_ablation", "mhc_documents",
+           "selection", "selection_sweep"]

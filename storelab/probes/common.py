@@ -17,6 +17,9 @@ of another layer's cache), so the patched cache runs like any other.
 ``answer(model, prefix_cache, last_BT)`` runs the prompt's last token on a (patched)
 cache and returns its next-token logits: the prompt's stores are written by the prefix
 runs, and the answer reads them.
+
+``document_inputs(documents, context, batch)`` lays token-id documents end to end (repeated as
+needed) into ``batch`` rows of ``context`` tokens: the probes' input on real text.
 """
 
 from __future__ import annotations
@@ -88,3 +91,20 @@ def spearman(a: Tensor, b: Tensor) -> float:
     ra, rb = ra - ra.mean(), rb - rb.mean()
     den = (ra.norm() * rb.norm()).item()
     return float((ra @ rb).item() / den) if den > 0 else 1.0
+
+
+def document_inputs(documents: list[list[int]], context: int, batch: int = 1) -> Tensor:
+    """[batch, context] token ids: the documents concatenated in order, repeated until long enough;
+    row b starts at document b (mod their number), so rows differ."""
+    docs = [list(d) for d in documents if len(d)]
+    if not docs:
+        raise ValueError("documents: none with any token")
+    rows = []
+    for b in range(batch):
+        out: list[int] = []
+        j = b % len(docs)
+        while len(out) < context:
+            out += docs[j]
+            j = (j + 1) % len(docs)
+        rows.append(out[:context])
+    return torch.tensor(rows, dtype=torch.long)

@@ -10,6 +10,11 @@ A and C stay) in the mixers of the first or the second half of the layers by
 and reports the loss and the perplexity change of each of the four against the model as
 trained. The replacement is done per mixer instance, on top of ``MHCMixer.coefficients``,
 and undone afterwards.
+
+On documents (``mhc_documents(model, documents, context=..., n=...)``; token ids, text through the
+folder's tokenizer first): the documents concatenated (and repeated) into ``n`` rows of ``context``
+tokens, perplexity = exp(mean next-token NLL) over every predicted token, the baseline's and each
+condition's, and the relative change ppl / ppl_base - 1 (= exp(loss change) - 1).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from storelab.probes.common import document_inputs
 from storelab.stores.depth import MHCConfig
-from storelab.tasks import IGNORE
+from storelab.tasks import IGNORE, Batch
 
 ESSAY_MHC = {"source": "Zhao et al., arXiv 2609.05309 (DeepSeek-V4-Flash), perplexity change",
              "identity_second_half": 0.019, "identity_first_half": 0.414, "average": 0.002}
@@ -87,4 +93,18 @@ def mhc_ablation(model, task=None, *, batch=None, n: int = 32, seed: int = 0) ->
                 "loss": loss, "loss_change": loss - base, "perplexity_change": math.exp(loss - base) - 1,
                 "mixers": len(mixers)}
     out["essay"] = ESSAY_MHC
+    out["base_perplexity"] = math.exp(base)
+    for cond in out["conditions"].values():
+        cond["perplexity"] = math.exp(cond["loss"])
+    return out
+
+
+@torch.no_grad()
+def mhc_documents(model, documents: list[list[int]], *, context: int = 512, n: int = 8) -> dict:
+    """``mhc_ablation`` on documents: perplexity of the next token over ``n`` rows of ``context`` tokens."""
+    if context < 2:
+        raise ValueError(f"context: needs at least 2 tokens (one to predict), got {context}")
+    rows = document_inputs(documents, context + 1, n)
+    out = mhc_ablation(model, batch=Batch(inputs=rows[:, :-1], targets=rows[:, 1:]))
+    out.update(documents=len(documents), rows=n, context=context, tokens=n * context)
     return out

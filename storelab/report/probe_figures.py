@@ -3,7 +3,10 @@
 * state_swap: the swap effect of each layer alone (bars coloured by store: recurrent or cache),
   and, for text prompts, recall against context (the clean answer's accuracy by prompt length);
 * keep_one: retrieval and compliance with both stores, the cache only and the state only;
-* forgetting: the histogram of the recurrent heads' half-lives (log scale).
+* forgetting: the histogram of the recurrent heads' half-lives (log scale);
+* selection (the sweep on documents): per selecting layer, recall of the exact top-k and the
+  attention mass missed against context length, dashed for top-k multipliers above the first;
+* mhc: the perplexity change of each condition (the mix replaced by the identity or its average).
 
 ``write_figures(results, folder) -> list of file names`` draws what each result holds (a probe
 without the data for its figure gets none) with matplotlib's Agg canvas, no global state.
@@ -87,7 +90,46 @@ def _forgetting(r: dict, fig_axes):
     return fig
 
 
-FIGURES = {"state_swap": _state_swap, "keep_one": _keep_one, "forgetting": _forgetting}
+def _selection(r: dict, fig_axes):
+    layers = [x for x in r.get("layers", []) if "points" in x]     # the sweep's result, not the task probe's
+    if not layers:
+        return False
+    fig, (a1, a2) = fig_axes(2)
+    colours = [f"C{j % 10}" for j in range(len(layers))]
+    for j, lay in enumerate(layers):
+        for n, m in enumerate(r["topk"]):
+            pts = [p for p in lay["points"] if p["topk_multiplier"] == m and p["recall"] is not None]
+            if not pts:
+                continue
+            xs = [p["context"] for p in pts]
+            style = dict(color=colours[j], ls="-" if n == 0 else "--", marker="o", ms=3)
+            label = f"layer {lay['layer']} ({lay['kind']}{'' if lay['own_indexer'] else ', shared'})"
+            a1.plot(xs, [p["recall"] for p in pts], label=label if n == 0 else None, **style)
+            a2.plot(xs, [p["mass_missed"] for p in pts], **style)
+    for ax, what in ((a1, "recall of the exact top-k"), (a2, "attention mass missed")):
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="context length (tokens)", ylabel=what, ylim=(-0.02, 1.02))
+    a1.set_title(f"top-k x {', '.join(map(str, r['topk']))} (dashed: larger multipliers)", fontsize=9)
+    a1.legend(fontsize=6)
+    return fig
+
+
+def _mhc(r: dict, fig_axes):
+    conditions = r.get("conditions") or {}
+    if not conditions or any("perplexity_change" not in v for v in conditions.values()):
+        return False
+    fig, (ax,) = fig_axes(1)
+    names = list(conditions)
+    ax.bar(range(len(names)), [100 * conditions[k]["perplexity_change"] for k in names])
+    ax.set_xticks(range(len(names)), [k.replace("_", " ") for k in names], fontsize=7)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set(ylabel="perplexity change (%)",
+           title=f"mHC mix replaced (baseline perplexity {r.get('base_perplexity', float('nan')):.3g})")
+    return fig
+
+
+FIGURES = {"state_swap": _state_swap, "keep_one": _keep_one, "forgetting": _forgetting, "selection": _selection,
+           "mhc": _mhc}
 
 
 def write_figures(results: dict[str, dict], folder: Path) -> list[str]:

@@ -30,6 +30,8 @@ list of kind names elsewhere:
                         layer reading another's (``cache_owner``) leaves them unused (with sharing);
 * ``SHARES_SELECTION``- layers of its kind can reuse one layer's selection of entries
                         (``runs_indexer`` says which layer selects);
+* ``SELECTS``         - each query reads a selection of the entries; the module has ``selection_scores``
+                        (``storelab.stores.selection_scores``: what it weighs and selects, for the probe);
 * ``MIX_LABEL``       - its name in a model's mix ("60 window + 10 full"); "" = the kind;
 * ``cache_entry_bytes(fmt)`` - bytes of one main cache entry in entry format ``fmt``
                         (0 for a store that keeps no entry per token);
@@ -222,6 +224,7 @@ class StoreConfig:
     CACHE_SHARING: ClassVar[str] = ""
     READER_UNUSED: ClassVar[tuple[str, ...]] = ()
     SHARES_SELECTION: ClassVar[bool] = False
+    SELECTS: ClassVar[bool] = False
     MIX_LABEL: ClassVar[str] = ""
     cache_format: ClassVar[str | None] = None  # a field of its own in stores that fix their entry format
     ENTRY_FORMATS: ClassVar[tuple[str, ...]] = tuple(DTYPE_BYTES)

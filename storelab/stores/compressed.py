@@ -84,6 +84,7 @@ from storelab.state import State, append_rows
 from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount, StoreConfig,
                                   add_loss, check_input, register)
 from storelab.stores.compressed_cache import CompressedCache, Pooler, SharedCompressedCache, entry_format
+from storelab.stores.selection_scores import compressed_selection_scores
 
 __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "SharedCompressedCache"]
 
@@ -194,7 +195,7 @@ class CSAConfig(_CompressedConfig):
     index_head_dim: int = 128
     index_topk: int = 1024
 
-    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING = (TOKEN,), "compressed sparse", 100, "handed"
+    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING, SELECTS = (TOKEN,), "compressed sparse", 100, "handed", True
     CARD = Card(
         name="Compressed entries, selected (DeepSeek-V4 CSA)",
         written_by="each group of tokens, pooled: overlapping pools of 8 at a stride of 4, per-channel softmax weights",
@@ -245,6 +246,7 @@ class HCAConfig(_CompressedConfig):
 
 class CompressedAttention(nn.Module):
     """CSA (with ``cfg.indexed``) or HCA; see the module docstring."""
+    selection_scores = compressed_selection_scores  # the probe's protocol (config SELECTS: csa)
 
     def __init__(self, cfg: _CompressedConfig):
         super().__init__()

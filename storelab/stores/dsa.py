@@ -69,6 +69,7 @@ from storelab.ops.rope import apply_rope
 from storelab.state import append_rows
 from storelab.stores.base import TOKEN, Card, Footprint, ParamCount, add_loss, check_input, emit, register
 from storelab.stores.mla import MLA, LatentCache, LatentFields, LatentView, entry_bytes, latent_row_bytes
+from storelab.stores.selection_scores import latent_selection_scores
 
 # submodule names in transformers' DeepseekV32Indexer / GlmMoeDsaIndexer -> ours (LightningIndexer)
 HF_INDEXER_NAMES = {"wq_b": "q_up", "wk": "k_proj", "k_norm": "k_norm", "weights_proj": "head_weights"}
@@ -348,7 +349,7 @@ class DSAConfig(_IndexFields):
     index_share_freq: int = 1
     index_share_offset: int = 1
 
-    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING, SHARES_SELECTION = (TOKEN,), "selected", 70, "latent", True
+    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING, SHARES_SELECTION, SELECTS = (TOKEN,), "selected", 70, "latent", True, True
     CARD = Card(name="Selected entries (DeepSeek Sparse Attention, IndexShare)", **SELECTION_CARD,
                 reading_costs="a scoring pass over all L, then 512 to 2,048 entries; with IndexShare one "
                               "scoring pass serves a group of layers",
@@ -386,7 +387,7 @@ class HierarchicalConfig(_IndexFields):
     pool_block: int = 8
     refresh_every: int = 4
 
-    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING, SHARES_SELECTION = (TOKEN,), "selected", 80, "latent", True
+    SLOTS, FAMILY, CARD_ORDER, CACHE_SHARING, SHARES_SELECTION, SELECTS = (TOKEN,), "selected", 80, "latent", True, True
     CARD = Card(name="Selected entries, two levels (DeepSeek-V4.1-Flash hierarchical indexer)", **SELECTION_CARD,
                 reading_costs="a scoring pass over all L in the group's first layer and over a pool of up to "
                               "16,384 candidates in every fourth, then 512 entries",
@@ -428,6 +429,7 @@ class HierarchicalConfig(_IndexFields):
 
 class SelectionAttention(nn.Module):
     """MLA whose queries each read only a selection of the cache (dsa or hierarchical)."""
+    selection_scores = latent_selection_scores  # the probe's protocol (SELECTS)
 
     def __init__(self, cfg: DSAConfig | HierarchicalConfig):
         super().__init__()

@@ -57,6 +57,7 @@ from storelab.ops.rope import apply_rope
 from storelab.state import KVCache, append_rows
 from storelab.stores.attention import Attention, AttentionConfig
 from storelab.stores.base import DTYPE_BYTES, Card, Footprint, ParamCount, add_loss, check_input, emit, register
+from storelab.stores.selection_scores import block_selection_scores
 
 __all__ = ["MsaConfig", "MsaCache", "BlockSparseAttention"]
 
@@ -82,7 +83,7 @@ class MsaConfig(AttentionConfig):
     include_first_block: bool = False    # always read block 0 (the attention sink)
     index_head_dim: int = 128
 
-    FAMILY, CARD_ORDER, MIX_LABEL = "selected", 90, ""
+    FAMILY, CARD_ORDER, MIX_LABEL, SELECTS = "selected", 90, "", True
     CARD = Card(
         name="Selected entries, blocks (MiniMax MSA)",
         written_by="each token of the context",
@@ -131,6 +132,8 @@ class MsaConfig(AttentionConfig):
 
 class BlockSparseAttention(Attention):
     """GQA attention whose groups read only their selected blocks (see the module docstring)."""
+
+    selection_scores = block_selection_scores  # the probe's protocol (SELECTS)
 
     def __init__(self, cfg: MsaConfig):
         super().__init__(cfg)
