@@ -5,7 +5,7 @@ Probes: state_swap, keep_one, forgetting, mhc, selection (see ``storelab.probes`
 models are printed beside ours, as context: tiny models on synthetic tasks need not match.
 
 ``--checkpoint`` takes a ``storelab train`` run folder (the probes run on its task) or a model
-folder, Hugging Face or ``storelab save``: the probes run on text (``storelab.commands._probe_text``),
+folder, Hugging Face or ``storelab save``: the probes run on text (``storelab.probes.on_folder``),
 or on a synthetic ``--task`` when one is given. ``--stream`` reads a model folder's weights layer by
 layer during each call (``storelab.checkpoint.stream``: checkpoints larger than memory);
 ``forgetting --weights-only`` reads only the gate tensors (``storelab.probes.gate_weights``).
@@ -19,75 +19,13 @@ from pathlib import Path
 import typer
 
 from storelab import options as opt
-from storelab.commands._probe_text import MODEL_FOLDERS, OUT_FILES, open_text_model, run_text_probes, write_out
+from storelab.commands._probe_text import OUT_FILES, write_out
 from storelab.console import console, emit_json, table
 from storelab.outputs import KINDS, check_folder, folder_kind
+from storelab.probes.on_folder import MODEL_FOLDERS, open_text_model, run_text_probes
 from storelab.probes.prompts import load_records
 from storelab.probes.source import open_model
-
-
-def _sweep_rows(r: dict) -> list[list]:
-    """Per selecting layer and top-k multiplier: recall and mass missed at each context (short to long)."""
-    rows = [["contexts (last %d queries each)" % r["queries"], " / ".join(map(str, r["contexts"])), ""]]
-    for x in r["layers"]:
-        shares = "" if x["own_indexer"] else f", shares layer {x['owner']}"
-        name = f"layer {x['layer']} ({x['kind']}{shares})"
-        for m in r["topk"]:
-            pts = [p for p in x["points"] if p["topk_multiplier"] == m]
-            fmt = lambda k: " / ".join("-" if p[k] is None else f"{p[k]:.3f}" for p in pts)  # noqa: E731
-            rows += [[f"{name} recall, top {m * x['k']}", fmt("recall"), "-"],
-                     [f"{name} mass missed, top {m * x['k']}", fmt("mass_missed"), "-"]]
-    return rows
-
-
-def _rows(name: str, r: dict) -> list[list]:
-    """(figure, ours, essay) rows for one probe's result."""
-    e = r.get("essay", {})
-    if r.get("probe") == "selection_sweep":
-        return _sweep_rows(r)
-    if name == "state_swap":
-        lo_r, hi_r = e["recurrent_fraction"]
-        lo_c, hi_c = e["cache_fraction"]
-        return [["answer accuracy (prompt A)", r["answer_accuracy"], ""],
-                ["shift moved by all recurrent states", r["recurrent_fraction"], f"{lo_r:.1%} to {hi_r:.1%}"],
-                ["shift moved by all attention caches", r["cache_fraction"], f"{lo_c:.0%} to {hi_c:.0%}"],
-                ["answers flipped by the states", r["answers_flipped"]["recurrent"], ""],
-                ["answers flipped by the caches", r["answers_flipped"]["cache"], ""]] + [
-                [f"layer {x['layer']} ({x['kind']}) alone", x["fraction"], ""] for x in r.get("per_layer", [])]
-    if name == "keep_one":
-        p = r["paired"]
-        return [["retrieval, both stores", r["full"]["retrieval"], ""],
-                ["retrieval, cache only", r["cache_only"]["retrieval"], e["retrieval"]["cache_only"]],
-                ["retrieval, state only", r["state_only"]["retrieval"], e["retrieval"]["state_only"]],
-                ["compliance, both stores", r["full"]["compliance"], ""],
-                ["compliance, cache only", r["cache_only"]["compliance"], e["compliance"]["cache_only"]],
-                ["compliance, state only", r["state_only"]["compliance"], e["compliance"]["state_only"]],
-                ["paired: content from the cache's prompt", p["content_from_cache"], "most"],
-                ["paired: content from the state's prompt", p["content_from_state"], ""],
-                ["paired: language from the cache's prompt", p["language_from_cache"], ""],
-                ["paired: language from the state's prompt", p["language_from_state"], "most"]] + [
-                [f"persona, {c.replace('_', ' ')}", v, e["persona"].get(c, "")]
-                for c, v in r.get("persona", {}).items()]
-    if name == "forgetting":
-        return [["median half-life (tokens)", r["median_half_life"], e["median_half_life_tokens"]],
-                ["ranking stability (mean Spearman)", r["ranking_stability"], e["ranking"]],
-                ["KDA heads mixing fast and slow channels", r["kda_mixing_fraction"], e["kda_mixing_fraction"]]]
-    if name == "mhc":
-        ess = {"identity_first_half": e["identity_first_half"], "identity_second_half": e["identity_second_half"],
-               "average_first_half": e["average"], "average_second_half": e["average"]}
-        base = [["perplexity, as trained", r["base_perplexity"], ""]] if "base_perplexity" in r else []
-        return base + [[f"perplexity change, {k.replace('_', ' ')}", v["perplexity_change"], ess.get(k, "")]
-                       for k, v in r["conditions"].items()]
-    if name == "selection":
-        rows = [["miss rate (top-budget entries not selected)", r["miss_rate"], "-"],
-                ["top-1 entry missed", r["top1_miss"], "-"],
-                ["attention mass missed", r["mass_missed"], "-"],
-                ["selects the first block", r["first_block_rate"], "learned (sink)"]]
-        for x in r["layers"]:  # ours in the ours column; the essay gives no per-layer figure
-            rows += [[f"layer {x['layer']} ({x['kind']}) miss rate", x.get("miss_rate"), "-"],
-                     [f"layer {x['layer']} ({x['kind']}) selects the first block", x.get("first_block_rate"), "-"]]
-        return rows
-    return []
+from storelab.report.probe_rows import probe_rows
 
 
 def register(app: typer.Typer) -> None:
@@ -213,7 +151,7 @@ def register(app: typer.Typer) -> None:
             return
         for nm, r in results.items():
             console.print(table(f"probe {nm}: {net.cfg.name} on {on} (essay: {r['essay']['source']})",
-                                ["figure", "ours", "essay (large models)"], _rows(nm, r)))
+                                ["figure", "ours", "essay (large models)"], probe_rows(nm, r)))
         for nm, why in skipped.items():
             console.print(f"probe {nm}: skipped ({why})")
         if out is not None:

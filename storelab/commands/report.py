@@ -15,17 +15,25 @@ def register(app: typer.Typer) -> None:
     def report(out: Path = typer.Option(Path("report"), "--out", help="Folder for report.html, .md, .json and figures."),
                quick: bool = typer.Option(False, "--quick", help="Small sizes (about a minute)."),
                force: bool = opt.force(),
+               checkpoint: Path = typer.Option(None, "--checkpoint", help="A model folder (Hugging Face or storelab "
+                                               "save, with tokenizer.json): a section with its measurements."),
+               stream: bool = typer.Option(False, "--stream", help="With --checkpoint: read each layer's weights "
+                                           "during its call (checkpoints larger than memory)."),
                json_: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
         """The essay's claims beside what the code measures, as a self-contained HTML page."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         from storelab.outputs import check_folder
         from storelab.report import build_report
-        from storelab.report.build import FILES, default_sections
+        from storelab.report.build import FILES, check_checkpoint, default_sections
 
         with opt.user_errors():
             check_folder(out, "report", FILES, force=force)  # before the sections run
-        sections = default_sections()
+            if checkpoint is not None:
+                check_checkpoint(checkpoint)
+            elif stream:
+                raise ValueError("stream: --stream reads the model folder given as --checkpoint DIR")
+        sections = default_sections(checkpoint)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=console, disable=json_, transient=False) as prog:
             task = prog.add_task("report", total=len(sections))
@@ -33,7 +41,7 @@ def register(app: typer.Typer) -> None:
                 out, quick=quick, sections=sections,
                 on_start=lambda s: prog.update(task, description=f"section: {s.title}"),
                 on_end=lambda oc: prog.update(task, advance=1, description=f"{'done' if oc.ok else 'FAILED'}: {oc.section.title}"),
-                force=force)
+                force=force, checkpoint=checkpoint, stream=stream)
         failed = [oc.section.key for oc in outcomes if not oc.ok]
         if json_:
             emit_json({"report": str(paths["html"]), "markdown": str(paths["md"]), "json": str(paths["json"]),

@@ -81,6 +81,8 @@ class Context:
     out: Path
     quick: bool
     seed: int = 0
+    checkpoint: Path | None = None   # a model folder: the checkpoint section runs the probes on it
+    stream: bool = False             # read its layers' weights during their calls
 
 
 @dataclass

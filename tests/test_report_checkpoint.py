@@ -1,0 +1,61 @@
+"""``storelab report --checkpoint DIR``: the essay's trained-model claims measured on a model folder."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from storelab.cli import app
+from storelab.report import build_report
+from tests.helpers import write_tokenizer
+from tests.test_checkpoint import tiny_hf
+from tests.test_probe_text import VOCAB, corpus
+
+
+@pytest.fixture(scope="module")
+def kimi_folder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kimi_linear")
+    tiny_hf("kimi_linear", vocab_size=VOCAB).save_pretrained(d)
+    write_tokenizer(d, corpus(), vocab=VOCAB)
+    return d
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_checkpoint_section_measures_the_trained_model_claims(kimi_folder, tmp_path, stream):
+    from storelab.report.build import checkpoint_section_of
+
+    paths, outcomes = build_report(tmp_path / "r", quick=True, sections=[checkpoint_section_of(kimi_folder)],
+                                   checkpoint=kimi_folder, stream=stream)
+    (oc,) = outcomes
+    assert oc.ok, oc.error
+    claims = [c for c in oc.result.claims if c.section.startswith("checkpoint:")]
+    measured = {c.claim: c.measured for c in claims}
+    assert len(claims) == 8
+    # kimi_linear has KDA and MLA layers: the swap, keep-one and both forgetting figures are measured ...
+    for key in ("state swap moves", "states carry almost none", "caches alone", "states alone", "median half-life",
+                "KDA heads mix"):
+        (value,) = [v for k, v in measured.items() if key in k]
+        assert isinstance(value, float), (key, value)
+    # ... mHC's are not (no mHC in this family), with the reason
+    for c in claims:
+        if "mHC" in c.claim or "second half" in c.claim:
+            assert c.status == "not checkable" and "mhc did not run" in c.reason and "mHC" in c.reason
+    doc = json.loads(paths["json"].read_text())
+    assert any(c["section"].startswith("checkpoint:") for c in doc["ledger"])
+    assert oc.result.data["weights_only"]["read"]["bytes_read"] > 0
+
+
+def test_report_checkpoint_errors(tmp_path, kimi_folder):
+    import shutil
+
+    runner = CliRunner()
+    for args, msg in ((["--checkpoint", str(tmp_path / "nowhere")], "does not exist"),
+                      (["--stream"], "--stream reads the model folder")):
+        res = runner.invoke(app, ["report", "--out", str(tmp_path / "r"), *args], env={"COLUMNS": "300"})
+        assert res.exit_code == 2 and msg in res.output, res.output
+    bare = tmp_path / "bare"
+    shutil.copytree(kimi_folder, bare)
+    (bare / "tokenizer.json").unlink()
+    res = runner.invoke(app, ["report", "--out", str(tmp_path / "r"), "--checkpoint", str(bare)], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and "tokenizer.json: missing" in res.output, res.output
+    assert not (tmp_path / "r").exists()   # refused before any section ran or wrote
