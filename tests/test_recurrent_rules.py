@@ -35,7 +35,28 @@ def test_gate_parameter_names_are_the_checkpoints():
         cfg = build_store(dict(kind=kind, d_model=16, n_heads=2, head_k_dim=4))
         assert list(cfg.rule().params(cfg)) == names, kind
     fixed = build_store(dict(kind="linear_attention", d_model=16, n_heads=2, head_k_dim=4, decay="fixed")).build()
-    assert "log_decay" not in fixed.state_dict() and fixed.log_decay.shape == (2,)
+    g = fixed.rule.log_decay(fixed, torch.zeros(1, 3, 16))                    # RetNet's a_h = 1 - 2^(-5-h)
+    assert g.shape == (1, 3, 2) and torch.allclose(g[0, 0].exp(), torch.tensor([1 - 2**-5, 1 - 2**-6]))
+    assert not list(fixed.buffers())    # nothing a checkpoint would lack
+
+
+def test_a_fixed_decay_model_loads_with_its_decay(tmp_path):
+    """A model built on meta and filled from a checkpoint had the fixed decay as uninitialised memory
+    (a non-persistent buffer) until the decay was computed in the gate."""
+    from storelab.checkpoint import load, save
+    from storelab.models.config import ModelConfig
+    from storelab.models.model import Model
+
+    cfg = ModelConfig.from_dict({"name": "retnet-ish", "d_model": 32, "vocab_size": 64, "n_layers": 2, "stores": {
+        "la": {"kind": "linear_attention", "n_heads": 2, "head_k_dim": 16, "decay": "fixed"},
+        "ffn": {"kind": "ffn", "d_ff": 64}, "depth": {"kind": "residual"}},
+        "layers": [{"at": "all", "token": "la", "channel": "ffn", "depth": "depth"}]})
+    torch.manual_seed(0)
+    m = Model(cfg).eval()
+    save(m, tmp_path / "m")
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(load(tmp_path / "m")(ids)[0], m(ids)[0], rtol=0, atol=0)
 
 
 def test_parity_stores_come_from_the_registry():

@@ -202,17 +202,15 @@ class _RecurrentConfig(StoreConfig):
 
 
 # ---------------------------------------------------------------------------- linear attention
-def _fixed_decay_params(cfg) -> dict[str, Tensor]:
-    """RetNet's a_h = 1 - 2^(-5-h), kept as log a_h (a buffer, not saved)."""
-    return {"log_decay": torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(cfg.n_heads, dtype=torch.float32)))}
-
-
 def _fixed_log_decay(store, x_BTD: Tensor) -> Tensor:
-    return store.log_decay.expand(x_BTD.shape[0], x_BTD.shape[1], -1)                       # B T H
+    """RetNet's a_h = 1 - 2^(-5-h) as log a_h, computed at each call (H numbers): a constant kept as a
+    buffer would be missing from every checkpoint, and a model built on ``meta`` could not fill it."""
+    h = torch.arange(store.cfg.n_heads, dtype=torch.float32, device=x_BTD.device)
+    return torch.log1p(-torch.pow(2.0, -5.0 - h)).expand(x_BTD.shape[0], x_BTD.shape[1], -1)    # B T H
 
 
 LINEAR_ATTENTION = Rule(op=linear_attention)
-LINEAR_ATTENTION_FIXED_DECAY = Rule(op=linear_attention, params=_fixed_decay_params, log_decay=_fixed_log_decay)
+LINEAR_ATTENTION_FIXED_DECAY = Rule(op=linear_attention, log_decay=_fixed_log_decay)
 
 
 @register("linear_attention")

@@ -51,9 +51,11 @@ class Rule:
     op           the update, an op of ``storelab.ops`` called as ``op(q, k, v, *, [g,] [beta,] scale,
                  initial_state, output_final_state, chunk_size, mode)``; k and v carry the config's
                  ``writes`` axes ([B, T, H, K] for one write per token, [B, T, n, H, K] for n)
-    params       cfg -> the parameters the gates own, name -> module, ``nn.Parameter``, or a plain
-                 tensor (a non-persistent buffer), in registration order: the names are the
-                 checkpoints' keys and the order that of the optimizer's state, so neither moves
+    params       cfg -> the parameters the gates own, name -> module or ``nn.Parameter``, in
+                 registration order: the names are the checkpoints' keys and the order that of the
+                 optimizer's state, so neither moves. No plain tensors: a constant kept as a buffer
+                 is in no checkpoint, and a model built on ``meta`` to be loaded could not fill it
+                 (compute such constants in the gate, from the config)
     beta         the write step, [B, T, (n,) HV], or None (additive writes: linear attention)
     log_decay    g <= 0, [B, T, HV] per head or [B, T, H, K] per key channel, or None (no decay)
     output_gate  [B, T, HV, V], multiplies the normed output, or None
@@ -89,10 +91,10 @@ class RecurrentStore(nn.Module):
         self.o_norm = nn.Parameter(torch.ones(V))
         self.o_proj = nn.Linear(HV * V, D, bias=False)
         for name, p in rule.params(cfg).items():
-            if isinstance(p, (nn.Module, nn.Parameter)):
-                setattr(self, name, p)
-            else:
-                self.register_buffer(name, p, persistent=False)
+            if not isinstance(p, (nn.Module, nn.Parameter)):
+                raise TypeError(f"Rule.params: {name} is a {type(p).__name__}; a rule owns modules and parameters "
+                                f"only (compute constants in its gate)")
+            setattr(self, name, p)
         # the gates the op takes, by its keyword names; fla's kernel of the rule (op name -> kernel), if any
         self._gates = tuple((kw, gate) for kw, gate in (("g", rule.log_decay), ("beta", rule.beta)) if gate is not None)
         self._fla = fla_dispatch.fla_kernels([rule.fla]) if rule.fla is not None and cfg.mode == "chunk" else {}
