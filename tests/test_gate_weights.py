@@ -95,3 +95,36 @@ def test_weights_only_command(folder, tmp_path):
     assert "half-life at x = 0 per head" in res.output
     bad = CliRunner().invoke(app, ["probe", "mhc", "--checkpoint", str(d), "--weights-only"])
     assert bad.exit_code == 2 and "only the forgetting probe" in bad.output
+
+
+def test_planted_gates_give_a_known_share_of_mixing_heads(folder, tmp_path):
+    """Kimi Linear's KDA gate at x = 0 is g_k = -exp(A_log) softplus(dt_bias_k). With A_log = 0, a
+    channel with dt_bias = 5 keeps exp(-5) a token (a thousandth within 64 tokens), one with -10 keeps
+    all but 5e-5. Heads 0 and 2 of every KDA layer get one fast channel among slow ones (they mix),
+    head 1 only fast channels and head 3 only slow ones (neither mixes): half of the heads mix."""
+    import shutil
+
+    src = folder("kimi_linear")
+    d = tmp_path / "planted"
+    shutil.copytree(src, d)
+    path = d / "model.safetensors"
+    tensors = load_file(path)
+    planted = 0
+    for name, t in tensors.items():
+        if name.endswith("A_log"):
+            tensors[name] = torch.zeros_like(t)
+        elif name.endswith("dt_bias"):
+            H = 4
+            bias = torch.full((H, t.numel() // H), -10.0)
+            bias[0, 0] = bias[2, 3] = 5.0
+            bias[1] = 5.0
+            tensors[name] = bias.reshape(t.shape).to(t.dtype)
+            planted += 1
+    assert planted
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    r = gate_spectra(d)
+    assert r["kda_mixing_fraction"] == 0.5
+    for lay in r["layers"]:
+        if lay["decay"] == "per channel":
+            assert [h["mixes"] for h in lay["heads"]] == [True, False, True, False]
+    assert forgetting(load(d), make_task("dictionary", "tiny"), n=2)["kda_mixing_fraction"] == 0.5
