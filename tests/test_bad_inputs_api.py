@@ -159,7 +159,7 @@ def test_bench_errors_are_not_shown_as_the_peer(capsys):
 
 # -- output that misled --------------------------------------------------------------------------------
 def test_probe_selection_rows_keep_ours_in_our_column():
-    from storelab.commands.probe import _rows
+    from storelab.report.probe_rows import probe_rows as _rows
 
     r = {"miss_rate": 0.1, "top1_miss": 0.0, "mass_missed": 0.2, "first_block_rate": 0.9, "essay": {},
          "layers": [{"layer": 3, "kind": "dsa", "miss_rate": 0.25, "first_block_rate": 0.75}]}
