@@ -86,7 +86,7 @@ def test_failing_section_is_shown_and_others_render(tmp_path):
 def test_cli_exit_code_nonzero_on_failure(tmp_path, monkeypatch):
     import storelab.report.build as build
 
-    monkeypatch.setattr(build, "default_sections", lambda: [Section("bad", "Bad", lambda ctx: 1 / 0)])
+    monkeypatch.setattr(build, "default_sections", lambda checkpoint=None: [Section("bad", "Bad", lambda ctx: 1 / 0)])
     r = CliRunner().invoke(app, ["report", "--quick", "--out", str(tmp_path), "--json"])
     assert r.exit_code == 1
     doc = json.loads(r.stdout)
