@@ -91,6 +91,12 @@ __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "
 SCORE_BUDGET = 1 << 17  # indexer logits made at once (a few queries by one block of entries)
 SCORE_BLOCK = 1024      # entries per block of the indexer's running top-k (its cost per query row amortised)
 READ_BUDGET = 1 << 17   # numbers of one masked part, one gathered selection or one decoded block
+# queries of one read chunk at the least, in training: HCA's part over the entries completed inside a call
+# grows with the call (T / stride entries a query), so the budget alone shrinks the chunk as 1 / T, and the
+# number of checkpointed chunks, each decoding every entry again in forward and backward, grows with T.
+# Measured (tiny deepseek-v4-pro, one training step, B = 1): at 16,384 tokens 21.5 s and 2.08 GB above the
+# process's base, was 72.6 s and 3.02 GB. Inference keeps the budget (a long prompt arrives in chunks).
+MIN_TRAIN_READ_QUERIES = 256
 
 
 # --- configs -------------------------------------------------------------------------
@@ -386,12 +392,12 @@ class CompressedAttention(nn.Module):
         k = 0 if picks is None else picks[0].shape[-1]
         n_new = 0 if cfg.indexed else T // cfg.stride + 1
         per_query = B * (H * (cfg.window + k + n_new) + (cfg.window + k) * C)   # logits and gathered numbers
-        step = max(1, READ_BUDGET // per_query)
+        # training: each chunk's scores are recomputed in backward, not kept (HCA's would be T x T / stride)
+        train = torch.is_grad_enabled() and q_BTHK.requires_grad
+        step = max(MIN_TRAIN_READ_QUERIES if train else 1, READ_BUDGET // per_query)
         outs = []
         q_chunks = q_BTHK.split(step, dim=1)  # split, not sliced: a slice's backward zero-fills a whole q
         old_chunks = None if old is None else zip(old[0].split(step, dim=1), old[1].split(step, dim=2))
-        # training: each chunk's scores are recomputed in backward, not kept (HCA's would be T x T / stride)
-        train = torch.is_grad_enabled() and q_BTHK.requires_grad
         for i, a in enumerate(range(0, T, step)):
             b = min(T, a + step)
             sel = None if picks is None else (picks[0][:, a:b], picks[1][:, a:b])
