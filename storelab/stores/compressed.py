@@ -91,11 +91,8 @@ __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "
 SCORE_BUDGET = 1 << 17  # indexer logits made at once (a few queries by one block of entries)
 SCORE_BLOCK = 1024      # entries per block of the indexer's running top-k (its cost per query row amortised)
 READ_BUDGET = 1 << 17   # numbers of one masked part, one gathered selection or one decoded block
-# queries of one read chunk at the least, in training: HCA's part over the entries completed inside a call
-# grows with the call (T / stride entries a query), so the budget alone shrinks the chunk as 1 / T, and the
-# number of checkpointed chunks, each decoding every entry again in forward and backward, grows with T.
-# Measured (tiny deepseek-v4-pro, one training step, B = 1): at 16,384 tokens 21.5 s and 2.08 GB above the
-# process's base, was 72.6 s and 3.02 GB. Inference keeps the budget (a long prompt arrives in chunks).
+# training reads at least this many queries a chunk: HCA's budget alone shrinks the chunk as 1 / T (a query
+# reads T / stride entries completed in the call), and every chunk decodes them all again (docs/bench.md)
 MIN_TRAIN_READ_QUERIES = 256
 
 
