@@ -91,7 +91,7 @@ __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "
 SCORE_BUDGET = 1 << 17  # indexer logits made at once (a few queries by one block of entries)
 SCORE_BLOCK = 1024      # entries per block of the indexer's running top-k (its cost per query row amortised)
 READ_BUDGET = 1 << 17   # numbers of one masked part, one gathered selection or one decoded block
-MIN_TRAIN_READ_QUERIES = 256  # queries a training read chunk has at least: HCA's budget alone gives 1 / T (docs/bench.md)
+MIN_TRAIN_READ_QUERIES = 256  # a training read chunk's least queries (HCA's budget alone gives 1 / T: docs/bench.md)
 
 
 # --- configs -------------------------------------------------------------------------
