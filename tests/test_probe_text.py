@@ -184,6 +184,16 @@ def test_document_probes_on_a_model_folder_read_the_shipped_prose(model_type, na
     assert (tmp_path / "out" / f"{name}.png").stat().st_size > 0
 
 
+def test_swap_position_and_decode_from_the_command_line(folder):
+    _, d = folder("qwen3_5_text")
+    res = probe("state_swap", "--checkpoint", str(d), "--n", "2", "--position", "0", "--decode", "--json")
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout)["results"]["state_swap"]
+    assert r["position"] == 0 and r["decode"] is True
+    res = probe("state_swap", "--checkpoint", str(d), "--n", "2", "--position", "10000")
+    assert res.exit_code == 2 and "position: 10000 is outside" in res.output, res.output
+
+
 def test_folder_errors_and_safe_outputs(folder, tmp_path):
     import shutil
 
