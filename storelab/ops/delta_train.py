@@ -33,17 +33,34 @@ Shape legend: N chunks, BH batch x (value) heads, C chunk size, K key width, V v
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from storelab.ops.delta_reference import _from_chunks, _to_chunks
 
 __all__ = ["chunk_train", "fits_factored", "neumann_doubling", "training_chunk"]
 
+# The chunks are processed in groups whose chunk-sized tensors hold about this many numbers (256 KiB in
+# fp32): all of a group's work is done together, while its tensors are in cache (see docs/bench.md)
+GROUP_FLOATS = 1 << 16
 
-def _chunks(x: Tensor, C: int) -> Tensor:
-    """[B, T, H, *D] -> [N, B*H, C, D], contiguous (``_to_chunks`` may answer a strided view when B = 1;
-    products on those would copy matrix by matrix)."""
-    return _to_chunks(x, C).contiguous()
+
+def _chunks(x: Tensor, C: int, scale: float | None = None) -> Tensor:
+    """[B, T, H, *D] -> [N, B*H, C, D] (times ``scale``), contiguous, in one pass over x, zero padded to
+    whole chunks (``_to_chunks`` may answer a strided view; products on those copy matrix by matrix)."""
+    if x.dim() == 3:
+        x = x[..., None]
+    B, T, H, D = x.shape
+    N = -(-T // C)
+    if N * C != T:
+        x = F.pad(x, (0, 0, 0, 0, 0, N * C - T))
+    src = x.view(B, N, C, H, D).permute(1, 0, 3, 2, 4)                                # N B H C D (strided)
+    out = x.new_empty(N, B * H, C, D)
+    if scale is None:
+        out.view(N, B, H, C, D).copy_(src)
+    else:
+        torch.mul(src, scale, out=out.view(N, B, H, C, D))
+    return out
 
 
 def fits_factored(g: Tensor, C: int) -> bool:
@@ -71,16 +88,6 @@ def training_chunk(g: Tensor | None, chunk_size: int, key_dim: int) -> int:
     return C
 
 
-def _decays(g: Tensor | None, N: int, BH: int, C: int, D: int, like: Tensor):
-    """G [N, BH, C, D] (cumulative), exp(G), exp(G_C - G), exp(G_C) [N, BH, D, 1]."""
-    if g is None:
-        G = like.new_zeros(N, BH, C, D)
-    else:
-        G = _chunks(g, C).cumsum(2)
-    GC = G[:, :, -1:]                                                                 # N BH 1 D
-    return G, G.exp(), (GC - G).exp(), GC.exp().transpose(-1, -2)
-
-
 class _Scores:
     """(X Y^T * Gamma) for rows X and keys Y of one chunk, and its gradient: per head pairwise, per
     channel factored through the chunk's mid decay (module docstring)."""
@@ -97,11 +104,11 @@ class _Scores:
             diff = G - G.transpose(-1, -2)                                            # N BH C C: G_i - G_j
             self.gamma = torch.where(causal, diff, float("-inf")).exp()
 
-    def __call__(self, X: Tensor, Y: Tensor, strict: bool) -> Tensor:
+    def __call__(self, X: Tensor, Y: Tensor, strict: bool, out: Tensor | None = None) -> Tensor:
         if self.per_channel:
-            P = _mm(X * self.fx, (Y * self.fy).transpose(-1, -2))
+            P = _mm(X * self.fx, (Y * self.fy).transpose(-1, -2), out)
             return P.masked_fill_(~self.mask if not strict else ~self.mask.tril(-1), 0.0)
-        P = _mm(X, Y.transpose(-1, -2)).mul_(self.gamma)
+        P = _mm(X, Y.transpose(-1, -2), out).mul_(self.gamma)
         return P.tril_(-1) if strict else P
 
     def backward(self, dP: Tensor, P: Tensor, X: Tensor, Y: Tensor, dG: Tensor) -> tuple[Tensor, Tensor]:
@@ -117,11 +124,14 @@ class _Scores:
         return _mm(dPg, Y), _mm(dPg.transpose(-1, -2), X)
 
 
-def _mm(a: Tensor, b: Tensor) -> Tensor:
+def _mm(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
     """a @ b for [N, BH, m, n] x [N, BH, n, p] as one bmm over N * BH (operands may be transposed views:
-    bmm reads them in place, where ``@`` on 4-d operands would copy them)."""
-    N, BH = a.shape[:2]
-    return torch.bmm(a.flatten(0, 1), b.flatten(0, 1)).view(N, BH, a.shape[2], b.shape[3])
+    bmm reads them in place, where ``@`` on 4-d operands would copy them), into ``out`` if given."""
+    N, BH, m, p = *a.shape[:3], b.shape[3]
+    if out is None:
+        return torch.bmm(a.flatten(0, 1), b.flatten(0, 1)).view(N, BH, m, p)
+    torch.bmm(a.flatten(0, 1), b.flatten(0, 1), out=out.view(N * BH, m, p))
+    return out
 
 
 def neumann_doubling(X: Tensor, inv: Tensor) -> Tensor:
@@ -135,28 +145,26 @@ def neumann_doubling(X: Tensor, inv: Tensor) -> Tensor:
     return inv
 
 
-def _unit_lower_inverse(A: Tensor, block: int = 16) -> Tensor:
-    """(I + A)^-1 for strictly lower A [..., C, C] by products (batched LAPACK solves of many small systems
-    are slow, and under a loaded machine's threads much slower). Diagonal blocks of size b: the Neumann
-    series of the nilpotent block, (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; then block substitution,
-    T[r, :r] = -T[r, r] A[r, :r] T[:r, :r]."""
-    shape, C = A.shape, A.shape[-1]
+def _unit_lower_inverse(A: Tensor, out: Tensor, block: int = 16) -> Tensor:
+    """(I + A)^-1 for strictly lower A [..., C, C], into ``out``, by products (batched LAPACK solves of many
+    small systems are slow, and under a loaded machine's threads much slower). Diagonal blocks of size b:
+    the Neumann series of the nilpotent block, (I + X)^-1 = (I - X)(I + X^2)(I + X^4)...; then block
+    substitution, T[r, :r] = -T[r, r] A[r, :r] T[:r, :r]."""
+    C = A.shape[-1]
     b = block if C % block == 0 else C
     n = C // b
     A = A.reshape(-1, C, C)
     M = A.shape[0]
     X = torch.diagonal(A.view(M, n, b, n, b), dim1=1, dim2=3).permute(0, 3, 1, 2).tril(-1).reshape(M * n, b, b)
-    inv = neumann_doubling(X, torch.eye(b, dtype=A.dtype, device=A.device) - X)
-    if n == 1:
-        return inv.view(shape)
-    inv = inv.view(M, n, b, b)
-    T = A.new_zeros(M, C, C)
-    for r in range(n):
+    inv = neumann_doubling(X, torch.eye(b, dtype=A.dtype, device=A.device) - X).view(M, n, b, b)
+    T = out.view(M, C, C)
+    for r in range(n):  # every entry written once: the diagonal block, the row left of it, zeros right of it
         rows = slice(r * b, (r + 1) * b)
         T[:, rows, rows] = inv[:, r]
+        T[:, rows, (r + 1) * b:] = 0.0
         if r:
-            T[:, rows, : r * b] = -torch.bmm(inv[:, r], torch.bmm(A[:, rows, : r * b], T[:, : r * b, : r * b]))
-    return T.view(shape)
+            T[:, rows, : r * b] = torch.bmm(inv[:, r], torch.bmm(A[:, rows, : r * b], T[:, : r * b, : r * b])).neg_()
+    return out
 
 
 def _reduce(x: Tensor, D: int) -> Tensor:
@@ -164,112 +172,157 @@ def _reduce(x: Tensor, D: int) -> Tensor:
     return x if D > 1 else x.sum(-1, keepdim=True)
 
 
+def _groups(N: int, per_chunk: int) -> list[slice]:
+    """The chunks in groups whose chunk-sized tensors hold about ``GROUP_FLOATS`` numbers each."""
+    n = max(1, GROUP_FLOATS // max(per_chunk, 1))
+    return [slice(i, min(N, i + n)) for i in range(0, N, n)]
+
+
+class _GroupDecays:
+    """One group's decay factors from its cumulative log decays G [n, BH, C, D]: exp(G), exp(G_C - G),
+    exp(G_C) [n, BH, D, 1] and the scores (``_Scores``); made afresh in forward and backward."""
+
+    def __init__(self, G: Tensor, per_channel: bool):
+        GC = G[:, :, -1:]
+        self.eG, self.eK = G.exp(), (GC - G).exp_()
+        self.eGC = GC.exp().transpose(-1, -2)
+        self.sc = _Scores(G, per_channel)
+
+
 class _DeltaChunks(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, S0, scale: float, C: int, per_channel: bool):
         B, T, H, K = q.shape
         V = v.shape[-1]
-        Q, Kc, Vc = _chunks(q * scale, C), _chunks(k, C), _chunks(v, C)       # N BH C K|V
+        Q, Kc, Vc = _chunks(q, C, scale), _chunks(k, C), _chunks(v, C)                # N BH C K|V
         N, BH = Q.shape[:2]
         D = K if per_channel else 1
-        G, eG, eK, eGC = _decays(g, N, BH, C, D, Q)
-        sc = _Scores(G, per_channel)
-        M = sc(Q, Kc, strict=False)                                                   # N BH C C
-        Kd = Kc * eK                                                                  # keys decayed to the chunk end
-        S_all = Q.new_empty(N + 1, BH, K, V)
+        G = Q.new_zeros(N, BH, C, D) if g is None else _chunks(g, C).cumsum_(2)       # N BH C D
+        M = Q.new_empty(N, BH, C, C)
+        S_all = Q.new_empty(N + 1, BH, K, V)                                          # the state entering chunk n
         S_all[0] = 0.0 if S0 is None else S0.reshape(BH, K, V)
+        o = Q.new_empty(B, T, H, V)
         if beta is not None:
-            b = _chunks(beta, C)                                                   # N BH C 1
-            Kb = Kc * b
-            A = sc(Kb, Kc, strict=True)
-            Tm = _unit_lower_inverse(A)                                                # N BH C C
-            bV, bKe = Vc * b, Kb * eG
-            Vn, W = _mm(Tm, bV), _mm(Tm, bKe)                                          # U, made V_new in place
+            b = _chunks(beta, C)                                                      # N BH C 1
+            A, Tm, W, Vn = (Q.new_empty(N, BH, C, d) for d in (C, C, K, V))
         else:
-            b = A = Tm = W = Kb = bV = bKe = None
+            b = A = Tm = W = None
             Vn = Vc
-        KdT = Kd.transpose(-1, -2).contiguous()
-        for n in range(N):  # in place on the buffers: an out= product would copy its addend first
-            S = S_all[n]
-            if beta is not None:
-                Vn[n].baddbmm_(W[n], S, alpha=-1)                                     # V_new = U - W S
-            torch.mul(S, eGC[n], out=S_all[n + 1]).baddbmm_(KdT[n], Vn[n])
-        Qg = Q * eG
-        O = torch.baddbmm(_mm(M, Vn).flatten(0, 1), Qg.flatten(0, 1), S_all[:-1].flatten(0, 1)).view(N, BH, C, V)
-        ctx.save_for_backward(Q, Kc, Vc, G, eG, eK, eGC, M, Kd, S_all, b, A, Tm, W, Vn, Kb, bV, bKe)
-        ctx.sc, ctx.shape, ctx.scale = sc, (B, T, H, K, V, C, D), scale
+        for sl in _groups(N, BH * C * max(K, V, C)):
+            dec = _GroupDecays(G[sl], per_channel)
+            Qs, Ks = Q[sl], Kc[sl]
+            dec.sc(Qs, Ks, strict=False, out=M[sl])
+            if b is not None:
+                Kb = Ks * b[sl]
+                dec.sc(Kb, Ks, strict=True, out=A[sl])
+                _unit_lower_inverse(A[sl], out=Tm[sl])
+                _mm(Tm[sl], Vc[sl] * b[sl], out=Vn[sl])                               # U, made V_new in place
+                _mm(Tm[sl], Kb.mul_(dec.eG), out=W[sl])
+            KdT = (Ks * dec.eK).transpose(-1, -2).contiguous()                        # keys decayed to the chunk end
+            for i, n in enumerate(range(sl.start, sl.stop)):  # in place: an out= product copies its addend first
+                S = S_all[n]
+                if b is not None:
+                    Vn[n].baddbmm_(W[n], S, alpha=-1)                                 # V_new = U - W S
+                torch.mul(S, dec.eGC[i], out=S_all[n + 1]).baddbmm_(KdT[i], Vn[n])
+            Os = _mm(M[sl], Vn[sl]).flatten(0, 1).baddbmm_((Qs * dec.eG).flatten(0, 1), S_all[sl].flatten(0, 1))
+            t0, t1 = sl.start * C, min(T, sl.stop * C)
+            o[:, t0:t1] = _from_chunks(Os.view(-1, BH, C, V), B, t1 - t0)
+        ctx.save_for_backward(Q, Kc, Vc, G, S_all, M, Vn, b, A, Tm, W)
+        ctx.shape, ctx.scale, ctx.per_channel = (B, T, H, K, V, C, D), scale, per_channel
         ctx.has = (g is not None, beta is not None, S0 is not None)
-        return _from_chunks(O, B, T).contiguous(), S_all[-1].view(B, H, K, V).clone()
+        return o, S_all[-1].view(B, H, K, V).clone()
 
     @staticmethod
     def backward(ctx, do, dS_final):
-        Q, Kc, Vc, G, eG, eK, eGC, M, Kd, S_all, b, A, Tm, W, Vn, Kb, bV, bKe = ctx.saved_tensors
         B, T, H, K, V, C, D = ctx.shape
         has_g, has_beta, has_S0 = ctx.has
-        sc = ctx.sc
+        Q = ctx.saved_tensors[0]
         N, BH = Q.shape[:2]
-        dO = _chunks(do.to(Q.dtype), C)                               # N BH C V (do may be expanded)
-        Qg = Q * eG
-        dVn = _mm(M.transpose(-1, -2), dO)                                           # N BH C V: M^T dO, then dV_new
-        # dS_all[n] is the gradient on the state entering chunk n: Qg^T dO, then the recursion in place;
-        # dS_all[N] the final state's
-        dS_all = Q.new_empty(N + 1, BH, K, V)
-        torch.bmm(Qg.transpose(-1, -2).flatten(0, 1), dO.flatten(0, 1), out=dS_all[:N].flatten(0, 1))
-        if dS_final is None:
-            dS_all[N] = 0.0
-        else:
-            dS_all[N] = dS_final.reshape(BH, K, V)
-        WT = None if W is None else W.transpose(-1, -2).contiguous()
-        for n in range(N - 1, -1, -1):  # the one sequential recursion
-            dS = dS_all[n + 1]
-            dVn[n].baddbmm_(Kd[n], dS)                                                # dV_new
-            nxt = dS_all[n].addcmul_(eGC[n], dS)
-            if WT is not None:
-                nxt.baddbmm_(WT[n], dVn[n], alpha=-1)
-        dS, dS_after = dS_all[0], dS_all[1:]
-        S_in = S_all[:-1]
-        dG = torch.zeros_like(G)
-        dQg = _mm(dO, S_in.transpose(-1, -2))                                          # N BH C K
-        dG.add_(_reduce(dQg * Qg, D))
-        dM = _mm(dO, Vn.transpose(-1, -2))                                            # N BH C C
-        if sc.per_channel:
-            dM.masked_fill_(~sc.mask, 0.0)
-        dQ, dK = sc.backward(dM, M, Q, Kc, dG)
-        dQ.add_(dQg.mul_(eG))
-        dKd = _mm(Vn, dS_after.transpose(-1, -2))                                       # N BH C K
-        y = dKd * Kd
-        dK.add_(dKd.mul_(eK))
-        dG.sub_(_reduce(y, D))
-        dGC = y.sum(2, keepdim=True) + (dS_after * S_in).sum(-1)[:, :, None] * eGC.transpose(-1, -2)  # N BH 1 D
-        if not sc.per_channel:
-            dGC = dGC.sum(-1, keepdim=True)
-        if has_beta:
-            dW = _mm(dVn, S_in.transpose(-1, -2)).neg_()                                     # N BH C K
-            TT = Tm.transpose(-1, -2)
-            dT = _mm(dVn, bV.transpose(-1, -2)).add_(_mm(dW, bKe.transpose(-1, -2)))      # N BH C C
-            dbV, dbKe = _mm(TT, dVn), _mm(TT, dW)
-            dA = _mm(_mm(TT, dT), TT).neg_().tril_(-1)
-            if sc.per_channel:
-                dA.masked_fill_(~sc.mask.tril(-1), 0.0)
-            dKb, dK2 = sc.backward(dA, A, Kb, Kc, dG)
-            dK.add_(dK2)
-            dG.add_(_reduce(dbKe * bKe, D))
-            dKb.add_(dbKe.mul_(eG))
-            dK.add_(dKb * b)
-            db = (dKb * Kc).sum(-1, keepdim=True) + (dbV * Vc).sum(-1, keepdim=True)
-            dV = dbV.mul_(b)
-        else:
-            dV, db = dVn, None
+        do = do.to(Q.dtype)
+        dq, dk = Q.new_empty(B, T, H, K), Q.new_empty(B, T, H, K)
+        dv = Q.new_empty(B, T, H, V)
+        dg = Q.new_empty(B, T, H, D) if has_g else None
+        db = Q.new_empty(B, T, H, 1) if has_beta else None
+        carry = Q.new_zeros(BH, K, V) if dS_final is None else dS_final.reshape(BH, K, V).to(Q.dtype)
+        for sl in reversed(_groups(N, BH * C * max(K, V, C))):  # the state's gradient flows back, group to group
+            carry = _backward_group(ctx, sl, do, carry, (dq, dk, dv, dg, db))
+        dS0 = carry.view(B, H, K, V) if has_S0 else None
+        return (dq, dk, dv, None if dg is None else (dg if D > 1 else dg[..., 0]),
+                None if db is None else db[..., 0], dS0, None, None, None)
+
+
+def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) -> Tensor:
+    """The backward of the chunks ``sl``, given dS_out, the gradient on the state leaving the group: writes
+    this group's rows of dq, dk, dv, dg, dbeta (``grads``, [B, T, H, *]); returns the gradient on the state
+    entering the group. All of a group's work is done together, while its tensors are in cache."""
+    Q, Kc, Vc, G, S_all, M, Vn, b, A, Tm, W = ctx.saved_tensors
+    B, T, H, K, V, C, D = ctx.shape
+    per_channel = ctx.per_channel
+    dq, dk, dv, dg, dbeta = grads
+    BH, n = Q.shape[1], sl.stop - sl.start
+    t0, t1 = sl.start * C, min(T, sl.stop * C)
+    dO = _chunks(do[:, t0:t1], C)                                                    # n BH C V (do may be expanded)
+    Qs, Ks, Vs, Ms, Vns, S_in = Q[sl], Kc[sl], Vc[sl], M[sl], Vn[sl], S_all[sl]
+    dec = _GroupDecays(G[sl], per_channel)
+    sc = dec.sc
+    Qg, Kd = Qs * dec.eG, Ks * dec.eK
+    dVn = _mm(Ms.transpose(-1, -2), dO)                                               # M^T dO, then dV_new
+    # dS_loc[i]: the gradient on the state entering the group's chunk i (Qg^T dO, then the recursion in
+    # place); dS_loc[n] the one leaving the group
+    dS_loc = Q.new_empty(n + 1, BH, K, V)
+    torch.bmm(Qg.transpose(-1, -2).flatten(0, 1), dO.flatten(0, 1), out=dS_loc[:n].flatten(0, 1))
+    dS_loc[n] = dS_out
+    WT = None if W is None else W[sl].transpose(-1, -2).contiguous()
+    for i in range(n - 1, -1, -1):  # the one sequential recursion
+        dS = dS_loc[i + 1]
+        dVn[i].baddbmm_(Kd[i], dS)                                                    # dV_new
+        nxt = dS_loc[i].addcmul_(dec.eGC[i], dS)
+        if WT is not None:
+            nxt.baddbmm_(WT[i], dVn[i], alpha=-1)
+    dS_after = dS_loc[1:]
+    dG = torch.zeros_like(G[sl])
+    dQg = _mm(dO, S_in.transpose(-1, -2))                                             # n BH C K
+    dG.add_(_reduce(dQg * Qg, D))
+    dM = _mm(dO, Vns.transpose(-1, -2))                                               # n BH C C
+    if per_channel:
+        dM.masked_fill_(~sc.mask, 0.0)
+    dQ, dK = sc.backward(dM, Ms, Qs, Ks, dG)
+    dQ.add_(dQg.mul_(dec.eG))
+    dKd = _mm(Vns, dS_after.transpose(-1, -2))                                        # n BH C K
+    y = dKd * Kd
+    dK.add_(dKd.mul_(dec.eK))
+    dG.sub_(_reduce(y, D))
+    dGC = y.sum(2, keepdim=True) + (dS_after * S_in).sum(-1)[:, :, None] * dec.eGC.transpose(-1, -2)  # n BH 1 D
+    if not per_channel:
+        dGC = dGC.sum(-1, keepdim=True)
+    if b is not None:
+        bs = b[sl]
+        Kb = Ks * bs
+        bV, bKe = Vs * bs, Kb * dec.eG
+        dW = _mm(dVn, S_in.transpose(-1, -2)).neg_()                                  # n BH C K
+        TT = Tm[sl].transpose(-1, -2)
+        dT = _mm(dVn, bV.transpose(-1, -2)).add_(_mm(dW, bKe.transpose(-1, -2)))      # n BH C C
+        dbV, dbKe = _mm(TT, dVn), _mm(TT, dW)
+        dA = _mm(_mm(TT, dT), TT).neg_().tril_(-1)
+        if per_channel:
+            dA.masked_fill_(~sc.mask.tril(-1), 0.0)
+        dKb, dK2 = sc.backward(dA, A[sl], Kb, Ks, dG)
+        dK.add_(dK2)
+        dG.add_(_reduce(dbKe * bKe, D))
+        dKb.add_(dbKe.mul_(dec.eG))
+        dK.add_(dKb * bs)
+        dbeta[:, t0:t1] = _from_chunks((dKb * Ks).sum(-1, keepdim=True).add_((dbV * Vs).sum(-1, keepdim=True)),
+                                       B, t1 - t0)
+        dV = dbV.mul_(bs)
+    else:
+        dV = dVn
+    torch.mul(_from_chunks(dQ, B, t1 - t0), ctx.scale, out=dq[:, t0:t1])
+    dk[:, t0:t1] = _from_chunks(dK, B, t1 - t0)
+    dv[:, t0:t1] = _from_chunks(dV, B, t1 - t0)
+    if dg is not None:
         dG[:, :, -1:] += dGC
-        dg = dG.flip(2).cumsum(2).flip(2) if has_g else None
-        dq = _from_chunks(dQ, B, T) * ctx.scale
-        dk, dv = _from_chunks(dK, B, T), _from_chunks(dV, B, T)
-        if dg is not None:
-            dg = _from_chunks(dg, B, T)
-            dg = dg if D > 1 else dg[..., 0]
-        dbeta = _from_chunks(db, B, T)[..., 0] if db is not None else None
-        dS0 = dS.view(B, H, K, V) if has_S0 else None
-        return dq, dk, dv, dg, dbeta, dS0, None, None, None
+        dg[:, t0:t1] = _from_chunks(dG.flip(2).cumsum(2).flip(2), B, t1 - t0)     # dg: reverse cumsum in the chunk
+    return dS_loc[0]
 
 
 def chunk_train(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None, S0: Tensor | None, *,
