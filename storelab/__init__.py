@@ -7,6 +7,7 @@ following the essay "Every Layer a Store" (2026).
 __version__ = "0.1.0"
 
 import storelab.zoo  # noqa: E402,F401  (registers the zoo's names for ``extends`` in model files)
+from storelab.allocator import keep_freed_memory  # noqa: E402,F401
 
 
 def __getattr__(name: str):

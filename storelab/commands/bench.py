@@ -282,6 +282,9 @@ def register(app: typer.Typer) -> None:
             import torch
 
             torch.set_num_threads(threads)
+        from storelab.allocator import keep_freed_memory
+
+        keep_freed_memory()  # both sides of every comparison run in this process, with the same allocator
         res = run_benches(which, quick=quick, repeats=repeats or None, models=models, length=length or None,
                           speed_length=speed_length or None, chunk=chunk or None, peer=not no_peer,
                           memory_chunk=memory_chunk or None)

@@ -88,42 +88,6 @@ def training_chunk(g: Tensor | None, chunk_size: int, key_dim: int) -> int:
     return C
 
 
-class _Scores:
-    """(X Y^T * Gamma) for rows X and keys Y of one chunk, and its gradient: per head pairwise, per
-    channel factored through the chunk's mid decay (module docstring)."""
-
-    def __init__(self, G: Tensor, per_channel: bool):
-        C = G.shape[2]
-        self.per_channel = per_channel
-        causal = torch.ones(C, C, dtype=torch.bool, device=G.device).tril()
-        if per_channel:
-            mid = 0.5 * G[:, :, -1:]
-            self.fx, self.fy = (G - mid).exp(), (mid - G).exp()                       # N BH C K
-            self.mask = causal
-        else:
-            diff = G - G.transpose(-1, -2)                                            # N BH C C: G_i - G_j
-            self.gamma = torch.where(causal, diff, float("-inf")).exp()
-
-    def __call__(self, X: Tensor, Y: Tensor, strict: bool, out: Tensor | None = None) -> Tensor:
-        if self.per_channel:
-            P = _mm(X * self.fx, (Y * self.fy).transpose(-1, -2), out)
-            return P.masked_fill_(~self.mask if not strict else ~self.mask.tril(-1), 0.0)
-        P = _mm(X, Y.transpose(-1, -2), out).mul_(self.gamma)
-        return P.tril_(-1) if strict else P
-
-    def backward(self, dP: Tensor, P: Tensor, X: Tensor, Y: Tensor, dG: Tensor) -> tuple[Tensor, Tensor]:
-        """dX, dY of P = (X Y^T * Gamma) (dP already masked like P); adds the decays' part to dG."""
-        if self.per_channel:
-            Xf, Yf = X * self.fx, Y * self.fy
-            dXf, dYf = _mm(dP, Yf), _mm(dP.transpose(-1, -2), Xf)                           # N BH C K
-            dG.add_(dXf * Xf).sub_(dYf * Yf)
-            return dXf.mul_(self.fx), dYf.mul_(self.fy)
-        dPg = dP * self.gamma
-        Xs = dP.mul_(P)                                                               # dGamma * Gamma (dP reused)
-        dG.add_(Xs.sum(-1, keepdim=True)).sub_(Xs.sum(-2)[..., None])
-        return _mm(dPg, Y), _mm(dPg.transpose(-1, -2), X)
-
-
 def _mm(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
     """a @ b for [N, BH, m, n] x [N, BH, n, p] as one bmm over N * BH (operands may be transposed views:
     bmm reads them in place, where ``@`` on 4-d operands would copy them), into ``out`` if given."""
@@ -178,15 +142,50 @@ def _groups(N: int, per_chunk: int) -> list[slice]:
     return [slice(i, min(N, i + n)) for i in range(0, N, n)]
 
 
-class _GroupDecays:
-    """One group's decay factors from its cumulative log decays G [n, BH, C, D]: exp(G), exp(G_C - G),
-    exp(G_C) [n, BH, D, 1] and the scores (``_Scores``); made afresh in forward and backward."""
+class _Group:
+    """One group of chunks: its decay factors from the cumulative log decays G [n, BH, C, D], and its scores
+    (X K^T * Gamma) against its keys K [n, BH, C, K] with their gradient, per head with Gamma formed pairwise
+    (C x C, exact at any decay), per channel factored through the chunk's mid decay (module docstring).
+    Made afresh in forward and backward. Per channel one exponential serves every factor: with
+    f = exp(G - G_C / 2) and h = exp(G_C / 2), exp(G) = f h, exp(G_C - G) = h / f and exp(G_C) = h^2."""
 
-    def __init__(self, G: Tensor, per_channel: bool):
+    def __init__(self, G: Tensor, keys: Tensor, per_channel: bool):
+        C = G.shape[2]
+        self.per_channel, self.keys = per_channel, keys
+        causal = torch.ones(C, C, dtype=torch.bool, device=G.device).tril()
+        self.above, self.on_above = ~causal, ~causal.tril(-1)                        # what the masks clear
         GC = G[:, :, -1:]
-        self.eG, self.eK = G.exp(), (GC - G).exp_()
-        self.eGC = GC.exp().transpose(-1, -2)
-        self.sc = _Scores(G, per_channel)
+        if per_channel:
+            h = (0.5 * GC).exp()                                                      # n BH 1 K
+            self.fx = (G - 0.5 * GC).exp_()                                           # n BH C K
+            self.fy = torch.reciprocal(self.fx)
+            self.eG, self.eK = self.fx * h, self.fy * h
+            self.eGC = (h * h).transpose(-1, -2)                                      # n BH K 1
+            self.kf = keys * self.fy                                                  # both scores' key factor
+        else:
+            self.eG, self.eK = G.exp(), (GC - G).exp_()
+            self.eGC = GC.exp().transpose(-1, -2)                                     # n BH 1 1
+            self.gamma = torch.where(causal, G - G.transpose(-1, -2), float("-inf")).exp_()  # exp(G_i - G_j)
+
+    def scores(self, X: Tensor, strict: bool, out: Tensor | None = None) -> Tensor:
+        """(X K^T * Gamma), lower triangular (strictly, if ``strict``)."""
+        if self.per_channel:
+            P = _mm(X * self.fx, self.kf.transpose(-1, -2), out)
+            return P.masked_fill_(self.on_above if strict else self.above, 0.0)
+        P = _mm(X, self.keys.transpose(-1, -2), out).mul_(self.gamma)
+        return P.tril_(-1) if strict else P
+
+    def scores_backward(self, dP: Tensor, P: Tensor, X: Tensor, dG: Tensor) -> tuple[Tensor, Tensor]:
+        """dX, dK of P = ``scores(X)`` (dP already masked like P; overwritten); adds the decays' part to dG."""
+        if self.per_channel:
+            Xf = X * self.fx
+            dXf, dKf = _mm(dP, self.kf), _mm(dP.transpose(-1, -2), Xf)                # n BH C K
+            dG.add_(dXf * Xf).sub_(dKf * self.kf)
+            return dXf.mul_(self.fx), dKf.mul_(self.fy)
+        dPg = dP * self.gamma
+        Xs = dP.mul_(P)                                                               # dGamma * Gamma (dP reused)
+        dG.add_(Xs.sum(-1, keepdim=True)).sub_(Xs.sum(-2)[..., None])
+        return _mm(dPg, self.keys), _mm(dPg.transpose(-1, -2), X)
 
 
 class _DeltaChunks(torch.autograd.Function):
@@ -209,16 +208,16 @@ class _DeltaChunks(torch.autograd.Function):
             b = A = Tm = W = None
             Vn = Vc
         for sl in _groups(N, BH * C * max(K, V, C)):
-            dec = _GroupDecays(G[sl], per_channel)
             Qs, Ks = Q[sl], Kc[sl]
-            dec.sc(Qs, Ks, strict=False, out=M[sl])
+            dec = _Group(G[sl], Ks, per_channel)
+            dec.scores(Qs, strict=False, out=M[sl])
             if b is not None:
                 Kb = Ks * b[sl]
-                dec.sc(Kb, Ks, strict=True, out=A[sl])
+                dec.scores(Kb, strict=True, out=A[sl])
                 _unit_lower_inverse(A[sl], out=Tm[sl])
                 _mm(Tm[sl], Vc[sl] * b[sl], out=Vn[sl])                               # U, made V_new in place
                 _mm(Tm[sl], Kb.mul_(dec.eG), out=W[sl])
-            KdT = (Ks * dec.eK).transpose(-1, -2).contiguous()                        # keys decayed to the chunk end
+            KdT = (Ks * dec.eK).transpose(-1, -2)                                     # keys decayed to the chunk end
             for i, n in enumerate(range(sl.start, sl.stop)):  # in place: an out= product copies its addend first
                 S = S_all[n]
                 if b is not None:
@@ -263,8 +262,7 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
     t0, t1 = sl.start * C, min(T, sl.stop * C)
     dO = _chunks(do[:, t0:t1], C)                                                    # n BH C V (do may be expanded)
     Qs, Ks, Vs, Ms, Vns, S_in = Q[sl], Kc[sl], Vc[sl], M[sl], Vn[sl], S_all[sl]
-    dec = _GroupDecays(G[sl], per_channel)
-    sc = dec.sc
+    dec = _Group(G[sl], Ks, per_channel)
     Qg, Kd = Qs * dec.eG, Ks * dec.eK
     dVn = _mm(Ms.transpose(-1, -2), dO)                                               # M^T dO, then dV_new
     # dS_loc[i]: the gradient on the state entering the group's chunk i (Qg^T dO, then the recursion in
@@ -272,7 +270,7 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
     dS_loc = Q.new_empty(n + 1, BH, K, V)
     torch.bmm(Qg.transpose(-1, -2).flatten(0, 1), dO.flatten(0, 1), out=dS_loc[:n].flatten(0, 1))
     dS_loc[n] = dS_out
-    WT = None if W is None else W[sl].transpose(-1, -2).contiguous()
+    WT = None if W is None else W[sl].transpose(-1, -2)
     for i in range(n - 1, -1, -1):  # the one sequential recursion
         dS = dS_loc[i + 1]
         dVn[i].baddbmm_(Kd[i], dS)                                                    # dV_new
@@ -285,8 +283,8 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
     dG.add_(_reduce(dQg * Qg, D))
     dM = _mm(dO, Vns.transpose(-1, -2))                                               # n BH C C
     if per_channel:
-        dM.masked_fill_(~sc.mask, 0.0)
-    dQ, dK = sc.backward(dM, Ms, Qs, Ks, dG)
+        dM.masked_fill_(dec.above, 0.0)
+    dQ, dK = dec.scores_backward(dM, Ms, Qs, dG)
     dQ.add_(dQg.mul_(dec.eG))
     dKd = _mm(Vns, dS_after.transpose(-1, -2))                                        # n BH C K
     y = dKd * Kd
@@ -305,8 +303,8 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
         dbV, dbKe = _mm(TT, dVn), _mm(TT, dW)
         dA = _mm(_mm(TT, dT), TT).neg_().tril_(-1)
         if per_channel:
-            dA.masked_fill_(~sc.mask.tril(-1), 0.0)
-        dKb, dK2 = sc.backward(dA, A[sl], Kb, Ks, dG)
+            dA.masked_fill_(dec.on_above, 0.0)
+        dKb, dK2 = dec.scores_backward(dA, A[sl], Kb, dG)
         dK.add_(dK2)
         dG.add_(_reduce(dbKe * bKe, D))
         dKb.add_(dbKe.mul_(dec.eG))

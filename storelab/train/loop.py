@@ -57,6 +57,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from storelab.allocator import keep_freed_memory
 from storelab.models.config import ModelConfig, check_fits
 from storelab.models.fileformat import check_types
 from storelab.models.model import Model
@@ -287,6 +288,7 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
                          f"process(es) x {cfg.accumulate} micro-batch(es)")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    keep_freed_memory()  # each step's activations reuse the last step's pages (``storelab.allocator``)
     eng = engine(default_parallel(dist.world) if cfg.parallel == "auto" else cfg.parallel, dist, cfg.precision)
     task, mcfg, model = build(cfg)
     model = eng.prepare(model.to(dist.device))
