@@ -213,6 +213,28 @@ def test_causal_conv_tail_carries_across_calls(chunks):
     assert_close(tail, x[:, -3:], 0, "tail = last 3 inputs")
 
 
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_conv_gradients_match_torch_conv1d_and_gradcheck(activation):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 11, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    tail = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 11, 5, generator=g, dtype=torch.float64)
+
+    def ref(x, w, tail):
+        y = F.conv1d(torch.cat([tail, x], 1).transpose(1, 2), w[:, None], groups=5).transpose(1, 2)
+        return F.silu(y) if activation else y
+
+    y, _ = causal_conv1d(x, w, tail_BWC=tail, activation=activation)
+    assert_close(y, ref(x, w, tail), 1e-12, "conv vs torch")
+    got = torch.autograd.grad(y, (x, w, tail), dy)
+    want = torch.autograd.grad(ref(x, w, tail), (x, w, tail), dy)
+    for name, a, b in zip(("dx", "dw", "dtail"), got, want):
+        assert_close(a, b, 1e-12, name)
+    assert torch.autograd.gradcheck(lambda x, w, t: causal_conv1d(x, w, tail_BWC=t, activation=activation)[0],
+                                    (x, w, tail))
+
+
 def test_bad_arguments_name_the_problem():
     x = _inputs(4)
     with pytest.raises(ValueError, match="mode"):

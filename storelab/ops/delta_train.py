@@ -131,6 +131,14 @@ def _unit_lower_inverse(A: Tensor, out: Tensor, block: int = 16) -> Tensor:
     return out
 
 
+def _add_product(dG: Tensor, a: Tensor, b: Tensor, D: int) -> None:
+    """dG += a * b, a row factor's gradient onto its decay: per channel as it is, per head summed over the row."""
+    if D > 1:
+        dG.addcmul_(a, b)
+    else:
+        dG.add_((a * b).sum(-1, keepdim=True))
+
+
 def _reduce(x: Tensor, D: int) -> Tensor:
     """A row factor's gradient onto its decay: per channel as it is, per head summed over the row."""
     return x if D > 1 else x.sum(-1, keepdim=True)
@@ -180,7 +188,7 @@ class _Group:
         if self.per_channel:
             Xf = X * self.fx
             dXf, dKf = _mm(dP, self.kf), _mm(dP.transpose(-1, -2), Xf)                # n BH C K
-            dG.add_(dXf * Xf).sub_(dKf * self.kf)
+            dG.addcmul_(dXf, Xf).addcmul_(dKf, self.kf, value=-1.0)
             return dXf.mul_(self.fx), dKf.mul_(self.fy)
         dPg = dP * self.gamma
         Xs = dP.mul_(P)                                                               # dGamma * Gamma (dP reused)
@@ -280,15 +288,15 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
     dS_after = dS_loc[1:]
     dG = torch.zeros_like(G[sl])
     dQg = _mm(dO, S_in.transpose(-1, -2))                                             # n BH C K
-    dG.add_(_reduce(dQg * Qg, D))
+    _add_product(dG, dQg, Qg, D)
     dM = _mm(dO, Vns.transpose(-1, -2))                                               # n BH C C
     if per_channel:
         dM.masked_fill_(dec.above, 0.0)
     dQ, dK = dec.scores_backward(dM, Ms, Qs, dG)
-    dQ.add_(dQg.mul_(dec.eG))
+    dQ.addcmul_(dQg, dec.eG)
     dKd = _mm(Vns, dS_after.transpose(-1, -2))                                        # n BH C K
     y = dKd * Kd
-    dK.add_(dKd.mul_(dec.eK))
+    dK.addcmul_(dKd, dec.eK)
     dG.sub_(_reduce(y, D))
     dGC = y.sum(2, keepdim=True) + (dS_after * S_in).sum(-1)[:, :, None] * dec.eGC.transpose(-1, -2)  # n BH 1 D
     if not per_channel:
@@ -299,16 +307,17 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
         bV, bKe = Vs * bs, Kb * dec.eG
         dW = _mm(dVn, S_in.transpose(-1, -2)).neg_()                                  # n BH C K
         TT = Tm[sl].transpose(-1, -2)
-        dT = _mm(dVn, bV.transpose(-1, -2)).add_(_mm(dW, bKe.transpose(-1, -2)))      # n BH C C
+        dT = _mm(dVn, bV.transpose(-1, -2))                                            # n BH C C
+        dT.flatten(0, 1).baddbmm_(dW.flatten(0, 1), bKe.transpose(-1, -2).flatten(0, 1))
         dbV, dbKe = _mm(TT, dVn), _mm(TT, dW)
         dA = _mm(_mm(TT, dT), TT).neg_().tril_(-1)
         if per_channel:
             dA.masked_fill_(dec.on_above, 0.0)
         dKb, dK2 = dec.scores_backward(dA, A[sl], Kb, dG)
         dK.add_(dK2)
-        dG.add_(_reduce(dbKe * bKe, D))
-        dKb.add_(dbKe.mul_(dec.eG))
-        dK.add_(dKb * bs)
+        _add_product(dG, dbKe, bKe, D)
+        dKb.addcmul_(dbKe, dec.eG)
+        dK.addcmul_(dKb, bs)
         dbeta[:, t0:t1] = _from_chunks((dKb * Ks).sum(-1, keepdim=True).add_((dbV * Vs).sum(-1, keepdim=True)),
                                        B, t1 - t0)
         dV = dbV.mul_(bs)

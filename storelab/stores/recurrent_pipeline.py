@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from storelab.ops import fla as fla_dispatch
@@ -119,7 +120,9 @@ class RecurrentStore(nn.Module):
         B, T, _ = x_BTD.shape
         H, HV, K, V, n, w = cfg.n_heads, cfg.n_value_heads, cfg.head_k_dim, cfg.head_v_dim, cfg.n_writes, cfg.writes
         state = state if state is not None else RecurrentState()
-        qkv_BTC = torch.cat([self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)], dim=-1)
+        # one product for the three projections (their weights stacked, a few KB), not three and a cat
+        W_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        qkv_BTC = F.linear(x_BTD, W_qkv)
         qkv_BTC, tail = causal_conv1d(qkv_BTC, self.conv_weight, tail_BWC=state.conv, activation="silu")
         q, k, v = qkv_BTC.split([H * K, n * H * K, n * HV * V], dim=-1)
         q_BTHK = l2_norm(at_least_fp32(q.reshape(B, T, H, K)))
