@@ -46,6 +46,24 @@ def test_training_takes_the_hand_written_backward_and_equals_the_per_token_rule(
         torch.testing.assert_close(a, b, rtol=0, atol=1e-11, msg=lambda m: f"d{name}: {m}")
 
 
+@pytest.mark.parametrize("op, per_channel", [(gated_delta_rule, False), (kda, True)])
+@pytest.mark.parametrize("chunks_per_group", [1, 2])
+def test_chunks_in_groups_give_the_same_gradients(op, per_channel, chunks_per_group, monkeypatch):
+    # T = 45 is three chunks of 16, the last one padded: groups of one chunk, and of two then one, carry the state
+    # forward and its gradient back across their boundaries
+    import storelab.ops.delta_train as dt
+
+    x = _inputs(per_channel)
+    monkeypatch.setattr(dt, "GROUP_FLOATS", chunks_per_group * B * HV * 16 * 16 // (64 // K))
+    assert len(dt._groups(3, B * HV, 16, K, V)) == (3 if chunks_per_group == 1 else 2)
+    o, S, got = _grads(op, x, "chunk")
+    o_ref, S_ref, want = _grads(op, x, "recurrent")
+    torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(S, S_ref, rtol=0, atol=1e-12)
+    for name, a, b in zip("q k v g beta h0".split(), got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11, msg=lambda m: f"d{name}: {m}")
+
+
 def test_the_training_chunk_follows_the_key_width():
     # min(chunk_size, max(16, K / 2)), K rounded down to a power of two; never above what was asked
     assert [training_chunk(None, 32, K) for K in (8, 16, 32, 48, 64, 128, 256)] == [16, 16, 16, 16, 32, 32, 32]

@@ -214,25 +214,32 @@ def test_causal_conv_tail_carries_across_calls(chunks):
 
 
 @pytest.mark.parametrize("activation", ["silu", None])
-def test_conv_gradients_match_torch_conv1d_and_gradcheck(activation):
+@pytest.mark.parametrize("T, with_tail", [(11, True), (11, False), (2, True), (2, False), (1, False), (20, True)])
+def test_conv_gradients_match_torch_conv1d_and_gradcheck(activation, T, with_tail):
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 11, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, T, 5, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    tail = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    dy = torch.randn(2, 11, 5, generator=g, dtype=torch.float64)
+    tail = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True) if with_tail else None
+    dy = torch.randn(2, T, 5, generator=g, dtype=torch.float64)
+    inputs = (x, w, tail) if with_tail else (x, w)
 
-    def ref(x, w, tail):
-        y = F.conv1d(torch.cat([tail, x], 1).transpose(1, 2), w[:, None], groups=5).transpose(1, 2)
+    def ref(x, w, tail=None):
+        full = torch.cat([torch.zeros(2, 3, 5, dtype=x.dtype) if tail is None else tail, x], 1)
+        y = F.conv1d(full.transpose(1, 2), w[:, None], groups=5).transpose(1, 2)
         return F.silu(y) if activation else y
 
-    y, _ = causal_conv1d(x, w, tail_BWC=tail, activation=activation)
-    assert_close(y, ref(x, w, tail), 1e-12, "conv vs torch")
-    got = torch.autograd.grad(y, (x, w, tail), dy)
-    want = torch.autograd.grad(ref(x, w, tail), (x, w, tail), dy)
+    def ours(x, w, tail=None):
+        return causal_conv1d(x, w, tail_BWC=tail, activation=activation)[0]
+
+    assert_close(ours(*inputs), ref(*inputs), 1e-12, "conv vs torch")
+    got = torch.autograd.grad(ours(*inputs), inputs, dy)
+    want = torch.autograd.grad(ref(*inputs), inputs, dy)
     for name, a, b in zip(("dx", "dw", "dtail"), got, want):
         assert_close(a, b, 1e-12, name)
-    assert torch.autograd.gradcheck(lambda x, w, t: causal_conv1d(x, w, tail_BWC=t, activation=activation)[0],
-                                    (x, w, tail))
+    assert torch.autograd.gradcheck(ours, inputs)
+    _, new_tail = causal_conv1d(x, w, tail_BWC=tail)
+    full = torch.cat([torch.zeros(2, 3, 5, dtype=x.dtype) if tail is None else tail, x], 1)
+    assert_close(new_tail, full[:, -3:], 0, "tail = the last 3 inputs, zeros before the start")
 
 
 def test_bad_arguments_name_the_problem():

@@ -27,39 +27,48 @@ from torch import Tensor
 __all__ = ["causal_conv1d"]
 
 
-def _shifted_sum(full_BLC: Tensor, w_CW: Tensor) -> Tensor:
-    """sum_i w[:, i] * full[:, i : i + T]: the convolution's pre-activation [B, T, C]."""
-    W = w_CW.shape[-1]
-    T = full_BLC.shape[1] - W + 1
-    y = full_BLC[:, :T] * w_CW[:, 0]
-    for i in range(1, W):
-        y.addcmul_(full_BLC[:, i:i + T], w_CW[:, i])
-    return y
+def _taps(W: int, p: int, T: int):
+    """Per tap i: (lo, s), the first output row it reaches and its shift. The input u holds p rows of
+    history before the T new ones (p = 0: none, zeros before the start; p = W - 1: the tail), so output
+    row t reads u[t + s] with s = i - (W - 1) + p, for the rows t >= lo where that index exists."""
+    return [(max(0, -(i - (W - 1) + p)), i - (W - 1) + p) for i in range(W)]
 
 
 class _ShortConv(torch.autograd.Function):
-    """y = act(sum_i w[:, i] * full[:, i : i + T]) with its backward by hand (module docstring)."""
+    """y_t = act(sum_i w[:, i] * u[t + s_i]) over an input u [B, p + T, C] (``_taps``), by hand both ways:
+    the input's gradient is the same sum shifted the other way, the weight's W channel-wise dot products."""
 
     @staticmethod
-    def forward(ctx, full_BLC: Tensor, w_CW: Tensor, silu: bool) -> Tensor:
-        pre = _shifted_sum(full_BLC, w_CW)
-        ctx.save_for_backward(full_BLC, w_CW, pre if silu else None)
-        ctx.silu = silu
+    def forward(ctx, u_BLC: Tensor, w_CW: Tensor, T: int, silu: bool) -> Tensor:
+        W, p = w_CW.shape[-1], u_BLC.shape[1] - T
+        taps = _taps(W, p, T)
+        pre = u_BLC[:, p:] * w_CW[:, W - 1]                                           # the last tap: s = p, every row
+        for i, (lo, s) in enumerate(taps[:-1]):
+            if lo < T:
+                pre[:, lo:].addcmul_(u_BLC[:, lo + s:T + s], w_CW[:, i])
+        ctx.save_for_backward(u_BLC, w_CW, pre if silu else None)
+        ctx.T, ctx.silu = T, silu
         return F.silu(pre) if silu else pre
 
     @staticmethod
     def backward(ctx, dy_BTC: Tensor):
-        full, w, pre = ctx.saved_tensors
-        W, T = w.shape[-1], dy_BTC.shape[1]
+        u, w, pre = ctx.saved_tensors
+        T, W = ctx.T, w.shape[-1]
+        p = u.shape[1] - T
+        taps = _taps(W, p, T)
         d = torch.ops.aten.silu_backward(dy_BTC, pre) if ctx.silu else dy_BTC.contiguous()  # B T C
-        dfull = dw = None
+        du = dw = None
         if ctx.needs_input_grad[0]:
-            dfull = full.new_zeros(full.shape)
-            for i in range(W):  # the transpose of the shifted sum: each tap sends d back to its input
-                dfull[:, i:i + T].addcmul_(d, w[:, i])
-        if ctx.needs_input_grad[1]:
-            dw = torch.stack([(d * full[:, i:i + T]).sum((0, 1)) for i in range(W)], dim=1)  # (einsum: 18x slower)
-        return dfull, dw, None
+            du = u.new_empty(u.shape)
+            du[:, :p].zero_()
+            torch.mul(d, w[:, W - 1], out=du[:, p:])                                  # the last tap writes every row
+            for i, (lo, s) in enumerate(taps[:-1]):  # the others add, each into the input rows it read
+                if lo < T:
+                    du[:, lo + s:T + s].addcmul_(d[:, lo:], w[:, i])
+        if ctx.needs_input_grad[1]:  # (einsum for these dot products is 18x slower)
+            dw = torch.stack([(d[:, lo:] * u[:, lo + s:T + s]).sum((0, 1)) if lo < T else w.new_zeros(w.shape[0])
+                              for lo, s in taps], dim=1)
+        return du, dw, None, None
 
 
 def causal_conv1d(x_BTC: Tensor, weight_CW: Tensor, *, tail_BWC: Tensor | None = None,
@@ -69,15 +78,16 @@ def causal_conv1d(x_BTC: Tensor, weight_CW: Tensor, *, tail_BWC: Tensor | None =
     W = weight_CW.shape[-1]
     if weight_CW.shape != (C, W):
         raise ValueError(f"weight_CW: expected shape [{C}, W], got {list(weight_CW.shape)}")
-    if tail_BWC is None:
-        tail_BWC = x_BTC.new_zeros(B, W - 1, C)
-    elif tail_BWC.shape != (B, W - 1, C):
+    if tail_BWC is not None and tail_BWC.shape != (B, W - 1, C):
         raise ValueError(f"tail_BWC: expected shape {[B, W - 1, C]}, got {list(tail_BWC.shape)}")
-    if T == 0:
-        return x_BTC, tail_BWC
     if activation not in ("silu", None):
         raise ValueError(f"activation: expected 'silu' or None, got {activation!r}")
-    full_BLC = torch.cat([tail_BWC.to(x_BTC.dtype), x_BTC], dim=1)               # L = T + W - 1
-    y_BTC = _ShortConv.apply(full_BLC, weight_CW.to(x_BTC.dtype), activation == "silu")
-    # a copy, not a view: the tail kept between calls must not hold the call's [B, T + W - 1, C] input
-    return y_BTC, full_BLC[:, full_BLC.shape[1] - (W - 1):].clone()
+    if T == 0:
+        return x_BTC, (x_BTC.new_zeros(B, W - 1, C) if tail_BWC is None else tail_BWC)
+    # a fresh context reads zeros before its start, so it needs no history rows (no copy of x)
+    u_BLC = x_BTC if tail_BWC is None else torch.cat([tail_BWC.to(x_BTC.dtype), x_BTC], dim=1)
+    y_BTC = _ShortConv.apply(u_BLC, weight_CW.to(x_BTC.dtype), T, activation == "silu")
+    if u_BLC.shape[1] < W - 1:
+        u_BLC = F.pad(u_BLC, (0, 0, W - 1 - u_BLC.shape[1], 0))
+    # a copy, not a view: the tail kept between calls must not hold the call's input
+    return y_BTC, u_BLC[:, u_BLC.shape[1] - (W - 1):].clone()

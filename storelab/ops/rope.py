@@ -31,7 +31,8 @@ def apply_rope(x_BTHD: Tensor, positions_T: Tensor, *, rotary_dim: int, theta: f
         raise ValueError(f"rotary_dim: must be even and <= head dim {x_BTHD.shape[-1]}, got {rotary_dim}")
     cos, sin = rope_angles(positions_T, rotary_dim, theta)  # [T, R/2]
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    rot, rest = x_BTHD[..., :rotary_dim], x_BTHD[..., rotary_dim:]
+    # split, not two slices: its backward is one cat, where each slice's fills a zero tensor of x's size
+    rot, rest = x_BTHD.split([rotary_dim, x_BTHD.shape[-1] - rotary_dim], dim=-1)
     dt = x_BTHD.dtype
     rot = at_least_fp32(rot)
     if interleaved:
@@ -39,6 +40,6 @@ def apply_rope(x_BTHD: Tensor, positions_T: Tensor, *, rotary_dim: int, theta: f
         y = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
     else:
         half = rotary_dim // 2
-        x1, x2 = rot[..., :half], rot[..., half:]
+        x1, x2 = rot.split([half, half], dim=-1)
         y = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     return torch.cat([y.to(dt), rest], dim=-1)

@@ -212,11 +212,13 @@ class Attention(nn.Module):
         gate_BTHV = None
         if c.gate:
             qg = self.q_proj(x_BTD).view(B, T, H, K + V)
-            q_BTHK, gate_BTHV = qg[..., :K], qg[..., K:]
+            q_BTHK, gate_BTHV = qg.split([K, V], dim=-1)                            # (one backward, no zero fills)
         else:
             q_BTHK = self.q_proj(x_BTD).view(B, T, H, K)
         k_BTGK = self.k_proj(x_BTD).view(B, T, G, K)
-        v_BTGV = self.v_proj(x_BTD).view(B, T, G, V) * c.value_scale
+        v_BTGV = self.v_proj(x_BTD).view(B, T, G, V)
+        if c.value_scale != 1.0:
+            v_BTGV = v_BTGV * c.value_scale
         if self.q_norm is not None:
             q_BTHK, k_BTGK = self.q_norm(q_BTHK), self.k_norm(k_BTGK)
         q_BTHK = apply_rope(q_BTHK, positions_T, rotary_dim=c.rotary_dim, theta=c.rope_theta)
