@@ -154,7 +154,7 @@ def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up
     order = torch.argsort(flat_e, stable=True)       # slots grouped by expert
     tok = order // K                                 # token of each sorted slot
     counts = torch.bincount(flat_e, minlength=E).tolist()
-    x_sorted = x_ND[tok]                             # [N*K, D]
+    x_sorted = x_ND.index_select(0, tok)             # [N*K, D] (its backward an index_add, not a sorting index_put)
     w_sorted = weights_NK.reshape(-1)[order].to(x_ND.dtype)
     # each expert's tokens as a split and the results joined by one cat: under autograd, slices or slice
     # assignments would each cost a full-size zero-filled gradient (E of them per layer)
@@ -168,7 +168,7 @@ def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up
     # back to slot order (a gather by the inverse permutation, no accumulation), then sum each token's K slots
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    return out_sorted[inverse].view(N, K, D_out).sum(1)
+    return out_sorted.index_select(0, inverse).view(N, K, D_out).sum(1)
 
 
 def dense_moe_reference(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up_EFD: Tensor, down_EDI: Tensor,
