@@ -45,7 +45,7 @@ __all__ = ["chunk_train", "fits_factored", "neumann_doubling", "training_chunk"]
 GROUP_FLOATS = 1 << 16
 
 
-def _chunks(x: Tensor, C: int, scale: float | None = None) -> Tensor:
+def _chunks(x: Tensor, C: int, scale: float | None = None, out: Tensor | None = None) -> Tensor:
     """[B, T, H, *D] -> [N, B*H, C, D] (times ``scale``), contiguous, in one pass over x, zero padded to
     whole chunks (``_to_chunks`` may answer a strided view; products on those copy matrix by matrix)."""
     if x.dim() == 3:
@@ -55,7 +55,7 @@ def _chunks(x: Tensor, C: int, scale: float | None = None) -> Tensor:
     if N * C != T:
         x = F.pad(x, (0, 0, 0, 0, 0, N * C - T))
     src = x.view(B, N, C, H, D).permute(1, 0, 3, 2, 4)                                # N B H C D (strided)
-    out = x.new_empty(N, B * H, C, D)
+    out = x.new_empty(N, B * H, C, D) if out is None else out
     if scale is None:
         out.view(N, B, H, C, D).copy_(src)
     else:
@@ -271,11 +271,13 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
     dq, dk, dv, dg, dbeta = grads
     BH, n = Q.shape[1], sl.stop - sl.start
     t0, t1 = sl.start * C, min(T, sl.stop * C)
-    dO = _chunks(do[:, t0:t1], C)                                                    # n BH C V (do may be expanded)
+    X = Q.new_empty(n, BH, 2 * C if b is not None else C, V)  # rows [dO; dV_new]: both meet S_in^T below
+    dO, dVn = X[:, :, :C], (X[:, :, C:] if b is not None else Q.new_empty(n, BH, C, V))
+    _chunks(do[:, t0:t1], C, out=dO)                                                  # n BH C V (do may be expanded)
     Qs, Ks, Vs, Ms, Vns, S_in = Q[sl], Kc[sl], Vc[sl], M[sl], Vn[sl], S_all[sl]
     dec = _Group(G[sl], Ks, per_channel)
     Qg, Kd = Qs * dec.eG, Ks * dec.eK
-    dVn = _mm(Ms.transpose(-1, -2), dO)                                               # M^T dO, then dV_new
+    _mm(Ms.transpose(-1, -2), dO, out=dVn)                                            # M^T dO, then dV_new
     # dS_loc[i]: the gradient on the state entering the group's chunk i (Qg^T dO, then the recursion in
     # place); dS_loc[n] the one leaving the group
     dS_loc = Q.new_empty(n + 1, BH, K, V)
@@ -290,7 +292,8 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
             nxt.baddbmm_(WT[i], dVn[i], alpha=-1)
     dS_after = dS_loc[1:]
     dG = torch.zeros_like(G[sl])
-    dQg = _mm(dO, S_in.transpose(-1, -2))                                             # n BH C K
+    P = _mm(X, S_in.transpose(-1, -2))                                                # n BH 2C K: [dQg; -dW]
+    dQg, dW = P[:, :, :C], (P[:, :, C:].neg_() if b is not None else None)
     _add_product(dG, dQg, Qg, D)
     dM = _mm(dO, Vns.transpose(-1, -2))                                               # n BH C C
     if per_channel:
@@ -308,7 +311,6 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
         bs = b[sl]
         Kb = Ks * bs
         bV, bKe = Vs * bs, Kb * dec.eG
-        dW = _mm(dVn, S_in.transpose(-1, -2)).neg_()                                  # n BH C K
         TT = Tm[sl].transpose(-1, -2)
         dT = _mm(dVn, bV.transpose(-1, -2))                                            # n BH C C
         dT.flatten(0, 1).baddbmm_(dW.flatten(0, 1), bKe.transpose(-1, -2).flatten(0, 1))
