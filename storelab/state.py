@@ -286,10 +286,12 @@ class KVCache(State):
         score nothing). Without a shared buffer (a cache built by hand) the narrower is padded.
         """
         K, V = self.k.shape[-1], self.v.shape[-1]
+        if K == V:  # already one width: as they are (no joined view needed, no padded copies)
+            return self.k, self.v
         names = ("v", "k") if K >= V else ("k", "v")
-        j = joined_rows(self, names)
         rec = self.__dict__.get("_rows", {}).get(names)
-        if rec is None or j.data_ptr() != rec["buf"].data_ptr():
+        j = None if rec is None else joined_rows(self, names)  # (no buffer, as in training: no cat to throw away)
+        if j is None or j.data_ptr() != rec["buf"].data_ptr():
             W = max(K, V)
             pad = lambda t: torch.nn.functional.pad(t, (0, W - t.shape[-1]))  # noqa: E731
             return pad(self.k), pad(self.v)
