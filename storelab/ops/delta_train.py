@@ -24,8 +24,11 @@ inverse dA = -T^T dT T^T (strictly lower); through the scores and the decays: fo
 dG_i += sum_j X_ij - sum_j X_ji, and each row factor exp(+-G) gives dG += dX * X (summed over the
 channels of a head's one decay). Last dg = reverse cumulative sum of dG within the chunk.
 
-Kept between forward and backward, all linear in T: the chunk inputs, the states entering each chunk
-([N, B*H, K, V]), Gamma or the factored keys, M, A, T, W and V_new. fp32 (or float64) throughout.
+Kept between forward and backward, all linear in T: the chunk inputs, the cumulative decays, the states
+entering each chunk ([N, B*H, K, V]), M, A, T, W and V_new; the decay factors, Gamma and the decayed
+copies are made again in backward. Both passes go group by group of chunks (``GROUP_FLOATS``), each
+group's whole work done while its tensors are in cache; backward carries the state's gradient from
+group to group. fp32 (or float64) throughout.
 
 Shape legend: N chunks, BH batch x (value) heads, C chunk size, K key width, V value width, D 1 | K.
 """
