@@ -136,15 +136,23 @@ def _recurrent(q, k, v, g, beta, scale, S_BHKV):
 
 
 # ---------------------------------------------------------------------------- chunk by chunk
-def _to_chunks(x: Tensor, C: int) -> Tensor:
-    """[B, T, H, *D] -> [N, B*H, C, D] (zero padded to a multiple of C; D = 1 if absent)."""
+def _chunk_view(x: Tensor, C: int) -> Tensor:
+    """[B, T, H, *D] -> [N, B, H, C, D] as a strided view (zero padded to a multiple of C, which copies;
+    D = 1 if absent)."""
     if x.dim() == 3:
         x = x[..., None]
     B, T, H, D = x.shape
     N = -(-T // C)
     if N * C != T:
         x = F.pad(x, (0, 0, 0, 0, 0, N * C - T))
-    return x.view(B, N, C, H, D).permute(1, 0, 3, 2, 4).reshape(N, B * H, C, D)
+    return x.view(B, N, C, H, D).permute(1, 0, 3, 2, 4)
+
+
+def _to_chunks(x: Tensor, C: int) -> Tensor:
+    """[B, T, H, *D] -> [N, B*H, C, D] (zero padded to a multiple of C; D = 1 if absent)."""
+    v = _chunk_view(x, C)
+    N, B, H, C, D = v.shape
+    return v.reshape(N, B * H, C, D)
 
 
 def _from_chunks(x_NBCD: Tensor, B: int, T: int) -> Tensor:

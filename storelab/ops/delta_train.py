@@ -36,10 +36,9 @@ Shape legend: N chunks, BH batch x (value) heads, C chunk size, K key width, V v
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from storelab.ops.delta_reference import _from_chunks, _to_chunks
+from storelab.ops.delta_reference import _chunk_view, _from_chunks, _to_chunks
 
 __all__ = ["chunk_train", "fits_factored", "neumann_doubling", "training_chunk"]
 
@@ -51,13 +50,8 @@ GROUP_FLOATS = 1 << 16
 def _chunks(x: Tensor, C: int, scale: float | None = None, out: Tensor | None = None) -> Tensor:
     """[B, T, H, *D] -> [N, B*H, C, D] (times ``scale``), contiguous, in one pass over x, zero padded to
     whole chunks (``_to_chunks`` may answer a strided view; products on those copy matrix by matrix)."""
-    if x.dim() == 3:
-        x = x[..., None]
-    B, T, H, D = x.shape
-    N = -(-T // C)
-    if N * C != T:
-        x = F.pad(x, (0, 0, 0, 0, 0, N * C - T))
-    src = x.view(B, N, C, H, D).permute(1, 0, 3, 2, 4)                                # N B H C D (strided)
+    src = _chunk_view(x, C)                                                           # N B H C D (strided)
+    N, B, H, C, D = src.shape
     out = x.new_empty(N, B * H, C, D) if out is None else out
     if scale is None:
         out.view(N, B, H, C, D).copy_(src)
