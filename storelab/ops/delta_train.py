@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from storelab.ops.delta_reference import _chunk_view, _from_chunks, _to_chunks
+from storelab.ops.delta_reference import _chunk_view, _from_chunks
 
 __all__ = ["chunk_train", "fits_factored", "neumann_doubling", "training_chunk"]
 
@@ -49,7 +49,7 @@ GROUP_FLOATS = 1 << 16
 
 def _chunks(x: Tensor, C: int, scale: float | None = None, out: Tensor | None = None) -> Tensor:
     """[B, T, H, *D] -> [N, B*H, C, D] (times ``scale``), contiguous, in one pass over x, zero padded to
-    whole chunks (``_to_chunks`` may answer a strided view; products on those copy matrix by matrix)."""
+    whole chunks (``_chunk_view`` is a strided view; products on those copy matrix by matrix)."""
     src = _chunk_view(x, C)                                                           # N B H C D (strided)
     N, B, H, C, D = src.shape
     out = x.new_empty(N, B * H, C, D) if out is None else out
@@ -65,7 +65,7 @@ def fits_factored(g: Tensor, C: int) -> bool:
     decay span (start to end) at most twice exp's safe exponent, so exp(G - G_C / 2) and its inverse
     are normal numbers."""
     limit = 500.0 if g.dtype == torch.float64 else 40.0
-    G = _to_chunks(g, C).sum(2)                                                        # N BH K
+    G = _chunk_view(g, C).sum(3)                                                      # N B H K (no copy of g)
     return bool(G.numel() == 0 or -G.min().item() <= 2 * limit)
 
 
