@@ -12,8 +12,9 @@ a third of the step's time on this machine; with the settings below, none after 
 ``keep_freed_memory()`` sets glibc's mmap threshold to its largest value (32 MiB: blocks up to that
 size come from the heap) and the trim threshold out of reach (freed heap memory is kept for the next
 step), what the CUDA caching allocator does for GPU memory. The cost: the process's resident size
-stays at its peak rather than shrinking between steps. ``storelab train``, ``bench`` and ``report``
-call it at the start; a script that trains through the library can call it once. It changes nothing
+stays at its peak rather than shrinking between steps. The training loop (``storelab.train.train``,
+so ``storelab train`` and the report's trained hybrids), its step-time calibration and ``storelab
+bench`` call it; a script that trains through the library can call it once. It changes nothing
 (and answers False) where the C library is not glibc, and the environment variable
 ``STORELAB_KEEP_FREED_MEMORY=0`` turns it off.
 """

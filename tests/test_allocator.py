@@ -42,11 +42,20 @@ def test_freed_blocks_are_reused_without_page_faults():
     assert max(kept["faults"][1:]) <= pages // 4, kept  # (the kernel may still reclaim a few idle pages)
 
 
-def test_the_training_loop_and_the_bench_keep_freed_memory():
-    import inspect
+def test_the_training_loop_and_the_bench_keep_freed_memory(monkeypatch):
+    from typer.testing import CliRunner
 
-    from storelab.commands import bench
+    import storelab.allocator
+    from storelab.cli import app
     from storelab.train import loop
+    from storelab.train.loop import TrainConfig
 
-    assert "keep_freed_memory()" in inspect.getsource(loop.train)
-    assert "keep_freed_memory()" in inspect.getsource(bench.register)
+    calls = []
+    monkeypatch.setattr(loop, "keep_freed_memory", lambda: calls.append("train") or True)
+    loop.train(TrainConfig(model="pattern:KA", model_options=dict(d_model=16), task="mqar", task_preset="tiny",
+                           steps=1, batch_size=2, eval_every=1, eval_examples=2, threads=1))
+    assert calls == ["train"]
+    monkeypatch.setattr(storelab.allocator, "keep_freed_memory", lambda: calls.append("bench") or True)
+    res = CliRunner().invoke(app, ["bench", "gdn", "--quick", "--json"])
+    assert res.exit_code == 0, res.output
+    assert calls == ["train", "bench"]

@@ -21,12 +21,15 @@ from typing import Any
 
 import torch
 
+from storelab.allocator import keep_freed_memory
 from storelab.tasks import batch_seed, make_task, task_dict
 from storelab.train.loop import TrainConfig, TrainResult, build, make_optimizer, token_loss, train
 
 
 def step_seconds(cfg: TrainConfig, trials: int = 3) -> float:
-    """Seconds of one training step of this config (median of a few, after a warm-up step)."""
+    """Seconds of one training step of this config (median of a few, after a warm-up step), under the
+    allocator setting ``train`` runs with (without it the steps would be timed with their page faults)."""
+    keep_freed_memory()
     task, _, model = build(cfg)
     opt = make_optimizer(model, cfg)
     times = []
