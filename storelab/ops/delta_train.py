@@ -268,9 +268,10 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
     dq, dk, dv, dg, dbeta = grads
     BH, n = Q.shape[1], sl.stop - sl.start
     t0, t1 = sl.start * C, min(T, sl.stop * C)
-    X = Q.new_empty(n, BH, 2 * C if b is not None else C, V)  # rows [dO; dV_new]: both meet S_in^T below
-    dO, dVn = X[:, :, :C], (X[:, :, C:] if b is not None else Q.new_empty(n, BH, C, V))
-    _chunks(do[:, t0:t1], C, out=dO)                                                  # n BH C V (do may be expanded)
+    # dO and dV_new each contiguous: a product into (or an in-place update of) a strided batch runs matrix
+    # by matrix, several times slower for these small matrices
+    dO = _chunks(do[:, t0:t1], C)                                                     # n BH C V (do may be expanded)
+    dVn = Q.new_empty(n, BH, C, V)
     Qs, Ks, Vs, Ms, Vns, S_in = Q[sl], Kc[sl], Vc[sl], M[sl], Vn[sl], S_all[sl]
     dec = _Group(G[sl], Ks, per_channel)
     Qg, Kd = Qs * dec.eG, Ks * dec.eK
@@ -289,8 +290,9 @@ def _backward_group(ctx, sl: slice, do: Tensor, dS_out: Tensor, grads: tuple) ->
             nxt.baddbmm_(WT[i], dVn[i], alpha=-1)
     dS_after = dS_loc[1:]
     dG = torch.zeros_like(G[sl])
-    P = _mm(X, S_in.transpose(-1, -2))                                                # n BH 2C K: [dQg; -dW]
-    dQg, dW = P[:, :, :C], (P[:, :, C:].neg_() if b is not None else None)
+    S_inT = S_in.transpose(-1, -2)
+    dQg = _mm(dO, S_inT)                                                              # n BH C K
+    dW = _mm(dVn, S_inT).neg_() if b is not None else None
     _add_product(dG, dQg, Qg, D)
     dM = _mm(dO, Vns.transpose(-1, -2))                                               # n BH C C
     if per_channel:
