@@ -1,6 +1,7 @@
 """The hand-written chunked backward (``storelab.ops.delta_train``): the path training takes, its
 gradients against the per-token rule, its range handling for per-channel decays, bf16 inputs, what
-it keeps for backward (linear in T) and gradients arriving expanded (``o.sum()``)."""
+it keeps for backward (linear in T) and gradients arriving expanded (``o.sum()``). Small states train
+through the per-token C kernel (``delta_step``, tests/test_delta_step.py), so every test here turns it off."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ from storelab.ops import gated_delta_rule, kda
 from storelab.ops.delta_train import fits_factored, training_chunk
 
 B, T, H, HV, K, V = 2, 45, 1, 2, 8, 6
+
+
+@pytest.fixture(autouse=True)
+def _chunked_form(monkeypatch):
+    import storelab.ops.delta_step as ds
+
+    monkeypatch.setattr(ds, "MAX_STATE", 0)  # no state is small enough for the per-token kernel
 
 
 def _inputs(per_channel, *, T=T, dtype=torch.float64, strength=1.0, seed=0):

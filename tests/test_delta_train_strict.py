@@ -3,7 +3,8 @@ fla's own tests: lengths below a chunk, a multiple, one over and about a thousan
 key head; scale 0.1 and 1; log decays from 100x stronger to 10x weaker than a typical gate, and exactly
 zero for half the tokens; with and without an initial state. float64 to 1e-10 (relative to the
 largest value); fp32 against the float64 rule within an RMS error ratio of 0.005 for outputs and
-states, 0.008 for dq, dk, dv, dh0 and 0.02 for dg, dbeta."""
+states, 0.008 for dq, dk, dv, dh0 and 0.02 for dg, dbeta. Each case runs both training forms: the
+chunked one (``delta_train``) and, for these small states, the per-token C kernel (``delta_step``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ import torch.nn.functional as F
 from storelab.ops import delta_rule, gated_delta_rule, kda, linear_attention
 
 RULES = ("linear_attention", "delta_rule", "gated_delta_rule", "kda")
+
+
+@pytest.fixture(autouse=True, params=["chunked", "per-token C"])
+def training_form(request, monkeypatch):
+    import storelab.ops.delta_step as ds
+
+    if request.param == "chunked":
+        monkeypatch.setattr(ds, "MAX_STATE", 0)
+    else:  # (tests/test_delta_step.py fails where the kernel does not build)
+        assert ds.step_train_fits(torch.zeros(1, 1, 1, K), torch.zeros(1, 1, 1, V))
+    return request.param
 B, H, HV, K, V, C = 1, 1, 2, 8, 6, 16
 
 

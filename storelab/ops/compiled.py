@@ -1,0 +1,112 @@
+"""Small C kernels, built on first use with the machine's C compiler and loaded with ctypes.
+
+A few of the ops have a form whose work on a CPU is mostly per call and per element when written as
+tensor operations (the delta rules with small states: ``storelab.ops.delta_step``). Their C source lies
+in ``storelab/ops/kernels``; ``library(name)`` compiles ``kernels/<name>.c`` once per source, compiler
+and machine into the cache folder and loads it. No torch headers and no build system: one call to
+``cc``, under a second for these files, and the tensors cross as data pointers.
+
+Where there is no C compiler, or it fails, ``library`` answers None and says why in ``unavailable``; the
+callers then run their tensor form, which computes the same thing. ``STORELAB_COMPILED=0`` turns the
+kernels off. The cache folder is ``$STORELAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/storelab``, else
+``~/.cache/storelab``, in a ``kernels`` folder of its own; each library is written to a temporary
+name there and moved into place, so two processes building at once never load half a file.
+
+Flags: ``-O3 -march=native`` (the file is built where it runs) and ``-fopenmp-simd`` (the kernels'
+``omp simd`` loops, no OpenMP runtime); no fast-math, so the arithmetic is IEEE's. ``$CC`` names
+another compiler.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+__all__ = ["compiled_library", "compiled_unavailable"]
+
+KERNELS = Path(__file__).parent / "kernels"
+FLAGS = ("-O3", "-fopenmp-simd", "-shared", "-fPIC", "-std=c11")
+ARCH_FLAGS = ("-march=native",)  # dropped (and the build retried) where the compiler does not know it
+
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+_why: dict[str, str] = {}
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept (module docstring)."""
+    root = os.environ.get("STORELAB_CACHE_DIR")
+    if root:
+        return Path(root) / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "storelab" / "kernels"
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc) or shutil.which("gcc") or shutil.which("clang")
+
+
+def _sources(name: str) -> list[Path]:
+    return sorted(p for p in KERNELS.iterdir() if p.stem.startswith(name) and p.suffix in (".c", ".h"))
+
+
+def _build(name: str) -> ctypes.CDLL:
+    cc = _compiler()
+    if cc is None:
+        raise OSError("no C compiler (cc, gcc or clang) on PATH")
+    source = KERNELS / f"{name}.c"
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    key = hashlib.sha256()
+    for p in _sources(name):
+        key.update(p.name.encode() + p.read_bytes())
+    key.update(repr((cc, version, FLAGS, ARCH_FLAGS, platform.machine(), platform.node())).encode())
+    out_dir = cache_dir()
+    target = out_dir / f"{name}-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=out_dir)
+        os.close(fd)
+        try:
+            errors = ""
+            for arch in (ARCH_FLAGS, ()):
+                run = subprocess.run([cc, *FLAGS, *arch, "-o", tmp, str(source), "-lm"], capture_output=True,
+                                     text=True)
+                if run.returncode == 0:
+                    break
+                errors = run.stderr.strip()[-400:]
+            else:
+                raise OSError(f"{cc} could not build {source.name}: {errors}")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return ctypes.CDLL(str(target))
+
+
+def compiled_library(name: str) -> ctypes.CDLL | None:
+    """The kernel library ``kernels/<name>.c``, built on first use; None where it cannot be built or
+    ``STORELAB_COMPILED=0`` (then ``compiled_unavailable(name)`` says why)."""
+    if os.environ.get("STORELAB_COMPILED", "1") == "0":
+        _why[name] = "turned off by STORELAB_COMPILED=0"
+        return None
+    with _lock:
+        if name not in _loaded:
+            try:
+                _loaded[name] = _build(name)
+            except OSError as e:  # no compiler, a failed build, an unloadable file: the tensor form runs
+                _loaded[name] = None
+                _why[name] = str(e)
+        return _loaded[name]
+
+
+def compiled_unavailable(name: str) -> str | None:
+    """Why ``compiled_library(name)`` answered None (None if it has not, or was not asked)."""
+    return _why.get(name)
