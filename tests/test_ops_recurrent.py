@@ -196,6 +196,19 @@ def test_delta_states_by_scan_reports_rounds():
     assert_close(S_all[:, -1], S_ref, 1e-10, "last state")
 
 
+@pytest.fixture(params=["C kernel", "tensor form"])
+def conv_form(request, monkeypatch):
+    """Both forms of the short convolution: the C kernel (asserted to build here) and the tensor form."""
+    import storelab.ops.conv as conv
+
+    if request.param == "tensor form":
+        monkeypatch.setattr(conv, "_compiled_fits", lambda u: False)
+    else:
+        assert conv._compiled_fits(torch.zeros(1, 1, 1)), "the short_conv kernel did not build"
+    return request.param
+
+
+@pytest.mark.usefixtures("conv_form")
 @pytest.mark.parametrize("chunks", [[9], [1] * 9, [2, 5, 2], [3, 1, 5]])
 def test_causal_conv_tail_carries_across_calls(chunks):
     g = torch.Generator().manual_seed(0)
@@ -213,9 +226,12 @@ def test_causal_conv_tail_carries_across_calls(chunks):
     assert_close(tail, x[:, -3:], 0, "tail = last 3 inputs")
 
 
+@pytest.mark.usefixtures("conv_form")
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("activation", ["silu", None])
 @pytest.mark.parametrize("T, with_tail", [(11, True), (11, False), (2, True), (2, False), (1, False), (20, True)])
-def test_conv_gradients_match_torch_conv1d_and_gradcheck(activation, T, with_tail):
+def test_conv_gradients_match_torch_conv1d_and_gradcheck(activation, T, with_tail, threads, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # the C kernel splits its rows between threads
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, T, 5, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)

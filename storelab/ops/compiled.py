@@ -27,9 +27,11 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
-__all__ = ["compiled_library", "compiled_unavailable"]
+__all__ = ["compiled_library", "compiled_unavailable", "in_threads"]
 
 KERNELS = Path(__file__).parent / "kernels"
 FLAGS = ("-O3", "-fopenmp-simd", "-shared", "-fPIC", "-std=c11")
@@ -110,3 +112,15 @@ def compiled_library(name: str) -> ctypes.CDLL | None:
 def compiled_unavailable(name: str) -> str | None:
     """Why ``compiled_library(name)`` answered None (None if it has not, or was not asked)."""
     return _why.get(name)
+
+
+def in_threads(fn: Callable[[int, int], object], n_items: int, threads: int) -> None:
+    """fn(start, stop) over [0, n_items) cut into ``threads`` ranges run at once (a kernel's ctypes call lets
+    go of the GIL, so the ranges run in parallel); one thread calls fn(0, n_items) itself."""
+    n = max(1, min(threads, n_items))
+    if n == 1:
+        fn(0, n_items)
+        return
+    cuts = [n_items * i // n for i in range(n + 1)]
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(lambda i: fn(cuts[i], cuts[i + 1]), range(n)))

@@ -20,12 +20,10 @@ Threads: the lane groups are split between ``torch.get_num_threads()`` threads (
 from __future__ import annotations
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
 from torch import Tensor
 
-from storelab.ops.compiled import compiled_library
+from storelab.ops.compiled import compiled_library, in_threads
 
 __all__ = ["step_train", "step_train_fits"]
 
@@ -59,13 +57,7 @@ def _ptr(t: Tensor | None) -> int | None:
 
 def _run_groups(fn, args: tuple, groups: int) -> None:
     """fn(*args, g0, g1) over the lane groups, split between torch's threads."""
-    n = max(1, min(torch.get_num_threads(), groups))
-    if n == 1:
-        fn(*args, 0, groups)
-        return
-    cuts = [groups * i // n for i in range(n + 1)]
-    with ThreadPoolExecutor(n) as pool:
-        list(pool.map(lambda i: fn(*args, cuts[i], cuts[i + 1]), range(n)))
+    in_threads(lambda g0, g1: fn(*args, g0, g1), groups, torch.get_num_threads())
 
 
 class _DeltaSteps(torch.autograd.Function):
