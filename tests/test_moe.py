@@ -213,3 +213,17 @@ def test_gradients_reach_router_experts_and_latent():
     for name in ("router.weight", "gate_up", "down", "latent_down.weight", "latent_up.weight", "shared_gate.weight"):
         g = dict(m.named_parameters())[name].grad
         assert g is not None and g.abs().sum() > 0, name
+
+
+def test_normalised_softmax_routing_is_the_softmax_of_the_chosen_logits():
+    # route_topk's shortcut (no [N, E] softmax) against the plain form: softmax, choose, renormalise
+    logits = torch.randn(50, 8, dtype=torch.float64, requires_grad=True)
+    w, e = route_topk(logits, top_k=3, score="softmax", normalize=True, scaling=2.5)
+    p = torch.softmax(logits, -1)
+    e_ref = torch.topk(p, 3, dim=-1).indices
+    w_ref = p.gather(1, e_ref) / p.gather(1, e_ref).sum(-1, keepdim=True) * 2.5
+    assert torch.equal(e, e_ref)
+    torch.testing.assert_close(w, w_ref, rtol=0, atol=1e-15)
+    dw = torch.randn(50, 3, dtype=torch.float64)
+    g, g_ref = (torch.autograd.grad((x * dw).sum(), logits)[0] for x in (w, w_ref))
+    torch.testing.assert_close(g, g_ref, rtol=0, atol=1e-14)

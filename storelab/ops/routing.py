@@ -79,6 +79,11 @@ def _weights(scores_NE: Tensor, experts_NK: Tensor, normalize: bool, scaling: fl
 def route_topk(logits_NE: Tensor, *, top_k: int, score: str = "softmax", bias_E: Tensor | None = None,
                normalize: bool = True, scaling: float = 1.0) -> tuple[Tensor, Tensor]:
     """(weights_NK, at least fp32; experts_NK long) for a learned router."""
+    if score == "softmax" and normalize and bias_E is None:
+        # the softmax renormalised over the chosen k is the softmax of their k logits (the same order
+        # chooses them): no [N, E] softmax and its backward, the costlier part of routing a narrow layer
+        top = torch.topk(_at_least_fp32(logits_NE), top_k, dim=-1)
+        return torch.softmax(top.values, dim=-1) * scaling, top.indices
     scores_NE = ROUTER_SCORES[score](_at_least_fp32(logits_NE))
     choose_NE = scores_NE if bias_E is None else scores_NE + bias_E.to(scores_NE.dtype)
     experts_NK = torch.topk(choose_NE, top_k, dim=-1).indices
