@@ -5,21 +5,22 @@
 #define NAME(a, b) NAME2(a, b)
 #define LANE _Pragma("omp simd") for (int l = 0; l < LANES; l++)
 
-/* The lanes' rows of x [B,T,H,D] at token t, into buf [D][LANES] (zeros for lanes past the heads). */
-static void NAME(gather_, SUF)(const REAL *x, long t, long T, long H, long D, const long *bh, REAL *buf)
+/* The lanes' rows of x [B,T,H,D] at token t, into buf [D][LANES] (zeros for lanes past the heads); bh[l] is
+ * lane l's row at t = 0, b * T * H + h (-1: no head), so its row at t is bh[l] + t * H. */
+static void NAME(gather_, SUF)(const REAL *x, long t, long H, long D, const long *bh, REAL *buf)
 {
-    LANE {
+    for (int l = 0; l < LANES; l++) {
         if (bh[l] < 0) { for (long d = 0; d < D; d++) buf[d * LANES + l] = 0; continue; }
-        const REAL *row = x + ((bh[l] / H * T + t) * H + bh[l] % H) * D;
+        const REAL *row = x + (bh[l] + t * H) * D;
         for (long d = 0; d < D; d++) buf[d * LANES + l] = row[d];
     }
 }
 
-static void NAME(scatter_, SUF)(REAL *x, long t, long T, long H, long D, const long *bh, const REAL *buf)
+static void NAME(scatter_, SUF)(REAL *x, long t, long H, long D, const long *bh, const REAL *buf)
 {
-    LANE {
+    for (int l = 0; l < LANES; l++) {
         if (bh[l] < 0) continue;
-        REAL *row = x + ((bh[l] / H * T + t) * H + bh[l] % H) * D;
+        REAL *row = x + (bh[l] + t * H) * D;
         for (long d = 0; d < D; d++) row[d] = buf[d * LANES + l];
     }
 }
@@ -30,19 +31,19 @@ typedef struct {
 } NAME(tok_, SUF);
 
 static void NAME(load_, SUF)(NAME(tok_, SUF) *x, const REAL *q, const REAL *k, const REAL *v, const REAL *g,
-                             const REAL *beta, long t, long T, long H, long K, long V, int g_mode,
+                             const REAL *beta, long t, long H, long K, long V, int g_mode,
                              const long *bh)
 {
-    if (q) NAME(gather_, SUF)(q, t, T, H, K, bh, x->q);
-    NAME(gather_, SUF)(k, t, T, H, K, bh, x->k);
-    NAME(gather_, SUF)(v, t, T, H, V, bh, x->v);
+    if (q) NAME(gather_, SUF)(q, t, H, K, bh, x->q);
+    NAME(gather_, SUF)(k, t, H, K, bh, x->k);
+    NAME(gather_, SUF)(v, t, H, V, bh, x->v);
     if (g_mode == 0) LANE x->a[l] = 1;
     else {
         const long D = g_mode == 2 ? K : 1;
-        NAME(gather_, SUF)(g, t, T, H, D, bh, x->a);
+        NAME(gather_, SUF)(g, t, H, D, bh, x->a);
         for (long d = 0; d < D * LANES; d++) x->a[d] = (REAL)exp((double)x->a[d]);
     }
-    if (beta) NAME(gather_, SUF)(beta, t, T, H, 1, bh, x->b);
+    if (beta) NAME(gather_, SUF)(beta, t, H, 1, bh, x->b);
 }
 
 /* One token: P = diag(a) S (into P), r = v - P^T k, u = beta r (v without beta), S_out = P + k u^T. */
@@ -73,9 +74,15 @@ static void NAME(token_, SUF)(const REAL *S, REAL *P, REAL *S_out, const NAME(to
     }
 }
 
-static void NAME(lanes_, SUF)(long gi, long BH, long *bh)
+/* Lane l of group gi is head n = gi * LANES + l of the B * H: bh[l] its row at t = 0 (-1 past the heads), and
+ * hs[l] = n its index in the states [B*H, K, V]. */
+static void NAME(lanes_, SUF)(long gi, long BH, long T, long H, long *bh, long *hs)
 {
-    LANE bh[l] = gi * LANES + l < BH ? gi * LANES + l : -1;
+    for (int l = 0; l < LANES; l++) {
+        const long n = gi * LANES + l;
+        hs[l] = n < BH ? n : -1;
+        bh[l] = n < BH ? (n / H) * T * H + n % H : -1;
+    }
 }
 
 /* Forward: o [B,T,H,V]; ckpt [G, NC+1, K, V, LANES]: the state entering each span of L tokens, then the
@@ -86,17 +93,18 @@ void NAME(delta_forward_, SUF)(const REAL *q, const REAL *k, const REAL *v, cons
 {
     const long NC = (T + L - 1) / L, KV = K * V, BH = B * H, G = (BH + LANES - 1) / LANES;
     for (long gi = g0; gi < g1 && gi < G; gi++) {
-        long bh[LANES];
-        NAME(lanes_, SUF)(gi, BH, bh);
+        long bh[LANES], hs[LANES];
+        NAME(lanes_, SUF)(gi, BH, T, H, bh, hs);
         REAL *C = ckpt + gi * (NC + 1) * KV * LANES;
         REAL *work = malloc(sizeof(REAL) * LANES * (KV + 5 * V + 3 * K + 1));
         REAL *S = work, *r = S + KV * LANES, *u = r + V * LANES, *ob = u + V * LANES;
         NAME(tok_, SUF) x = {ob + V * LANES, ob + V * LANES + K * LANES, ob + V * LANES + 2 * K * LANES,
                              ob + 2 * V * LANES + 2 * K * LANES, ob + 2 * V * LANES + 3 * K * LANES};
-        LANE for (long e = 0; e < KV; e++) S[e * LANES + l] = (S0 && bh[l] >= 0) ? S0[bh[l] * KV + e] : 0;
+        for (int l = 0; l < LANES; l++)
+            for (long e = 0; e < KV; e++) S[e * LANES + l] = (S0 && hs[l] >= 0) ? S0[hs[l] * KV + e] : 0;
         for (long t = 0; t < T; t++) {
             if (t % L == 0) for (long e = 0; e < KV * LANES; e++) C[(t / L) * KV * LANES + e] = S[e];
-            NAME(load_, SUF)(&x, q, k, v, g, beta, t, T, H, K, V, g_mode, bh);
+            NAME(load_, SUF)(&x, q, k, v, g, beta, t, H, K, V, g_mode, bh);
             NAME(token_, SUF)(S, S, S, &x, g_mode == 2, beta != 0, r, u, K, V);
             for (long j = 0; j < V * LANES; j++) ob[j] = 0;
             for (long i = 0; i < K; i++) {
@@ -108,7 +116,7 @@ void NAME(delta_forward_, SUF)(const REAL *q, const REAL *k, const REAL *v, cons
                 }
             }
             for (long j = 0; j < V * LANES; j++) ob[j] *= scale;
-            NAME(scatter_, SUF)(o, t, T, H, V, bh, ob);
+            NAME(scatter_, SUF)(o, t, H, V, bh, ob);
         }
         for (long e = 0; e < KV * LANES; e++) C[NC * KV * LANES + e] = S[e];
         free(work);
@@ -125,8 +133,8 @@ void NAME(delta_backward_, SUF)(const REAL *q, const REAL *k, const REAL *v, con
 {
     const long NC = (T + L - 1) / L, KV = K * V, BH = B * H, G = (BH + LANES - 1) / LANES;
     for (long gi = g0; gi < g1 && gi < G; gi++) {
-        long bh[LANES];
-        NAME(lanes_, SUF)(gi, BH, bh);
+        long bh[LANES], hs[LANES];
+        NAME(lanes_, SUF)(gi, BH, T, H, bh, hs);
         const REAL *C = ckpt + gi * (NC + 1) * KV * LANES;
         const long nbuf = L * KV + 2 * KV + 2 * L * V + 6 * V + 6 * K + 3;
         REAL *work = malloc(sizeof(REAL) * LANES * nbuf);
@@ -136,40 +144,43 @@ void NAME(delta_backward_, SUF)(const REAL *q, const REAL *k, const REAL *v, con
         REAL *tmp = dgb + K * LANES, *udo = tmp + V * LANES, *dbb = udo + LANES;
         NAME(tok_, SUF) x = {dbb + LANES, dbb + LANES + K * LANES, dbb + LANES + 2 * K * LANES,
                              dbb + LANES + 2 * K * LANES + V * LANES, dbb + LANES + 3 * K * LANES + V * LANES};
-        LANE for (long e = 0; e < KV; e++) dS[e * LANES + l] = (dS_final && bh[l] >= 0) ? dS_final[bh[l] * KV + e] : 0;
+        for (int l = 0; l < LANES; l++)
+            for (long e = 0; e < KV; e++)
+                dS[e * LANES + l] = (dS_final && hs[l] >= 0) ? dS_final[hs[l] * KV + e] : 0;
         for (long c = NC - 1; c >= 0; c--) {
             const long t0 = c * L, t1 = (t0 + L < T) ? t0 + L : T;
             for (long e = 0; e < KV * LANES; e++) S[e] = C[c * KV * LANES + e];
             for (long t = t0; t < t1; t++) {  /* again forward: P_t, r_t, u_t kept */
                 const long s = t - t0;
-                NAME(load_, SUF)(&x, NULL, k, v, g, beta, t, T, H, K, V, g_mode, bh);
+                NAME(load_, SUF)(&x, NULL, k, v, g, beta, t, H, K, V, g_mode, bh);
                 NAME(token_, SUF)(S, Pb + s * KV * LANES, S, &x, g_mode == 2, beta != 0, rb + s * V * LANES,
                                   ub + s * V * LANES, K, V);
             }
             for (long t = t1 - 1; t >= t0; t--) {
                 const long s = t - t0;
                 const REAL *P = Pb + s * KV * LANES, *r = rb + s * V * LANES, *u = ub + s * V * LANES;
-                NAME(load_, SUF)(&x, q, k, v, g, beta, t, T, H, K, V, g_mode, bh);
-                NAME(gather_, SUF)(dout, t, T, H, V, bh, dob);
+                NAME(load_, SUF)(&x, q, k, v, g, beta, t, H, K, V, g_mode, bh);
+                NAME(gather_, SUF)(dout, t, H, V, bh, dob);
                 /* o = s S_t^T q, S_t = P + k u^T: dq = s (P do + k (u . do)); dS += s q do^T; dk = dS u; du = dS^T k */
                 LANE udo[l] = 0;
                 for (long j = 0; j < V; j++) { const REAL *uj = u + j * LANES, *dj = dob + j * LANES; LANE udo[l] += uj[l] * dj[l]; }
                 for (long j = 0; j < V * LANES; j++) du[j] = 0;
                 for (long i = 0; i < K; i++) {
                     const REAL *qi = x.q + i * LANES, *ki = x.k + i * LANES;
-                    REAL *dqi = dqb + i * LANES, *dki = dkb + i * LANES;
-                    LANE { dqi[l] = 0; dki[l] = 0; }
+                    REAL aq[LANES] = {0}, ak[LANES] = {0};  /* sums over j kept in registers, not in memory */
                     for (long j = 0; j < V; j++) {
                         const REAL *Pij = P + (i * V + j) * LANES, *dj = dob + j * LANES, *uj = u + j * LANES;
                         REAL *dSij = dS + (i * V + j) * LANES, *duj = du + j * LANES;
                         LANE {
-                            dqi[l] += Pij[l] * dj[l];
-                            dSij[l] += scale * qi[l] * dj[l];
-                            dki[l] += dSij[l] * uj[l];
-                            duj[l] += dSij[l] * ki[l];
+                            const REAL dSn = dSij[l] + scale * qi[l] * dj[l];
+                            aq[l] += Pij[l] * dj[l];
+                            ak[l] += dSn * uj[l];
+                            duj[l] += dSn * ki[l];
+                            dSij[l] = dSn;
                         }
                     }
-                    LANE dqi[l] = scale * (dqi[l] + ki[l] * udo[l]);
+                    REAL *dqi = dqb + i * LANES, *dki = dkb + i * LANES;
+                    LANE { dqi[l] = scale * (aq[l] + ki[l] * udo[l]); dki[l] = ak[l]; }
                 }
                 /* u = beta r, r = v - P^T k */
                 LANE dbb[l] = 0;
@@ -184,26 +195,29 @@ void NAME(delta_backward_, SUF)(const REAL *q, const REAL *k, const REAL *v, con
                 for (long d = 0; d < D * LANES; d++) dgb[d] = 0;
                 for (long i = 0; i < K; i++) {
                     const REAL *ki = x.k + i * LANES, *ai = x.a + (g_mode == 2 ? i : 0) * LANES;
-                    REAL *dki = dkb + i * LANES, *dgi = dgb + (g_mode == 2 ? i : 0) * LANES;
+                    REAL ak[LANES] = {0}, ag[LANES] = {0};
                     for (long j = 0; j < V; j++) {
                         const REAL *Pij = P + (i * V + j) * LANES, *dpj = dp + j * LANES;
                         REAL *dSij = dS + (i * V + j) * LANES;
                         LANE {
                             const REAL dPij = dSij[l] + ki[l] * dpj[l];
-                            dki[l] += Pij[l] * dpj[l];
-                            dgi[l] += dPij * Pij[l];
+                            ak[l] += Pij[l] * dpj[l];
+                            ag[l] += dPij * Pij[l];
                             dSij[l] = ai[l] * dPij;
                         }
                     }
+                    REAL *dki = dkb + i * LANES, *dgi = dgb + (g_mode == 2 ? i : 0) * LANES;
+                    LANE { dki[l] += ak[l]; dgi[l] += ag[l]; }
                 }
-                NAME(scatter_, SUF)(dq, t, T, H, K, bh, dqb);
-                NAME(scatter_, SUF)(dk, t, T, H, K, bh, dkb);
-                NAME(scatter_, SUF)(dv, t, T, H, V, bh, dvb);
-                if (g_mode) NAME(scatter_, SUF)(dg, t, T, H, D, bh, dgb);
-                if (beta) NAME(scatter_, SUF)(dbeta, t, T, H, 1, bh, dbb);
+                NAME(scatter_, SUF)(dq, t, H, K, bh, dqb);
+                NAME(scatter_, SUF)(dk, t, H, K, bh, dkb);
+                NAME(scatter_, SUF)(dv, t, H, V, bh, dvb);
+                if (g_mode) NAME(scatter_, SUF)(dg, t, H, D, bh, dgb);
+                if (beta) NAME(scatter_, SUF)(dbeta, t, H, 1, bh, dbb);
             }
         }
-        LANE if (bh[l] >= 0) for (long e = 0; e < KV; e++) dS0[bh[l] * KV + e] = dS[e * LANES + l];
+        for (int l = 0; l < LANES; l++)
+            if (hs[l] >= 0) for (long e = 0; e < KV; e++) dS0[hs[l] * KV + e] = dS[e * LANES + l];
         free(work);
     }
 }
