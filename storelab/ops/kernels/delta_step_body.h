@@ -163,7 +163,10 @@ void NAME(delta_backward_, SUF)(const REAL *q, const REAL *k, const REAL *v, con
                 NAME(gather_, SUF)(dout, t, H, V, bh, dob);
                 /* o = s S_t^T q, S_t = P + k u^T: dq = s (P do + k (u . do)); dS += s q do^T; dk = dS u; du = dS^T k */
                 LANE udo[l] = 0;
-                for (long j = 0; j < V; j++) { const REAL *uj = u + j * LANES, *dj = dob + j * LANES; LANE udo[l] += uj[l] * dj[l]; }
+                for (long j = 0; j < V; j++) {
+                    const REAL *uj = u + j * LANES, *dj = dob + j * LANES;
+                    LANE udo[l] += uj[l] * dj[l];
+                }
                 for (long j = 0; j < V * LANES; j++) du[j] = 0;
                 for (long i = 0; i < K; i++) {
                     const REAL *qi = x.q + i * LANES, *ki = x.k + i * LANES;
