@@ -20,7 +20,7 @@ OPS = {"linear_attention": linear_attention, "delta_rule": delta_rule, "gated_de
 
 def test_the_kernel_builds_on_this_machine():
     assert ds._library() is not None, compiled.compiled_unavailable("delta_step")
-    assert ds.step_train_fits(torch.zeros(1, 1, 1, 16), torch.zeros(1, 1, 1, 16))
+    assert ds.step_train_fits(torch.zeros(4, 1, 4, 16), torch.zeros(4, 1, 4, 16))
 
 
 def _inputs(rule, B, T, H, K, V, *, dtype=torch.float64, seed=0):
@@ -101,8 +101,8 @@ def test_two_threads_give_the_same_bits(monkeypatch):
     assert all(torch.equal(one[2][n], two[2][n]) for n in x)
 
 
-def _op_grad_fn(K, V, requires_grad=True):
-    x = _inputs("gated_delta_rule", 1, 20, 2, K, V, dtype=torch.float32)
+def _op_grad_fn(K, V, requires_grad=True, B=4, H=4):
+    x = _inputs("gated_delta_rule", B, 20, H, K, V, dtype=torch.float32)
     with torch.set_grad_enabled(requires_grad):
         o, _ = gated_delta_rule(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], output_final_state=True)
     return o.grad_fn.name() if o.grad_fn is not None else None
@@ -110,8 +110,10 @@ def _op_grad_fn(K, V, requires_grad=True):
 
 def test_training_takes_the_kernel_for_small_states_only(monkeypatch):
     assert "DeltaSteps" in _op_grad_fn(16, 16)
-    assert "DeltaSteps" in _op_grad_fn(32, 32)  # MAX_STATE exactly
+    assert "DeltaSteps" in _op_grad_fn(32, 64)  # MAX_STATE exactly
     assert "DeltaChunks" in _op_grad_fn(64, 64)
+    assert "DeltaSteps" in _op_grad_fn(16, 16, B=3, H=3)  # 9 heads in 16 lanes: more than half
+    assert "DeltaChunks" in _op_grad_fn(16, 16, B=1, H=4)  # 4 heads in 16 lanes: mostly padding
     assert _op_grad_fn(16, 16, requires_grad=False) is None  # inference keeps its no-grad chunked path
     monkeypatch.setenv("STORELAB_COMPILED", "0")
     assert "DeltaChunks" in _op_grad_fn(16, 16)
@@ -119,11 +121,15 @@ def test_training_takes_the_kernel_for_small_states_only(monkeypatch):
     assert "STORELAB_COMPILED=0" in compiled.compiled_unavailable("delta_step")
 
 
-def test_bf16_inputs_train_through_the_kernel():
-    x = _inputs("gated_delta_rule", 1, 40, 2, 8, 8, dtype=torch.bfloat16)
+def test_bf16_inputs_train_through_the_kernel(monkeypatch):
+    import storelab.ops.delta as delta
+
+    calls = []
+    monkeypatch.setattr(delta, "step_train", lambda *a, **kw: calls.append(a[0].dtype) or ds.step_train(*a, **kw))
+    x = _inputs("gated_delta_rule", 4, 40, 4, 8, 8, dtype=torch.bfloat16)
     o, S = gated_delta_rule(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["h0"],
                             output_final_state=True)
-    assert o.dtype == torch.bfloat16
+    assert o.dtype == torch.bfloat16 and calls == [torch.float32]  # the kernel ran, on fp32 copies
     (o.float().sum() + S.float().sum()).backward()
     assert all(t.grad is not None and t.grad.dtype == torch.bfloat16 and torch.isfinite(t.grad.float()).all()
                for t in x.values())
@@ -143,3 +149,13 @@ def test_the_builder_writes_into_its_cache_and_reports_a_failed_build(tmp_path, 
     assert compiled.compiled_library("delta_step") is None
     assert "could not build delta_step.c" in compiled.compiled_unavailable("delta_step")
     assert not any((tmp_path / "other" / "kernels").iterdir())
+
+
+def test_an_unwritable_cache_falls_back_to_the_temporary_folder(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")  # the cache folder would have to live under a file
+    monkeypatch.setenv("STORELAB_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(compiled.tempfile, "gettempdir", lambda: str(tmp_path))
+    assert compiled._build("delta_step").delta_step_lanes() > 0
+    assert blocker.read_text() == "not a folder"
+    assert any(p.name.startswith("storelab-kernels-") for p in tmp_path.iterdir())

@@ -24,7 +24,8 @@ def training_form(request, monkeypatch):
     if request.param == "chunked":
         monkeypatch.setattr(ds, "MAX_STATE", 0)
     else:  # (tests/test_delta_step.py fails where the kernel does not build)
-        assert ds.step_train_fits(torch.zeros(1, 1, 1, K), torch.zeros(1, 1, 1, V))
+        monkeypatch.setattr(ds, "MIN_FILL", 0.0)  # these few heads fill few lanes: take the kernel anyway
+        assert ds.step_train_fits(torch.zeros(B, 1, HV, K), torch.zeros(B, 1, HV, V))
     return request.param
 B, H, HV, K, V, C = 1, 1, 2, 8, 6, 16
 

@@ -9,8 +9,9 @@ and machine into the cache folder and loads it. No torch headers and no build sy
 Where there is no C compiler, or it fails, ``library`` answers None and says why in ``unavailable``; the
 callers then run their tensor form, which computes the same thing. ``STORELAB_COMPILED=0`` turns the
 kernels off. The cache folder is ``$STORELAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/storelab``, else
-``~/.cache/storelab``, in a ``kernels`` folder of its own; each library is written to a temporary
-name there and moved into place, so two processes building at once never load half a file.
+``~/.cache/storelab``, in a ``kernels`` folder of its own (where that cannot be written, a folder of
+the user's in the temporary one); each library is written to a temporary name there and moved into
+place, so two processes building at once never load half a file.
 
 Flags: ``-O3 -march=native`` (the file is built where it runs) and ``-fopenmp-simd`` (the kernels'
 ``omp simd`` loops, no OpenMP runtime); no fast-math, so the arithmetic is IEEE's. ``$CC`` names
@@ -51,6 +52,19 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "storelab" / "kernels"
 
 
+def _writable(folder: Path) -> Path:
+    """``folder``, made if missing; where it cannot be written, a folder of this user's in the temporary one."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
+    fallback = Path(tempfile.gettempdir()) / f"storelab-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    fallback.mkdir(mode=0o700, exist_ok=True)
+    return fallback
+
+
 def _compiler() -> str | None:
     cc = os.environ.get("CC") or "cc"
     return shutil.which(cc) or shutil.which("gcc") or shutil.which("clang")
@@ -70,10 +84,9 @@ def _build(name: str) -> ctypes.CDLL:
     for p in _sources(name):
         key.update(p.name.encode() + p.read_bytes())
     key.update(repr((cc, version, FLAGS, ARCH_FLAGS, platform.machine(), platform.node())).encode())
-    out_dir = cache_dir()
+    out_dir = _writable(cache_dir())
     target = out_dir / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=out_dir)
         os.close(fd)
         try:

@@ -9,8 +9,9 @@ and its backward written out token by token (the equations head the C file). For
 entering every ``SPAN`` tokens (memory linear in T, K V / SPAN numbers per token and head); backward runs
 each span forward again from its state, then back. Exact: the same sums as the per-token reference, in
 another order (tests hold both to 1e-12 in float64). Measured (fp32, one thread, B=4, T=2,048, 4 heads,
-forward + backward): K = V = 16 2.4x the chunked form, 32 x 32 1.6x; 64 x 64 the chunked form is 2x
-faster, hence ``MAX_STATE``.
+forward + backward, the two forms interleaved): K = V = 16 11.0 against 31.3 ms, 32 x 32 28.5 against
+64.3, 32 x 64 53.2 against 87.3, 64 x 64 160 against 174 (hence ``MAX_STATE``: wider states keep the
+chunked form, whose products grow more efficient with the width).
 
 Who uses it: ``delta.py``'s training path, for float32 / float64 inputs on a CPU, when the library
 builds (``available()``); else the chunked form runs, which computes the same thing.
@@ -27,7 +28,8 @@ from storelab.ops.compiled import compiled_library, in_threads
 
 __all__ = ["step_train", "step_train_fits"]
 
-MAX_STATE = 32 * 32  # K * V at most (module docstring)
+MAX_STATE = 32 * 64  # K * V at most (module docstring)
+MIN_FILL = 0.5  # the share of the lanes that must hold heads (the rest are padding, computed for nothing)
 SPAN = 32  # tokens between kept states (measured flat from 16 to 64 at K = 16, best at 32-64 for K = 32)
 
 _P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
@@ -45,10 +47,18 @@ def _library() -> ctypes.CDLL | None:
 
 
 def step_train_fits(q: Tensor, v: Tensor) -> bool:
-    """Whether the per-token kernel takes these inputs: a CPU, float32 or float64, K * V <= ``MAX_STATE``,
-    and the library built."""
-    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-            and q.shape[-1] * v.shape[-1] <= MAX_STATE and _library() is not None)
+    """Whether the per-token kernel takes these inputs q [B, T, HV, K], v [B, T, HV, V]: a CPU, float32 or
+    float64, K * V <= ``MAX_STATE``, at least ``MIN_FILL`` of the lanes holding heads, and the library built.
+    (A lane group costs the same however few of its lanes hold heads; the chunked form's cost falls with
+    the heads.)"""
+    if not (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+            and q.shape[-1] * v.shape[-1] <= MAX_STATE):
+        return False
+    lib = _library()
+    if lib is None:
+        return False
+    heads, lanes = q.shape[0] * q.shape[2], lib.delta_step_lanes()
+    return heads >= MIN_FILL * (-(-heads // lanes) * lanes)
 
 
 def _ptr(t: Tensor | None) -> int | None:
