@@ -25,8 +25,9 @@ state is carried as S / P, P the decay since the group's start (``_rescales``). 
 while the chunk's decay is within exp's range (exp(G_i - G_j) = exp(G_i - m) exp(m - G_j)); beyond it
 GDN forms Gamma pairwise and KDA factors through sub-chunk reference points as in GLA (arXiv 2312.06635).
 Why C = 32: docs/bench.md. Training (inputs needing gradients, ``records_grad``): for states of at most
-32 x 32 ``delta_step.step_train``, the per-token rule in C with its backward; otherwise (or without a C
-compiler) ``delta_train.chunk_train``, the same algorithm with a hand-written backward (see ``_run``). B batch, T tokens, H heads, K, V widths, C chunk."""
+32 x 64 with heads enough to fill the lanes, ``delta_step.step_train``, the per-token rule in C with its
+backward (``step_train_fits``); otherwise (or without a C compiler) ``delta_train.chunk_train``, the
+same algorithm with a hand-written backward (see ``_run``). B batch, T tokens, H heads, K, V widths, C chunk."""
 
 from __future__ import annotations
 
