@@ -21,6 +21,7 @@ Threads: the lane groups are split between ``torch.get_num_threads()`` threads (
 from __future__ import annotations
 
 import ctypes
+import weakref
 import torch
 from torch import Tensor
 
@@ -35,14 +36,17 @@ SPAN = 32  # tokens between kept states (measured flat from 16 to 64 at K = 16, 
 _P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 
 
+_typed: weakref.WeakSet = weakref.WeakSet()  # the libraries whose functions have their argument types set
+
+
 def _library() -> ctypes.CDLL | None:
     lib = compiled_library("delta_step")
-    if lib is not None and not getattr(lib, "_typed", False):
+    if lib is not None and lib not in _typed:
         for suf, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
             getattr(lib, f"delta_forward_{suf}").argtypes = [_P] * 8 + [_L] * 5 + [_I, real, _L, _L, _L]
             getattr(lib, f"delta_backward_{suf}").argtypes = [_P] * 14 + [_L] * 5 + [_I, real, _L, _L, _L]
         lib.delta_step_lanes.restype = _I
-        lib._typed = True
+        _typed.add(lib)
     return lib
 
 
