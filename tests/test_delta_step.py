@@ -117,15 +117,15 @@ def test_training_takes_the_kernel_for_small_states_only(monkeypatch):
     assert _op_grad_fn(16, 16, requires_grad=False) is None  # inference keeps its no-grad chunked path
     monkeypatch.setenv("STORELAB_COMPILED", "0")
     assert "DeltaChunks" in _op_grad_fn(16, 16)
-    assert compiled.compiled_library("delta_step") is None
+    assert compiled.compiled_library("delta_step", ds._SIGNATURES) is None
     assert "STORELAB_COMPILED=0" in compiled.compiled_unavailable("delta_step")
 
 
 def test_bf16_inputs_train_through_the_kernel(monkeypatch):
-    import storelab.ops.delta as delta
+    import storelab.ops.delta_train as delta_train
 
     calls = []
-    monkeypatch.setattr(delta, "step_train", lambda *a, **kw: calls.append(a[0].dtype) or ds.step_train(*a, **kw))
+    monkeypatch.setattr(delta_train, "step_train", lambda *a, **kw: calls.append(a[0].dtype) or ds.step_train(*a, **kw))
     x = _inputs("gated_delta_rule", 4, 40, 4, 8, 8, dtype=torch.bfloat16)
     o, S = gated_delta_rule(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["h0"],
                             output_final_state=True)
@@ -146,7 +146,7 @@ def test_the_builder_writes_into_its_cache_and_reports_a_failed_build(tmp_path, 
     monkeypatch.setenv("STORELAB_CACHE_DIR", str(tmp_path / "other"))
     monkeypatch.setenv("CC", "false")  # a "compiler" that fails
     monkeypatch.setattr(compiled, "_loaded", {})
-    assert compiled.compiled_library("delta_step") is None
+    assert compiled.compiled_library("delta_step", ds._SIGNATURES) is None
     assert "could not build delta_step.c" in compiled.compiled_unavailable("delta_step")
     assert not any((tmp_path / "other" / "kernels").iterdir())
 
@@ -159,3 +159,13 @@ def test_an_unwritable_cache_falls_back_to_the_temporary_folder(tmp_path, monkey
     assert compiled._build("delta_step").delta_step_lanes() > 0
     assert blocker.read_text() == "not a folder"
     assert any(p.name.startswith("storelab-kernels-") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name, bad", [("k", lambda t: t[:, :-1]), ("v", lambda t: t[..., None]),
+                                       ("g", lambda t: t[..., :1, None]), ("beta", lambda t: t.double()),
+                                       ("h0", lambda t: t[:, :1])])
+def test_inputs_out_of_line_are_refused_by_name(name, bad):
+    x = _inputs("gated_delta_rule", 2, 9, 8, 4, 4, dtype=torch.float32)
+    x[name] = bad(x[name].detach())
+    with pytest.raises(ValueError, match="S0" if name == "h0" else f"^{name}:"):
+        _kernel(x, 1.0)

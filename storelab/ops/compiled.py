@@ -106,8 +106,9 @@ def _build(name: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(target))
 
 
-def compiled_library(name: str) -> ctypes.CDLL | None:
-    """The kernel library ``kernels/<name>.c``, built on first use; None where it cannot be built or
+def compiled_library(name: str, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL | None:
+    """The kernel library ``kernels/<name>.c``, built on first use, its functions typed by ``signatures``
+    (function name -> (argument types, result type or None)); None where it cannot be built or
     ``STORELAB_COMPILED=0`` (then ``compiled_unavailable(name)`` says why)."""
     if os.environ.get("STORELAB_COMPILED", "1") == "0":
         _why[name] = "turned off by STORELAB_COMPILED=0"
@@ -115,9 +116,12 @@ def compiled_library(name: str) -> ctypes.CDLL | None:
     with _lock:
         if name not in _loaded:
             try:
-                _loaded[name] = _build(name)
-            except OSError as e:  # no compiler, a failed build, an unloadable file: the tensor form runs
-                _loaded[name] = None
+                lib = _build(name)
+                for fn, (argtypes, restype) in signatures.items():
+                    getattr(lib, fn).argtypes, getattr(lib, fn).restype = argtypes, restype
+                _loaded[name] = lib
+            except (OSError, AttributeError) as e:  # no compiler, a failed build, an unloadable file, a
+                _loaded[name] = None                # function missing: the tensor form runs
                 _why[name] = str(e)
         return _loaded[name]
 

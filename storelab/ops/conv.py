@@ -25,7 +25,6 @@ Shape legend: B batch, T tokens, C channels, W kernel width.
 from __future__ import annotations
 
 import ctypes
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -81,19 +80,12 @@ class _ShortConv(torch.autograd.Function):
 
 
 _P, _L = ctypes.c_void_p, ctypes.c_long
-
-
-_typed: weakref.WeakSet = weakref.WeakSet()  # the libraries whose functions have their argument types set
+_SIGNATURES = {fn + suf: ([_P] * 3 + [_L] * 7, None) for suf in ("f32", "f64")
+               for fn in ("conv_forward_", "conv_input_grad_", "conv_weight_grad_")}
 
 
 def _library() -> ctypes.CDLL | None:
-    lib = compiled_library("short_conv")
-    if lib is not None and lib not in _typed:
-        for suf in ("f32", "f64"):
-            for fn in ("conv_forward_", "conv_input_grad_", "conv_weight_grad_"):
-                getattr(lib, fn + suf).argtypes = [_P] * 3 + [_L] * 7
-        _typed.add(lib)
-    return lib
+    return compiled_library("short_conv", _SIGNATURES)
 
 
 def _compiled_fits(u: Tensor) -> bool:

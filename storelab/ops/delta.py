@@ -24,10 +24,8 @@ the loop: a C x C product per chunk is cheaper than two C x (K + V) ones. Within
 state is carried as S / P, P the decay since the group's start (``_rescales``). Gamma is never formed
 while the chunk's decay is within exp's range (exp(G_i - G_j) = exp(G_i - m) exp(m - G_j)); beyond it
 GDN forms Gamma pairwise and KDA factors through sub-chunk reference points as in GLA (arXiv 2312.06635).
-Why C = 32: docs/bench.md. Training (inputs needing gradients, ``records_grad``): for states of at most
-32 x 64 with heads enough to fill the lanes, ``delta_step.step_train``, the per-token rule in C with its
-backward (``step_train_fits``); otherwise (or without a C compiler) ``delta_train.chunk_train``, the
-same algorithm with a hand-written backward (see ``_run``). B batch, T tokens, H heads, K, V widths, C chunk."""
+Why C = 32: docs/bench.md. Training (inputs needing gradients, ``records_grad``): ``delta_train.train``,
+the per-token rule in C for small states (``delta_step``), else this algorithm with a hand-written backward. B batch, T tokens, H heads, K, V widths, C chunk."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ from torch import Tensor
 
 from storelab.ops.delta_reference import (_from_chunks, _recurrent, _to_chunks, check_delta_shapes,  # noqa: F401
                                          chunk_reference, prepare_delta_inputs, records_grad, recurrent_step)
-from storelab.ops.delta_step import step_train, step_train_fits
-from storelab.ops.delta_train import chunk_train, neumann_doubling, training_chunk
+from storelab.ops.delta_train import neumann_doubling, train
 
 __all__ = ["linear_attention", "delta_rule", "gated_delta_rule", "kda", "recurrent_step"]
 
@@ -450,15 +447,8 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     V = v.shape[-1]
     if mode == "recurrent" or (mode == "chunk" and T == 1):  # one token: the step is the whole algorithm
         o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
-    elif mode == "chunk" and records_grad(q, k, v, g, beta, S0):  # training: small states token by token in C
-        C = training_chunk(g, chunk_size, K)                        # (``delta_step``), else chunked
-        if step_train_fits(q, v):
-            o, S = step_train(q, k, v, g, beta, S0, scale=scale)
-        elif C:
-            o, S = chunk_train(q, k, v, g, beta, S0, scale=scale, chunk_size=C)
-        else:
-            o, S = chunk_reference(q, k, v, g=g, beta=beta, scale=scale, initial_state=S0, chunk_size=chunk_size,
-                                   recompute=True)
+    elif mode == "chunk" and records_grad(q, k, v, g, beta, S0):  # training (``delta_train.train``)
+        o, S = train(q, k, v, g, beta, S0, scale=scale, chunk_size=chunk_size)
     elif mode == "chunk":
         o, S = _chunked(q, k, v, g, beta, scale, S0, min(chunk_size, max(T, 1)))  # no padding below a chunk
     else:

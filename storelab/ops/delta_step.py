@@ -21,11 +21,10 @@ Threads: the lane groups are split between ``torch.get_num_threads()`` threads (
 from __future__ import annotations
 
 import ctypes
-import weakref
 import torch
 from torch import Tensor
 
-from storelab.ops.compiled import compiled_library, in_threads
+from storelab.ops.compiled import compiled_library, compiled_unavailable, in_threads
 
 __all__ = ["step_train", "step_train_fits"]
 
@@ -34,20 +33,15 @@ MIN_FILL = 0.5  # the share of the lanes that must hold heads (the rest are padd
 SPAN = 32  # tokens between kept states (measured flat from 16 to 64 at K = 16, best at 32-64 for K = 32)
 
 _P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-
-
-_typed: weakref.WeakSet = weakref.WeakSet()  # the libraries whose functions have their argument types set
+_REALS = (torch.float32, torch.float64)
+_SIGNATURES = {"delta_step_lanes": ([], _I)}
+for _suf, _real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
+    _SIGNATURES[f"delta_forward_{_suf}"] = ([_P] * 8 + [_L] * 5 + [_I, _real, _L, _L, _L], None)
+    _SIGNATURES[f"delta_backward_{_suf}"] = ([_P] * 14 + [_L] * 5 + [_I, _real, _L, _L, _L], None)
 
 
 def _library() -> ctypes.CDLL | None:
-    lib = compiled_library("delta_step")
-    if lib is not None and lib not in _typed:
-        for suf, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
-            getattr(lib, f"delta_forward_{suf}").argtypes = [_P] * 8 + [_L] * 5 + [_I, real, _L, _L, _L]
-            getattr(lib, f"delta_backward_{suf}").argtypes = [_P] * 14 + [_L] * 5 + [_I, real, _L, _L, _L]
-        lib.delta_step_lanes.restype = _I
-        _typed.add(lib)
-    return lib
+    return compiled_library("delta_step", _SIGNATURES)
 
 
 def step_train_fits(q: Tensor, v: Tensor) -> bool:
@@ -55,7 +49,7 @@ def step_train_fits(q: Tensor, v: Tensor) -> bool:
     float64, K * V <= ``MAX_STATE``, at least ``MIN_FILL`` of the lanes holding heads, and the library built.
     (A lane group costs the same however few of its lanes hold heads; the chunked form's cost falls with
     the heads.)"""
-    if not (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+    if not (q.device.type == "cpu" and q.dtype in _REALS
             and q.shape[-1] * v.shape[-1] <= MAX_STATE):
         return False
     lib = _library()
@@ -122,5 +116,19 @@ def step_train(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor |
                scale: float) -> tuple[Tensor, Tensor]:
     """(o [B,T,H,V], final state [B,H,K,V]) of the per-token rule with its C backward; inputs as
     ``delta_reference.prepare_delta_inputs`` returns them (heads matched, one dtype, scale given); g None,
-    [B,T,H] or [B,T,H,K]; beta None (linear attention) or [B,T,H]. Needs ``step_train_fits``."""
+    [B,T,H] or [B,T,H,K]; beta None (linear attention) or [B,T,H]. Needs ``step_train_fits``. The C code
+    reads the tensors' memory as these shapes, so a shape, dtype or device out of line is refused here."""
+    B, T, H, K = q.shape if q.dim() == 4 else (None,) * 4
+    V = v.shape[-1]
+    want = {"q": (q, (B, T, H, K)), "k": (k, (B, T, H, K)), "v": (v, (B, T, H, V)),
+            "g": (g, (B, T, H) if g is None or g.dim() == 3 else (B, T, H, K)), "beta": (beta, (B, T, H)),
+            "S0": (S0, (B, H, K, V))}
+    for name, (t, shape) in want.items():
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
+        if t is not None and (t.dtype != q.dtype or t.device.type != "cpu" or q.dtype not in _REALS):
+            raise ValueError(f"{name}: the C kernel takes CPU float32 or float64 tensors of one dtype, got "
+                             f"{t.device.type} {t.dtype} (q: {q.dtype})")
+    if _library() is None:
+        raise RuntimeError(f"the delta_step kernel is not built: {compiled_unavailable('delta_step')}")
     return _DeltaSteps.apply(q, k, v, g, beta, S0, float(scale))

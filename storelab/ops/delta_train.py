@@ -38,9 +38,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from storelab.ops.delta_reference import _chunk_view, _from_chunks
+from storelab.ops.delta_reference import _chunk_view, _from_chunks, chunk_reference
+from storelab.ops.delta_step import step_train, step_train_fits
 
-__all__ = ["chunk_train", "fits_factored", "neumann_doubling", "training_chunk"]
+__all__ = ["chunk_train", "fits_factored", "neumann_doubling", "train", "training_chunk"]
 
 # The chunks are processed in groups whose chunk-sized tensors hold about this many numbers (256 KiB in
 # fp32): all of a group's work is done together, while its tensors are in cache (see docs/bench.md)
@@ -343,3 +344,17 @@ def chunk_train(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor 
     ``g`` None, [B,T,H] or [B,T,H,K]; per-channel decays must pass ``fits_factored``."""
     per_channel = g is not None and g.dim() == 4
     return _DeltaChunks.apply(q, k, v, g, beta, S0, float(scale), int(chunk_size), per_channel)
+
+
+def train(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None, S0: Tensor | None, *,
+          scale: float, chunk_size: int) -> tuple[Tensor, Tensor]:
+    """The training form of the delta rules (inputs as ``chunk_train`` takes them): small states token by
+    token in C (``delta_step.step_train_fits``), else ``chunk_train`` at ``training_chunk``'s size, else
+    (per-channel decays beyond the factored form's range even per token) the reference chunked form."""
+    if step_train_fits(q, v):
+        return step_train(q, k, v, g, beta, S0, scale=scale)
+    C = training_chunk(g, chunk_size, q.shape[-1])
+    if C:
+        return chunk_train(q, k, v, g, beta, S0, scale=scale, chunk_size=C)
+    return chunk_reference(q, k, v, g=g, beta=beta, scale=scale, initial_state=S0, chunk_size=chunk_size,
+                           recompute=True)
