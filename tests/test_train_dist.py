@@ -145,19 +145,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _kill_tree(p: subprocess.Popen) -> None:
+    for pid in [*_descendants(p.pid), p.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p.wait()
+
+
+def _nodes(out: Path, logs: Path, steps: int, *extra: str, nodes: int = 2, timeout: float = 240) -> list[tuple[int, str, str]]:
+    """(exit code, stdout, stderr) of one torchrun per node on this machine, static rendezvous (node 0 hosts the
+    store, each node's rank fixed). Output goes to files, not pipes (a full pipe would stall a node and its peers
+    with it); past the deadline every launcher and worker is killed and both logs are shown."""
+    port, procs, files = _free_port(), [], []
+    for rank in range(nodes):
+        o, e = open(logs / f"node{rank}.out", "w+"), open(logs / f"node{rank}.err", "w+")
+        files.append((o, e))
+        launch = ("--nnodes", str(nodes), "--node-rank", str(rank), "--nproc-per-node", "1",
+                  "--master-addr", "127.0.0.1", "--master-port", str(port))
+        procs.append(subprocess.Popen(_torchrun(*_args(out, steps, *extra), launch=launch), stdout=o, stderr=e,
+                                      env=_env(), cwd=ROOT))
+    deadline = time.time() + timeout
+    while any(p.poll() is None for p in procs) and time.time() < deadline:
+        time.sleep(0.05)
+    late = [rank for rank, p in enumerate(procs) if p.poll() is None]
+    for p in procs:
+        if p.poll() is None:
+            _kill_tree(p)
+    res = []
+    for p, (o, e) in zip(procs, files):
+        o.seek(0), e.seek(0)
+        res.append((p.returncode, o.read(), e.read()))
+        o.close(), e.close()
+    assert not late, f"nodes {late} still running after {timeout} s:\n" + \
+        "\n".join(f"--- node {r} (exit {c}) stderr:\n{err[-3000:]}" for r, (c, _, err) in enumerate(res))
+    return res
+
+
 def test_two_nodes_train_and_checkpoint_in_bf16(tmp_path):
     steps = 6
-    port = _free_port()
-    procs = [subprocess.Popen(_torchrun(*_args(tmp_path, steps, "--parallel", "fsdp", "--precision", "bf16"),
-                                        launch=("--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
-                                                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}")),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
-             for rank in (0, 1)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    rec = json.loads(next(o for o, _ in outs if o.strip()))
-    meta = read_meta(tmp_path)
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    res = _nodes(out, logs, steps, "--parallel", "fsdp", "--precision", "bf16")
+    for rank, (code, _, err) in enumerate(res):
+        assert code == 0, f"node {rank}: {err[-3000:]}"
+    rec = json.loads(res[0][1])  # node 0 holds rank 0, the one that prints
+    meta = read_meta(out)
     assert rec["processes"] == 2 and meta["step"] == steps and meta["world"] == 2
     # bf16 compute (FSDP2's policy over two nodes; autocast in one process) against fp32 in one process
     one_bf16 = train(TrainConfig(**CFG, steps=steps, precision="bf16"))
@@ -165,7 +199,7 @@ def test_two_nodes_train_and_checkpoint_in_bf16(tmp_path):
     got = _losses(meta["history"])[-1]
     assert torch.isfinite(torch.tensor(got)) and abs(got - fp32.final_loss) < 2e-2, (got, fp32.final_loss)
     assert abs(one_bf16.final_loss - fp32.final_loss) < 2e-2, (one_bf16.final_loss, fp32.final_loss)
-    model, _, _ = load_trained(tmp_path)
+    model, _, _ = load_trained(out)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the master weights
 
 
