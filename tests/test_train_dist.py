@@ -331,3 +331,23 @@ def test_a_run_killed_in_its_first_checkpoint_starts_again_without_force(tmp_pat
     assert folder_kind(tmp_path) == "run"
     r = train(TrainConfig(**CFG, steps=2), tmp_path)
     assert r.resumed_from == 0 and read_meta(tmp_path)["step"] == 2 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_leaving_waits_for_every_process_and_gives_up_with_a_warning():
+    import threading
+
+    from torch.distributed import HashStore
+
+    from storelab.train.distributed import Dist, _closed
+
+    store, done = HashStore(), []
+    first = threading.Thread(target=lambda: (_closed(store, 2), done.append(1)))
+    first.start()
+    first.join(0.3)
+    assert first.is_alive() and not done  # one of two has closed: it waits
+    _closed(store, 2)
+    first.join(5)
+    assert done == [1]
+    with pytest.warns(UserWarning, match="did not all report closed"):
+        _closed(HashStore(), 2, timeout_s=0.2)  # the peer never comes
+    Dist().exit()  # one process: returns

@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
                       async_checkpoint=async_checkpoint)
         if not dist.main:
             dist.close()
+            dist.exit()
             return
         rec = {"model": res.model_config.name, "mix": res.model_config.mix(), "task": res.task.NAME,
                "steps": res.step, "resumed_from": res.resumed_from, "final_loss": res.final_loss,
@@ -98,6 +99,7 @@ def register(app: typer.Typer) -> None:
         dist.close()
         if json_:
             emit_json(rec)
+            dist.exit()
             return
         rows = [["model", f"{rec['model']} ({rec['mix']}, {rec['params']:,} parameters)"],
                 ["task", f"{rec['task']} ({size})"], ["steps", f"{res.step} (resumed from {res.resumed_from})"],
@@ -108,6 +110,7 @@ def register(app: typer.Typer) -> None:
         if out:
             rows.append(["checkpoint", str(Path(out) / CHECKPOINT)])
         console.print(table("storelab train", ["", "value"], rows))
+        dist.exit()
 
     @app.command()
     def recall(
