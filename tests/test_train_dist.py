@@ -154,7 +154,8 @@ def _kill_tree(p: subprocess.Popen) -> None:
     p.wait()
 
 
-def _nodes(out: Path, logs: Path, steps: int, *extra: str, nodes: int = 2, timeout: float = 240) -> list[tuple[int, str, str]]:
+def _nodes(out: Path, logs: Path, steps: int, *extra: str, nodes: int = 2,
+           timeout: float = 240) -> list[tuple[int, str, str]]:
     """(exit code, stdout, stderr) of one torchrun per node on this machine, static rendezvous (node 0 hosts the
     store, each node's rank fixed). Output goes to files, not pipes (a full pipe would stall a node and its peers
     with it); past the deadline every launcher and worker is killed and both logs are shown."""
@@ -212,6 +213,18 @@ def test_accumulation_equals_one_step():
         assert max(abs(a - b) for a, b in zip(rows[1], rows[n])) < LOSS_TOL, (rows[1], rows[n])
     with pytest.raises(ValueError, match="batch_size"):
         train(TrainConfig(**{**CFG, "batch_size": 6}, steps=1, accumulate=4))
+
+
+def test_accumulation_equals_one_step_for_the_routing_bias():
+    # DeepSeek's bias update takes the step's whole load (summed over the micro-batches), once per step;
+    # its balancing loss is per sequence, so an accumulated MoE step is the one-batch step
+    c = dict(model="tiny-deepseek-v4.1-flash", task="mqar", task_preset="tiny", batch_size=4, eval_every=1000,
+             eval_examples=4, threads=1, steps=4)
+    runs = {n: train(TrainConfig(**c, accumulate=n)) for n in (1, 2)}
+    biases = {n: [b for k, b in r.model.state_dict().items() if k.endswith("choice_bias")] for n, r in runs.items()}
+    assert biases[1] and any(b.abs().max() > 0 for b in biases[1])  # the bias moved
+    assert all(torch.equal(a, b) for a, b in zip(biases[1], biases[2]))
+    assert runs[2].final_loss == pytest.approx(runs[1].final_loss, abs=LOSS_TOL)
 
 
 def test_a_finished_run_extends_with_the_new_schedule(tmp_path):

@@ -72,8 +72,8 @@ bias) it hands over the same way, inside a ``training_signals()`` block of the t
     opt.step(); sig.apply_updates()
 
 ``add_loss(self, name, value)`` (a tensor or a function making one, called only inside a block)
-and ``add_update(self, fn)`` (``fn(reduce)``, run after the optimiser step; ``reduce`` sums a
-tensor over the training processes) cost one context-variable read outside a block.
+and ``add_update(self, fn)`` (``fn(reduce)`` after the optimiser step, ``reduce`` summing over processes;
+``counts=t``: ``fn(t summed over processes and micro-batches)``) cost one context-variable read outside a block.
 """
 
 
@@ -426,7 +426,7 @@ class TrainingSignals:
     def __init__(self, ignore: tuple[str, ...] = ()):
         self.ignore = frozenset(ignore)  # loss names not wanted: not even computed
         self.losses: dict[str, list[tuple[Any, torch.Tensor]]] = {}
-        self.updates: list[tuple[Any, Callable]] = []
+        self.updates: list[tuple[Any, Callable, torch.Tensor | None]] = []
 
     def all(self, name: str) -> list[torch.Tensor]:
         """Every loss added under ``name``, in call order ([] if none)."""
@@ -440,8 +440,26 @@ class TrainingSignals:
     def apply_updates(self, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> None:
         """Run the updates (after the optimiser step), in call order; ``reduce`` sums over processes."""
         with torch.no_grad():
-            for _, fn in self.updates:
-                fn(reduce)
+            for _, fn, counts in self.updates:
+                fn(reduce) if counts is None else fn(reduce(counts))
+
+    @classmethod
+    def merged(cls, parts: list["TrainingSignals"]) -> "TrainingSignals":
+        """One step's updates from its micro-batches, as the whole batch's: the j-th update with ``counts`` of a
+        module in each part is one update, of the summed counts; others run once per part (losses: not merged)."""
+        out, slot = cls(), {}
+        for part in parts:
+            seen: dict[int, int] = {}
+            for module, fn, counts in part.updates:
+                j = seen[id(module)] = seen.get(id(module), -1) + 1
+                if counts is not None and (id(module), j) in slot:
+                    i = slot[id(module), j]
+                    out.updates[i] = (*out.updates[i][:2], out.updates[i][2] + counts)
+                    continue
+                if counts is not None:
+                    slot[id(module), j] = len(out.updates)
+                out.updates.append((module, fn, counts))
+        return out
 
 
 _TRAINING: contextvars.ContextVar[TrainingSignals | None] = contextvars.ContextVar("storelab_training", default=None)
@@ -473,8 +491,10 @@ def add_loss(module, name: str, value: Any) -> None:
             sig.losses.setdefault(name, []).append((module, v))
 
 
-def add_update(module, fn: Callable) -> None:
-    """An update outside the gradient, ``fn(reduce)``, for the training loop to run after its optimiser step."""
+def add_update(module, fn: Callable, *, counts: torch.Tensor | None = None) -> None:
+    """An update outside the gradient, run after the optimiser step: ``fn(reduce)`` (``reduce`` sums over the
+    processes), or with ``counts`` (what it depends on through a sum: the experts' load) ``fn(counts summed over
+    the processes and a step's micro-batches)``, so that accumulating equals one step."""
     sig = _TRAINING.get()
     if sig is not None:
-        sig.updates.append((module, fn))
+        sig.updates.append((module, fn, counts))

@@ -222,9 +222,9 @@ class MoE(nn.Module):
             add_loss(self, "balance", lambda: cfg.balance_coef * balance_loss(
                 self.router(x_ND).view(G, -1, cfg.n_experts), experts_NK.view(G, -1, cfg.top_k), score=cfg.router))
         if cfg.router_bias and collecting():  # the update, after the optimiser step, from this call's load
-            load_E = expert_load(experts_NK, cfg.n_experts)
-            add_update(self, lambda reduce: self.choice_bias.add_(
-                bias_step(reduce(load_E), cfg.bias_update_rate).to(self.choice_bias.dtype)))
+            add_update(self, lambda load_E: self.choice_bias.add_(
+                bias_step(load_E, cfg.bias_update_rate).to(self.choice_bias.dtype)),
+                counts=expert_load(experts_NK, cfg.n_experts))
 
         act = self.act.unit(cfg)
         z_NW = self.latent_norm(self.latent_down(x_ND)) if cfg.latent_dim is not None else x_ND

@@ -61,7 +61,7 @@ from storelab.allocator import keep_freed_memory
 from storelab.models.config import ModelConfig, check_fits
 from storelab.models.fileformat import check_types
 from storelab.models.model import Model
-from storelab.stores.base import training_signals
+from storelab.stores.base import TrainingSignals, training_signals
 from storelab.tasks import IGNORE, Batch, batch_seed, make_task, task_dict
 from storelab.outputs import check_folder
 from storelab.train.checkpoint import RUN_FILES, Checkpointer, has_checkpoint, load_state, read_meta
@@ -345,8 +345,7 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
             signals.append(sig)
         gnorm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.grad_clip)
         opt.step()
-        for sig in signals:
-            sig.apply_updates(reduce=dist.sum_tensor)
+        TrainingSignals.merged(signals).apply_updates(reduce=dist.sum_tensor)  # once, as for the whole batch
         last_loss = dist.sum(loss_sum)
         acc = dist.sum(correct_sum) / max(n, 1)
         done = step + 1
