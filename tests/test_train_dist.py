@@ -364,3 +364,13 @@ def test_leaving_waits_for_every_process_and_gives_up_with_a_warning():
     with pytest.warns(UserWarning, match="did not all report closed"):
         _closed(HashStore(), 2, timeout_s=0.2)  # the peer never comes
     Dist().exit()  # one process: returns
+
+
+def test_bench_dist_workers_report_and_end():
+    from storelab.bench.dist import bench_dist
+
+    r = bench_dist(quick=True, steps=1)
+    assert [row.get("error") for row in r["rows"]] == [None, None], r["rows"]
+    assert [(row["parallel"], row["processes"]) for row in r["rows"]] == [("ddp", 2), ("fsdp", 2)]
+    ddp, fsdp = (max(p["params"] for p in row["per_process"]) for row in r["rows"])
+    assert fsdp < ddp  # FSDP2 holds a shard of every parameter

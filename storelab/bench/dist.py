@@ -95,7 +95,6 @@ if __name__ == "__main__":  # one torchrun process of bench_dist
     row = worker(par, opts, steps, batch)
     if row is not None:
         print(json.dumps(row))
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from storelab.train.distributed import Dist
+    from storelab.train.distributed import Dist
 
-        Dist(world=int(os.environ["WORLD_SIZE"])).exit()  # the group is closed; see Dist.exit
+    Dist(world=int(os.environ.get("WORLD_SIZE", "1"))).exit()  # the group is closed; see Dist.exit
