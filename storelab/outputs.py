@@ -12,7 +12,8 @@ kind        written by                                       known by
 ==========  ===============================================  =========================================
 save        ``storelab save`` / ``storelab.save``            config.json with model_type "storelab"
 run         ``storelab train --out``                         checkpoint.json (the DCP checkpoint's
-                                                             pointer), a step-<8 digits> folder,
+                                                             pointer), a step-<8 digits> folder of
+                                                             DCP files only (``is_step_folder``),
                                                              checkpoint.safetensors (an older run),
                                                              or a config.json with "train_config"
 hf          (a Hugging Face model folder, never written)      any other config.json, *.safetensors,
@@ -28,6 +29,16 @@ again); an empty or missing folder is created; a folder of another kind is refus
 of no known kind (a user's own) the command adds its files but refuses to replace one it did not
 write. ``force=True`` (the commands' ``--force``) is the one way past a refusal. Each refusal is an
 ``OutputError`` (a ValueError) naming the option, the folder and the file.
+
+What a command clears is checked the same way: a run folder's ``step-*`` folders are removed on the
+next checkpoint, so ``check_folder(..., "run")`` refuses a ``step-*`` entry that holds anything but
+DCP's files (a user's file kept there), and ``storelab.train.checkpoint`` removes only folders that
+``is_step_folder`` recognises. An output is never placed inside one of the command's own inputs, nor
+an input inside the output folder (``inputs=``: ``export RUN RUN/step-00000002`` is refused, since the
+run's next checkpoint would clear it). A single file with a JSON beside it (``memory --plot --out
+mine.png`` writes mine.png and mine.json) is checked as a pair by ``check_files``: both are the
+command's to rewrite when the JSON says it wrote them (``"command"``), else each existing one is
+refused unless ``force``.
 """
 
 from __future__ import annotations
@@ -40,7 +51,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-__all__ = ["OutputError", "KINDS", "folder_kind", "check_folder", "check_file", "atomic_write", "atomic_path"]
+__all__ = ["OutputError", "KINDS", "folder_kind", "is_step_folder", "check_folder", "check_file", "check_files",
+           "check_apart", "atomic_write", "atomic_path"]
 
 KINDS = {
     "save": "a storelab save (config.json with model_type 'storelab')",
@@ -51,6 +63,8 @@ KINDS = {
     "capacity": "a storelab capacity folder (capacity.json)",
     "probe": "a storelab probe folder (probe.json)",
 }
+STEP_FOLDER = re.compile(r"step-\d{8}(\.tmp)?")
+DCP_FILE = re.compile(r"\.metadata(\.tmp)?|__\d+(_\d+)?\.(distcp|metadata)(\.tmp)?")  # what dcp.save writes
 HF_MARKERS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "tokenizer.json", "tokenizer_config.json",
               "generation_config.json", "model.safetensors.index.json")
 
@@ -86,7 +100,7 @@ def folder_kind(folder: str | Path) -> str | None:
         return "report"
     if "checkpoint.json" in names or "checkpoint.safetensors" in names:
         return "run"
-    if any(re.fullmatch(r"step-\d{8}(\.tmp)?", n) and (folder / n).is_dir() for n in names):
+    if any(is_step_folder(folder / n) for n in names):
         return "run"  # a run killed while writing its first checkpoint (a DCP step folder, no pointer yet)
     cfg = _config_json(folder)
     if cfg is not None:
@@ -106,6 +120,42 @@ def folder_kind(folder: str | Path) -> str | None:
     return "other"
 
 
+def is_step_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a checkpoint step folder as ``storelab train`` writes it: named
+    ``step-<8 digits>`` (``.tmp`` while written) and holding DCP's files only (or nothing yet).
+    Only such a folder is the run's to remove; a user's file kept in one makes it the user's."""
+    path = Path(path)
+    if not STEP_FOLDER.fullmatch(path.name) or path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        return all(DCP_FILE.fullmatch(p.name) and p.is_file() and not p.is_symlink() for p in path.iterdir())
+    except OSError:
+        return False
+
+
+def _inside(inner: Path, outer: Path) -> bool:
+    inner, outer = inner.resolve(), outer.resolve()
+    return inner == outer or outer in inner.parents
+
+
+def check_apart(out: str | Path, inputs: Iterable[str | Path | None], *, option: str = "--out",
+                folder: bool = True) -> None:
+    """Refuse an output at, or inside, one of the command's inputs (a folder it reads), and (when the
+    output is a ``folder`` the command writes or clears) an input inside the output."""
+    out = Path(out)
+    for src in inputs:
+        if src is None:
+            continue
+        src = Path(src)
+        if _inside(out, src):
+            where = "is" if out.resolve() == src.resolve() else f"is inside {src},"
+            raise OutputError(f"{option}: {out} {where} an input of this command: write the output to another "
+                              f"folder, outside it")
+        if folder and _inside(src, out):
+            raise OutputError(f"{option}: {out} holds {src}, an input of this command: write the output to "
+                              f"another folder")
+
+
 def _writable_parent(path: Path, option: str) -> None:
     """The nearest existing ancestor of ``path`` must be a folder this process may write in."""
     p = path.absolute()
@@ -120,14 +170,20 @@ def _writable_parent(path: Path, option: str) -> None:
 
 
 def check_folder(folder: str | Path, kind: str, files: Iterable[str] = (), *, force: bool = False,
-                 option: str = "--out") -> Path:
+                 option: str = "--out", inputs: Iterable[str | Path | None] = ()) -> Path:
     """Say whether ``folder`` may receive the files of a ``kind`` folder; raise ``OutputError`` if not.
 
-    ``files`` are the names (or glob patterns) the command will write there. Nothing is created:
-    the check runs before the work, the writes after it."""
+    ``files`` are the names (or glob patterns) the command will write there; ``inputs`` the files and
+    folders it reads (``check_apart``). Nothing is created: the check runs before the work, the writes
+    after it."""
     if kind not in KINDS:
         raise ValueError(f"kind: one of {', '.join(KINDS)}, got {kind!r}")
-    folder = Path(folder)
+    folder = _check_kind(Path(folder), kind, files, force=force, option=option)
+    check_apart(folder, inputs, option=option)
+    return folder
+
+
+def _check_kind(folder: Path, kind: str, files: Iterable[str], *, force: bool, option: str) -> Path:
     if folder.exists() and not folder.is_dir():
         raise OutputError(f"{option}: {folder} is a file, not a folder (give a folder to write into)")
     if not folder.exists():
@@ -136,7 +192,14 @@ def check_folder(folder: str | Path, kind: str, files: Iterable[str] = (), *, fo
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputError(f"{option}: cannot write into {folder}: the folder is not writable")
     have = folder_kind(folder)
-    if have in (kind, "empty") or force:
+    if force or have == "empty":
+        return folder
+    if have == kind == "run":  # the next checkpoint removes every step folder but its own
+        theirs = sorted(p.name for p in folder.glob("step-*") if not is_step_folder(p))
+        if theirs:
+            raise OutputError(f"{option}: {folder / theirs[0]} holds files this command did not write, and the "
+                              f"run's next checkpoint would remove it (move them, or --force to lose them)")
+    if have == kind:
         return folder
     if have in KINDS:
         raise OutputError(f"{option}: {folder} is {KINDS[have]}, not {KINDS[kind]}: refusing to write into it "
@@ -158,6 +221,30 @@ def check_file(path: str | Path, *, force: bool = False, option: str = "--out") 
         raise OutputError(f"{option}: {path} exists: refusing to replace it (another name, or --force)")
     _writable_parent(path.parent if str(path.parent) else Path("."), option)
     return path
+
+
+def check_files(paths: Iterable[str | Path], command: str, *, force: bool = False, option: str = "--out") -> None:
+    """Say whether the files ``paths`` may be written together, the last one a JSON that records
+    ``"command": command``: when that JSON exists and says so, every file is the command's own (a
+    plot drawn again); else each one that exists is refused unless ``force``."""
+    paths = [Path(p) for p in paths]
+    for p in paths:
+        if p.is_dir():
+            raise OutputError(f"{option}: {p} is a folder, not a file name")
+        _writable_parent(p.parent if str(p.parent) else Path("."), option)
+    if force:
+        return
+    try:
+        own = json.loads(paths[-1].read_text()).get("command") == command
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        own = False
+    if own:
+        return
+    for p in paths:
+        if p.exists() or p.is_symlink():
+            also = f" (the command writes {', '.join(str(q) for q in paths)})" if len(paths) > 1 else ""
+            raise OutputError(f"{option}: {p} exists and was not written by this command: refusing to replace "
+                              f"it{also} (another name, or --force)")
 
 
 @contextmanager

@@ -39,7 +39,7 @@ def weights_only(name: str, checkpoint: Path | None, *, json_: bool, out: Path |
     if checkpoint is None:
         raise ValueError("checkpoint: --weights-only reads a model folder's gate tensors: give --checkpoint DIR")
     if out is not None:
-        check_folder(out, "probe", OUT_FILES, force=force)   # before any read
+        check_folder(out, "probe", OUT_FILES, force=force, inputs=(checkpoint,))   # before any read
     r = gate_spectra(checkpoint)
     if out is not None:
         from storelab.report.gate_plot import plot_half_lives

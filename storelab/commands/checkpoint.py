@@ -28,7 +28,7 @@ def save_model(source: str, out: Path, *, tiny: bool = False, config: bool = Fal
     from storelab.models.config import check_fits, load_model
     from storelab.outputs import check_folder
 
-    check_folder(out, "save", FILES, force=force, option="OUT")
+    check_folder(out, "save", FILES, force=force, option="OUT", inputs=[source] if checkpoint or config else ())
     if checkpoint:
         if Path(source).resolve() == Path(out).resolve():
             raise ValueError(f"OUT: {out} is the checkpoint being converted: write the conversion to another folder")

@@ -26,11 +26,9 @@ def export_run(run: str | Path, out: str | Path, *, dtype: str | None = None, fo
     from storelab.outputs import check_folder, folder_kind
     from storelab.train.loop import load_trained
 
-    check_folder(out, "save", FILES, force=force, option="OUT")
-    if folder_kind(run) != "run":
+    check_folder(out, "save", FILES, force=force, option="OUT", inputs=[run])  # not inside the run: its next
+    if folder_kind(run) != "run":                                                # checkpoint would clear it
         raise ValueError(f"RUN: {run} is not a run folder written by storelab train --out")
-    if Path(run).resolve() == Path(out).resolve():
-        raise ValueError(f"OUT: {out} is the run folder itself: write the model to another folder")
     model, task, meta = load_trained(run)
     if dtype:
         model = model.to(resolve_dtype(dtype, {}))

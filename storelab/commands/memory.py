@@ -14,14 +14,14 @@ from pathlib import Path
 
 import typer
 
+from storelab import options as opt
 from storelab.console import console, emit_json, err_console
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def _fail(msg: str) -> None:
-    err_console.print(f"[red]error:[/red] {msg}", markup=True, highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    opt.fail(msg)
 
 
 def register(app: typer.Typer) -> None:
@@ -42,7 +42,9 @@ def register(app: typer.Typer) -> None:
         checkpoint: list[Path] = typer.Option(None, "--checkpoint", help="A checkpoint folder or its config.json."),
         tiny: bool = typer.Option(False, "--tiny", help="The tiny versions."),
         plot: bool = typer.Option(False, "--plot", help="Draw cache bytes and read cost against context into a PNG."),
-        out: Path = typer.Option(Path("memory.png"), "--out", help="Where --plot writes its PNG (and a JSON beside it)."),
+        out: Path = typer.Option(None, "--out", help="Where --plot writes its PNG (default memory.png) and the "
+                                 "JSON beside it (memory.json)."),
+        force: bool = opt.force(),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Per layer and model at context L: bytes per token and per sequence, entries kept and read."""
@@ -60,6 +62,16 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"batch: must be > 0, got {batch}")
             if context is not None and context <= 0:
                 raise ValueError(f"context: must be > 0, got {context}")
+            if out is not None and not plot:
+                raise ValueError("--out: names the file --plot writes; give --plot too")
+            if plot:  # both files checked before the work, and neither inside an input
+                from storelab.outputs import check_apart, check_files
+                from storelab.report.memory_plot import plot_files
+
+                files = plot_files(out if out is not None else Path("memory.png"))
+                for f in files:
+                    check_apart(f, [*(config or []), *(checkpoint or [])], folder=False)
+                check_files(files, "memory", force=force)
             cfgs = load_configs(config, tiny, name, checkpoint)
             reports = []
             for cfg in cfgs:
@@ -77,15 +89,15 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:  # CheckpointError is one
             _fail(str(e))
         if plot:
-            from storelab.report.memory_plot import plot_memory, plot_path
+            from storelab.outputs import atomic_write
+            from storelab.report.memory_plot import plot_memory
 
             try:
-                png = plot_path(out)
+                png, side = files
                 data = plot_memory(cfgs, png, dtype=cache or "bf16")
-                side = png.with_suffix(".json")
-                side.write_text(json.dumps({"command": "memory", "dtype": cache or "bf16",
+                atomic_write(side, json.dumps({"command": "memory", "dtype": cache or "bf16",
                                             "models": [c.name for c in cfgs],
-                                            "configs": {c.name: c.to_dict() for c in cfgs}, "series": data}, indent=2))
+                                            "configs": {c.name: c.to_dict() for c in cfgs}, "series": data}, indent=2) + "\n")
             except (ValueError, OSError) as e:
                 _fail(str(e))
             (err_console if json_ else console).print(f"wrote {png} and {side}", highlight=False, soft_wrap=True)

@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--prompts: {prompts} is not a file")
             records = load_records(prompts) if prompts is not None else None   # checked before the model loads
             if out is not None:
-                check_folder(out, "probe", OUT_FILES, force=force)
+                check_folder(out, "probe", OUT_FILES, force=force, inputs=(checkpoint, prompts))
             if text:
                 net, t = open_text_model(checkpoint, stream=stream)
             elif kind in MODEL_FOLDERS:

@@ -5,6 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def plot_files(path: Path) -> tuple[Path, Path]:
+    """The two files ``storelab memory --plot --out path`` writes: the figure and the JSON beside it."""
+    png = plot_path(path)
+    return png, png.with_suffix(".json")
+
+
 def plot_path(path: Path) -> Path:
     """The file ``plot_memory`` writes for ``path``: ``path`` itself, with ".png" added when it has no
     suffix; a suffix matplotlib cannot write is a ValueError naming it (before anything is drawn)."""
@@ -50,9 +56,11 @@ def plot_memory(cfgs, path: Path, *, dtype: str = "bf16", points: int = 13) -> d
         ax.grid(True, which="both", alpha=0.3)
     a.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from storelab.outputs import atomic_path
+
     try:
-        fig.savefig(path, dpi=120, format=path.suffix[1:].lower())
+        with atomic_path(path) as tmp:  # a kill leaves the old figure or the new one
+            fig.savefig(tmp, dpi=120, format=path.suffix[1:].lower())
     finally:
         plt.close(fig)
     if not path.is_file():  # pragma: no cover - savefig raises first

@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from storelab.outputs import is_step_folder
+
 CHECKPOINT = "checkpoint.json"
 LEGACY = "checkpoint.safetensors"
 RUN_FILES = (CHECKPOINT, "config.json", "step-*", LEGACY)  # what a run folder holds (storelab.outputs checks --out)
@@ -116,7 +118,7 @@ class Checkpointer:
         tmp = self.out / (f"step-{step:08d}" + ".tmp")
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)  # a kill's leftover
+            _remove_step_folder(tmp)  # a kill's leftover
             tmp.mkdir()
         self.barrier()
         state = {**_state(model, optimizer), "rng": torch.get_rng_state()}
@@ -151,7 +153,7 @@ class Checkpointer:
         out, folder = self.out, f"step-{step:08d}"
         final, tmp = out / folder, out / (folder + ".tmp")
         _fsync_dir(tmp)
-        shutil.rmtree(final, ignore_errors=True)  # the same step written again (an extended run's last)
+        _remove_step_folder(final)  # the same step written again (an extended run's last)
         os.replace(tmp, final)
         _fsync_dir(out)
         pointer = {"format": FORMAT, "step": step, "folder": folder, **meta}
@@ -159,8 +161,17 @@ class Checkpointer:
         atomic_write_bytes(out / "config.json", (json.dumps({"step": step, **{k: meta[k] for k in meta
                                                              if k != "history"}}, indent=2) + "\n").encode())
         for old in out.glob("step-*"):
-            if old.name != folder:
+            if old.name != folder and is_step_folder(old):  # a folder holding a user's file is left alone
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_step_folder(path: Path) -> None:
+    """Remove a step folder this run wrote; one that holds anything else is the user's (``storelab.outputs``
+    refuses such a run folder before training unless ``--force``, which says to lose it)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()  # a link is removed, never followed out of the run
+    elif path.is_dir():
+        shutil.rmtree(path)
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:

@@ -1,0 +1,148 @@
+"""Nothing lost, nothing misread (issue 30): generated cases of each kind end in exit code 2 with a
+message naming the file, field or option, and every user file byte-identical afterwards.
+
+1. files lost: every path a command writes or removes is one it owns (``storelab.outputs``);
+3. a damaged run folder: ``export`` and a resumed ``train`` refuse it, naming the file;
+5. non-finite weights or activations: an error naming the tensor, or a result marked invalid;
+4. sizes the user gives: checked against what the run would hold, before it starts;
+6. output a user misreads (the memory JSON's own invariants are in tests/test_memory_schema.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.test_bad_inputs import refused, run, snapshot, wide_console  # noqa: F401 (an autouse fixture)
+
+FAST = settings(max_examples=8, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+NAMES = st.text("abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=12)
+CONTENT = st.binary(min_size=0, max_size=64)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A real run folder: two steps of a one-layer attention stack, checkpointed at step 2."""
+    from storelab.train.loop import TrainConfig, train
+
+    out = tmp_path_factory.mktemp("trained") / "run"
+    train(TrainConfig(model="attention", steps=2, batch_size=4, eval_every=2, checkpoint_every=2,
+                      eval_examples=8, model_options={"d_model": 16, "n_layers": 1, "n_heads": 2, "head_dim": 8,
+                                                      "d_ff": 16}), out)
+    return out
+
+
+@pytest.fixture
+def run_copy(trained, tmp_path) -> Path:
+    d = tmp_path / "run"
+    shutil.copytree(trained, d)
+    return d
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (a tmp folder), byte for byte."""
+    return snapshot(root)
+
+
+# -- 1. files lost -------------------------------------------------------------------------------------
+@FAST
+@given(have=st.sampled_from(["png", "json", "both"]), body=CONTENT, suffix=st.sampled_from([".png", ".svg", ""]),
+       stem=NAMES)
+def test_memory_plot_keeps_the_user_s_figure_and_the_json_beside_it(tmp_path, have, body, suffix, stem):
+    out = tmp_path / f"{stem}{suffix}"
+    png = out if suffix else out.with_name(out.name + ".png")
+    side = png.with_suffix(".json")
+    for f in {"png": [png], "json": [side], "both": [png, side]}[have]:
+        f.write_bytes(body)
+    before = _tree(tmp_path)
+    refused("memory", "kimi-k3", "--tiny", "--plot", "--out", out, says=("--out", str(png), "--force"))
+    assert _tree(tmp_path) == before
+
+
+def test_memory_plot_rewrites_its_own_pair_and_force_overwrites(tmp_path):
+    png = tmp_path / "m.png"
+    code, out = run("memory", "kimi-k3", "--tiny", "--plot", "--out", png)
+    assert code == 0, out
+    assert json.loads(png.with_suffix(".json").read_text())["command"] == "memory"
+    code, out = run("memory", "kimi-k3", "--tiny", "--plot", "--out", png)  # its own pair: drawn again
+    assert code == 0, out
+    other = tmp_path / "o.png"
+    other.write_bytes(b"mine")
+    code, out = run("memory", "kimi-k3", "--tiny", "--plot", "--out", other, "--force")
+    assert code == 0 and other.read_bytes()[:4] == b"\x89PNG", out
+
+
+def test_memory_out_without_plot_is_an_error(tmp_path):
+    refused("memory", "kimi-k3", "--tiny", "--out", tmp_path / "x.png", says=("--out", "--plot"))
+    assert not list(tmp_path.iterdir())
+
+
+def test_memory_plot_is_not_written_into_its_checkpoint(tmp_path):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+                                               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                                               "intermediate_size": 128, "vocab_size": 100}))
+    before = _tree(tmp_path)
+    refused("memory", "--checkpoint", d, "--plot", "--out", d / "m.png", says=("--out", "input"))
+    assert _tree(tmp_path) == before
+
+
+@FAST
+@given(step=st.integers(0, 10**8 - 1), name=NAMES, body=CONTENT, real=st.booleans())
+def test_train_keeps_a_user_s_file_in_a_step_folder(tmp_path_factory, trained, step, name, body, real):
+    root = tmp_path_factory.mktemp("ud")
+    d = root / "ud"
+    if real:
+        shutil.copytree(trained, d)
+    keep = d / f"step-{step:08d}" / name
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    keep.write_bytes(body)
+    before = _tree(root)
+    refused("train", "--model", "attention", "--steps", "3", "--batch-size", "4", "--out", d,
+            says=("--out", str(keep.parent)))
+    assert _tree(root) == before
+
+
+def test_a_forced_run_still_removes_only_its_own_step_folders(run_copy):
+    keep = run_copy / "step-00000001" / "notes.txt"
+    keep.parent.mkdir()
+    keep.write_text("keep me")
+    code, out = run("train", "--model", "attention", "--steps", "3", "--batch-size", "4", "--eval-every", "3",
+                    "--checkpoint-every", "3", "--model-opt", "d_model=16", "--model-opt", "n_layers=1",
+                    "--model-opt", "n_heads=2", "--model-opt", "head_dim=8", "--model-opt", "d_ff=16",
+                    "--out", run_copy, "--force", "--json")
+    assert code == 0, out
+    assert keep.read_text() == "keep me"
+    assert (run_copy / "step-00000003").is_dir() and not (run_copy / "step-00000002").exists()
+
+
+@FAST
+@given(where=st.sampled_from(["inside", "itself", "parent", "step"]), name=NAMES)
+def test_export_is_never_written_inside_its_run(tmp_path_factory, trained, where, name):
+    root = tmp_path_factory.mktemp("ex")
+    d = root / "run"
+    shutil.copytree(trained, d)
+    out = {"inside": d / name, "itself": d, "parent": root, "step": d / "step-00000003"}[where]
+    before = _tree(root)
+    refused("export", d, out, says=("OUT", str(out)))
+    assert _tree(root) == before
+
+
+def test_save_and_probe_are_never_written_inside_their_input(tmp_path, trained):
+    from storelab.checkpoint import save
+    from storelab.models.model import Model
+    from storelab.train.models import resolve_model
+
+    src = tmp_path / "saved"
+    save(Model(resolve_model("attention", 32, d_model=16, n_layers=1, n_heads=2, head_dim=8, d_ff=16)), src)
+    before = _tree(tmp_path)
+    refused("save", src, src / "converted", "--checkpoint", says=("OUT", "input"))
+    refused("probe", "state_swap", "--checkpoint", src, "--out", src / "probes", says=("--out", "input"))
+    assert _tree(tmp_path) == before
