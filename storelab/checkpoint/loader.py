@@ -136,6 +136,7 @@ def plan(path: str | Path, *, dtype=None, shards: type[Shards] = Shards) -> Plan
     except (TypeError, KeyError, IndexError, AttributeError) as e:  # a field of a shape the family did not expect
         raise CheckpointError(f"{path / 'config.json'}: the {fam.name} family cannot read this config "
                               f"({type(e).__name__}: {e})") from None
+    fam.runs(hf)
     target = resolve_dtype(dtype, hf)
     with torch.device("meta"):
         model = Model(cfg)

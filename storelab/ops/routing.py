@@ -77,8 +77,15 @@ def _weights(scores_NE: Tensor, experts_NK: Tensor, normalize: bool, scaling: fl
 
 
 def route_topk(logits_NE: Tensor, *, top_k: int, score: str = "softmax", bias_E: Tensor | None = None,
-               normalize: bool = True, scaling: float = 1.0) -> tuple[Tensor, Tensor]:
-    """(weights_NK, at least fp32; experts_NK long) for a learned router."""
+               normalize: bool = True, scaling: float = 1.0, n_group: int = 1, topk_group: int = 1
+               ) -> tuple[Tensor, Tensor]:
+    """(weights_NK, at least fp32; experts_NK long) for a learned router. With ``n_group`` > 1 the choice is
+    group-limited (DeepSeek-V3, arXiv 2412.19437): the experts form ``n_group`` equal groups, each group is
+    scored by the sum of its two best choice scores (its best one under DeepSeek-V2's softmax), only the
+    ``topk_group`` best groups stay eligible, and the top-k is taken among their experts."""
+    if n_group > 1 and topk_group < n_group:
+        return _route_grouped(logits_NE, top_k=top_k, score=score, bias_E=bias_E, normalize=normalize,
+                              scaling=scaling, n_group=n_group, topk_group=topk_group)
     if score == "softmax" and normalize and bias_E is None:
         # the softmax renormalised over the chosen k is the softmax of their k logits (the same order
         # chooses them): no [N, E] softmax and its backward, the costlier part of routing a narrow layer
@@ -87,6 +94,21 @@ def route_topk(logits_NE: Tensor, *, top_k: int, score: str = "softmax", bias_E:
     scores_NE = ROUTER_SCORES[score](_at_least_fp32(logits_NE))
     choose_NE = scores_NE if bias_E is None else scores_NE + bias_E.to(scores_NE.dtype)
     experts_NK = torch.topk(choose_NE, top_k, dim=-1).indices
+    return _weights(scores_NE, experts_NK, normalize, scaling), experts_NK
+
+
+def _route_grouped(logits_NE: Tensor, *, top_k: int, score: str, bias_E: Tensor | None, normalize: bool,
+                   scaling: float, n_group: int, topk_group: int) -> tuple[Tensor, Tensor]:
+    N, E = logits_NE.shape
+    scores_NE = ROUTER_SCORES[score](_at_least_fp32(logits_NE))
+    choose_NE = scores_NE if bias_E is None else scores_NE + bias_E.to(scores_NE.dtype)
+    choose_NGe = choose_NE.view(N, n_group, E // n_group)
+    best = 2 if bias_E is not None else 1  # V3 (with the bias): top-2 sum per group; V2: the group's best
+    group_NG = choose_NGe.topk(min(best, E // n_group), dim=-1).values.sum(-1)
+    keep_NG = torch.zeros_like(group_NG, dtype=torch.bool).scatter_(1, group_NG.topk(topk_group, dim=-1).indices,
+                                                                      True)
+    masked_NE = choose_NGe.masked_fill(~keep_NG[..., None], float("-inf")).view(N, E)
+    experts_NK = torch.topk(masked_NE, top_k, dim=-1).indices
     return _weights(scores_NE, experts_NK, normalize, scaling), experts_NK
 
 

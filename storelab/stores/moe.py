@@ -8,7 +8,8 @@ any expert sees the query. Variants of the seven models:
   (DeepSeek-V3, arXiv 2412.19437; MiMo, Kimi, GLM) or "sqrtsoftplus" (DeepSeek-V4);
   ``router_bias`` adds the auxiliary-loss-free balancing bias to the scores for the
   choice only; ``norm_topk_prob`` renormalises the chosen weights; ``routed_scaling``
-  multiplies them.
+  multiplies them; ``n_group`` / ``topk_group`` limit the choice to the best groups of experts
+  (DeepSeek-V2 / V3's node-limited routing).
 * ``routing="hash"`` (DeepSeek-V4's first layers, arXiv 2606.19348): the experts are a fixed table of the
   token id, ``table[vocab_size, top_k]``; the learned router still weights them.
   Needs ``token_ids`` in forward.
@@ -77,6 +78,8 @@ class MoEConfig(StoreConfig):
     router_bias: bool = False
     norm_topk_prob: bool = True
     routed_scaling: float = 1.0
+    n_group: int = 1                 # group-limited routing (DeepSeek-V3): experts in n_group groups,
+    topk_group: int = 1              # the choice made among the topk_group best groups' experts
     n_shared: int = 0
     d_shared: int | None = None      # default: d_expert
     shared_gate: bool = False
@@ -111,6 +114,13 @@ class MoEConfig(StoreConfig):
             self.check(self.vocab_size is not None and self.vocab_size > 0, "vocab_size",
                        f"hash routing needs the vocabulary size (> 0), got {self.vocab_size!r}")
             self.check(not self.router_bias, "router_bias", "hash routing chooses by table; a choice bias is unused")
+        self.check(self.n_group >= 1 and self.n_experts % self.n_group == 0, "n_group",
+                   f"must be >= 1 and divide n_experts ({self.n_experts}), got {self.n_group!r}")
+        self.check(1 <= self.topk_group <= self.n_group, "topk_group",
+                   f"must be in [1, n_group = {self.n_group}], got {self.topk_group!r}")
+        self.check(self.n_group == 1 or self.topk_group * (self.n_experts // self.n_group) >= self.top_k,
+                   "topk_group", f"{self.topk_group} groups of {self.n_experts // max(self.n_group, 1)} experts "
+                   f"hold fewer than top_k = {self.top_k}")
         self.check(self.routed_scaling > 0, "routed_scaling", f"must be > 0, got {self.routed_scaling!r}")
         self.check(self.n_shared >= 0, "n_shared", f"must be >= 0, got {self.n_shared!r}")
         if self.d_shared is not None:
@@ -199,7 +209,8 @@ class MoE(nn.Module):
             return route_fixed(logits_NE, experts_NK, score=cfg.router, normalize=cfg.norm_topk_prob,
                                scaling=cfg.routed_scaling), experts_NK
         return route_topk(logits_NE, top_k=cfg.top_k, score=cfg.router, bias_E=getattr(self, "choice_bias", None),
-                          normalize=cfg.norm_topk_prob, scaling=cfg.routed_scaling)
+                          normalize=cfg.norm_topk_prob, scaling=cfg.routed_scaling, n_group=cfg.n_group,
+                          topk_group=cfg.topk_group)
 
     def forward(self, x_BTD: Tensor, state: EmptyState | None = None, *, token_ids: Tensor | None = None
                 ) -> tuple[Tensor, EmptyState]:

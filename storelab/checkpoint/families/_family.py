@@ -10,7 +10,9 @@ parts, nothing looked up by ``hasattr``):
   checkpoint's tensor names;
 * ``ignored(hf) -> regular expressions`` of checkpoint tensors it leaves out on purpose (MTP
   layers, a vision tower); ``fixed(...)`` makes it for a family whose list is the same for
-  every config.
+  every config;
+* ``runs(hf)``: raises a CheckpointError naming the field when the config can be accounted but not
+  run (a rope scaling the attention does not implement); ``load`` calls it, the accounting does not.
 """
 
 from __future__ import annotations
@@ -37,3 +39,4 @@ class Family:
     to_config: Callable[[dict], object]
     table: Callable[[dict, object, set[str]], dict]
     ignored: Callable[[dict], tuple[str, ...]] = fixed()
+    runs: Callable[[dict], None] = lambda hf: None

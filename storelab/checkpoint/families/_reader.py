@@ -1,0 +1,394 @@
+"""The one reader of the fields that transformers configs share; a family is a small declaration.
+
+Most open causal LMs are written in one vocabulary: ``hidden_size``, ``num_hidden_layers``,
+``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``intermediate_size``, the rope
+fields (``rope_theta`` + ``rope_scaling`` in published v4 files, ``rope_parameters`` in v5,
+sometimes one per layer type), the per-layer lists (``layer_types``, ``mlp_layer_types``) or the
+older facts they replace (``sliding_window`` with ``use_sliding_window`` / ``max_window_layers``,
+``sliding_window_pattern``, ``first_k_dense_replace``, ``moe_layer_freq``, ``decoder_sparse_step``,
+``mlp_only_layers``), the expert counts under their several names, and ``text_config`` for a
+multimodal wrapper. This module reads all of them once:
+
+* ``Fields``: a config dict read through typed getters; every error names the file and the field
+  (``config.json: text_config.hidden_size: must be an integer, got '64'``), so a malformed file is
+  refused, never a traceback. A getter takes several names, tried in order (the aliases).
+* ``text_fields(hf)``: the text model's fields (a wrapper's ``text_config``, else the config itself).
+* ``layer_types`` / ``mlp_types``: one entry per layer, from whichever form the file uses.
+* ``Decl``: what a family says about itself: its ``model_type`` values, the defaults and field
+  names where it differs, and which attention devices it uses. ``family(decl)`` makes the loader's
+  ``Family`` of it (``_family.py``): ``to_config`` builds one ``LayerConfig`` per layer from the shared
+  fields, ``table`` gives transformers' usual tensor names (``self_attn``, ``mlp``, experts per expert
+  or 3-D, shared experts).
+
+A family module is then its declaration and, where its tensors are named differently, a few table
+entries. A layer type no store can fill is refused naming the layer and the type.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field as dc_field
+from typing import Any, Callable
+
+from storelab.checkpoint.families._common import base_entries, experts, gated_mlp, layer_prefix, linear, norm
+from storelab.checkpoint.families._family import Family
+from storelab.checkpoint.shards import CheckpointError
+from storelab.checkpoint.table import copy
+
+__all__ = ["Fields", "Decl", "family", "text_fields", "layer_types", "mlp_types", "rope_of", "Rope"]
+
+_MISSING = object()
+
+
+class Fields:
+    """Typed reads of one config dict. ``where`` names it in errors (``config.json``, ``config.json:
+    text_config``); ``int("num_experts", "n_routed_experts", default=0)`` tries the names in order."""
+
+    def __init__(self, d: dict, where: str = "config.json", prefix: str = ""):
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{where}: {prefix.rstrip('.') or 'config'}: must be a JSON object, got {d!r}")
+        self.d, self.where, self.prefix = d, where, prefix
+
+    def _err(self, key: str, msg: str) -> CheckpointError:
+        return CheckpointError(f"{self.where}: {self.prefix}{key}: {msg}")
+
+    def key(self, *keys: str) -> str | None:
+        """The first of ``keys`` the config gives a value (not null) for."""
+        return next((k for k in keys if self.d.get(k) is not None), None)
+
+    def has(self, *keys: str) -> bool:
+        return self.key(*keys) is not None
+
+    def raw(self, *keys: str, default: Any = _MISSING) -> Any:
+        k = self.key(*keys)
+        if k is None:
+            if default is _MISSING:
+                raise self._err(keys[0], f"missing (model_type {self.d.get('model_type')!r})")
+            return default
+        return self.d[k]
+
+    def int(self, *keys: str, default: Any = _MISSING, minimum: int = 0) -> int:
+        k = self.key(*keys)
+        if k is None:
+            return self.raw(*keys, default=default)
+        v = self.d[k]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self._err(k, f"must be an integer, got {v!r}")
+        if v < minimum:
+            raise self._err(k, f"must be an integer >= {minimum}, got {v!r}")
+        return v
+
+    def float(self, *keys: str, default: Any = _MISSING) -> float:
+        k = self.key(*keys)
+        if k is None:
+            return self.raw(*keys, default=default)
+        v = self.d[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self._err(k, f"must be a finite number, got {v!r}")
+        return float(v)
+
+    def bool(self, *keys: str, default: Any = _MISSING) -> bool:
+        k = self.key(*keys)
+        if k is None:
+            return self.raw(*keys, default=default)
+        v = self.d[k]
+        if not isinstance(v, bool):
+            raise self._err(k, f"must be true or false, got {v!r}")
+        return v
+
+    def str(self, *keys: str, default: Any = _MISSING) -> str:
+        k = self.key(*keys)
+        if k is None:
+            return self.raw(*keys, default=default)
+        v = self.d[k]
+        if not isinstance(v, str):
+            raise self._err(k, f"must be a string, got {v!r}")
+        return v
+
+    def list(self, *keys: str, n: int | None = None, default: Any = _MISSING) -> list:
+        """A list; with ``n``, one entry per layer (a longer list is cut to the layers, as transformers
+        does; a shorter one is an error naming both counts)."""
+        k = self.key(*keys)
+        if k is None:
+            return self.raw(*keys, default=default)
+        v = self.d[k]
+        if not isinstance(v, list):
+            raise self._err(k, f"must be a list, got {v!r}")
+        if n is not None and len(v) < n:
+            raise self._err(k, f"has {len(v)} entries, but num_hidden_layers is {n} (one entry per layer)")
+        return v[:n] if n is not None else v
+
+    def sub(self, *keys: str, default: Any = _MISSING) -> "Fields":
+        """A nested object's fields (``linear_attn_config``, ``rope_scaling``)."""
+        k = self.key(*keys)
+        if k is None:
+            return Fields(self.raw(*keys, default=default) or {}, self.where, self.prefix + keys[0] + ".")
+        return Fields(self.d[k], self.where, self.prefix + k + ".")
+
+
+def text_fields(hf: dict, where: str = "config.json") -> Fields:
+    """The text model's fields: a multimodal wrapper's ``text_config`` (``language_config``,
+    ``llm_config``), else the config itself."""
+    top = Fields(hf, where)
+    k = top.key("text_config", "language_config", "llm_config")
+    if k is None:
+        return top
+    return top.sub(k)
+
+
+def tied(hf: dict, t: Fields) -> bool:
+    """``tie_word_embeddings`` from the wrapper, else the text config (transformers' default: false here)."""
+    top = Fields(hf, t.where)
+    if top.has("tie_word_embeddings"):
+        return top.bool("tie_word_embeddings")
+    return t.bool("tie_word_embeddings", default=False)
+
+
+# -- per-layer types ----------------------------------------------------------------------------------
+FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
+
+
+def layer_types(t: Fields, n: int, *, every: int = 0) -> list[str]:
+    """One token-mixer type per layer: ``layer_types`` if given; else from ``sliding_window`` and the
+    older fields that place it (``use_sliding_window`` + ``max_window_layers``: Qwen2's first layers
+    full; ``sliding_window_pattern``: every n-th layer full; ``every`` the family's default pattern);
+    else all full attention."""
+    if t.has("layer_types"):
+        types = t.list("layer_types", n=n)
+        for i, x in enumerate(types):
+            if not isinstance(x, str):
+                raise t._err(f"layer_types[{i}]", f"must be a string, got {x!r}")
+        return types
+    window = t.int("sliding_window", default=0)
+    if not window or not t.bool("use_sliding_window", default=True):
+        return [FULL] * n
+    pattern = t.int("sliding_window_pattern", "sliding_window_period", default=every)
+    if pattern:
+        return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)]
+    if t.has("max_window_layers"):  # Qwen2: layers from max_window_layers on use the window
+        first = t.int("max_window_layers")
+        return [SLIDING if i >= first else FULL for i in range(n)]
+    return [SLIDING] * n
+
+
+def mlp_types(t: Fields, n: int, *, moe: bool) -> list[str]:
+    """"dense" or "sparse" per layer: ``mlp_layer_types``; else DeepSeek's ``first_k_dense_replace`` and
+    ``moe_layer_freq``, Qwen's ``decoder_sparse_step`` and ``mlp_only_layers``, Llama 4's
+    ``interleave_moe_layer_step`` / ``moe_layers``; ``moe`` says whether the family has experts at all."""
+    if t.has("mlp_layer_types"):
+        types = t.list("mlp_layer_types", n=n)
+        return ["sparse" if x in ("sparse", "moe") else "dense" for x in types]
+    if not moe or not t.int("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", default=0):
+        return ["dense"] * n
+    if t.has("moe_layers"):
+        where = set(t.list("moe_layers"))
+        return ["sparse" if i in where else "dense" for i in range(n)]
+    first = t.int("first_k_dense_replace", "moe_layer_start_index", default=0)
+    freq = t.int("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", default=1, minimum=1)
+    only = set(t.list("mlp_only_layers", default=[]))
+    return ["sparse" if i >= first and (i + 1 - (first if freq > 1 and first else 0)) % freq == 0
+            and i not in only else "dense" for i in range(n)]
+
+
+# -- rope --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rope:
+    theta: float
+    partial: float
+    kind: str = "default"   # rope_type: default, llama3, yarn, linear, dynamic, ...
+
+
+def rope_of(t: Fields, layer_type: str = FULL, *, partial: float = 1.0, theta: float = 10000.0) -> Rope:
+    """theta, rotated fraction and scaling kind of a layer type: ``rope_parameters`` (v5; one per layer
+    type where the family keeps two), else ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor``."""
+    if t.has("rope_parameters"):
+        rp = t.sub("rope_parameters")
+        if rp.has(layer_type) and isinstance(rp.d.get(layer_type), dict):
+            rp = rp.sub(layer_type)
+    else:
+        rp = t
+    sc = t.sub("rope_scaling", default={}) if t.has("rope_scaling") else rp
+    kind = sc.str("rope_type", "type", default="default")
+    th = rp.float("rope_theta", default=t.float("rope_theta", default=theta))
+    pr = rp.float("partial_rotary_factor", default=t.float("partial_rotary_factor", default=partial))
+    return Rope(theta=th, partial=pr, kind=kind)
+
+
+# -- the declaration --------------------------------------------------------------------------------------
+ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh"}
+
+
+@dataclass(frozen=True)
+class Decl:
+    """A family of the shared vocabulary: what it says about itself.
+
+    ``qk_norm``: an RMSNorm per query/key head (Qwen3, Gemma 3); ``sink``: a learned sink logit per head
+    on the listed layer types; ``router``: the expert score when the config names none (``scoring_func``
+    overrides); ``router_bias``: DeepSeek-V3's choice bias (also implied by ``topk_method`` "noaux_tc");
+    ``nope``: how a layer is told to use no positions (``no_rope_layers`` entries 0, Llama 4 and SmolLM3);
+    ``every``: the default full-attention period when a window is given without a pattern;
+    ``extra``: more table entries (``extra(tab, hf, cfg, names)``)."""
+
+    name: str
+    model_types: tuple[str, ...]
+    title: str
+    qkv_bias: bool | None = None        # None: ``attention_bias``; Qwen2's are always there
+    o_bias: bool | None = None          # None: ``attention_bias``
+    qk_norm: bool = False
+    sink_on: tuple[str, ...] = ()
+    router: str = "softmax"
+    router_bias: bool = False
+    norm_topk_default: bool = True
+    shared_gate: bool = False
+    nope: bool = False
+    every: int = 0
+    partial: float = 1.0
+    eps: float = 1e-6
+    ignored: tuple[str, ...] = (r"rotary_emb\.", r"^model\.visual\.", r"^visual\.", r"^model\.vision_tower\.",
+                                r"^vision_tower\.", r"^model\.multi_modal_projector\.", r"^multi_modal_projector\.")
+    extra: Callable | None = None
+    types: Callable[[Fields, int], list[str]] | None = None
+
+
+def _bias(t: Fields, declared: bool | None) -> bool:
+    return t.bool("attention_bias", default=False) if declared is None else declared
+
+
+def _attention(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: float):
+    from storelab.stores.attention import AttentionConfig, WindowConfig
+
+    H = t.int("num_attention_heads", "n_head", minimum=1)
+    G = t.int("num_key_value_heads", "n_kv_heads", default=H, minimum=1)
+    K = t.int("head_dim", default=D // H, minimum=1)
+    rp = rope_of(t, kind, partial=decl.partial)
+    partial = rp.partial
+    if decl.nope and t.has("no_rope_layers", "no_rope_layer_interval"):
+        if t.has("no_rope_layers"):  # 1: the layer rotates, 0: it uses no positions
+            uses = bool(t.list("no_rope_layers", n=t.int("num_hidden_layers"))[i])
+        else:                        # SmolLM3: every interval-th layer has no positions
+            uses = (i + 1) % t.int("no_rope_layer_interval", minimum=1) != 0
+        partial = partial if uses else 0.0
+    common = dict(d_model=D, n_heads=H, n_kv_heads=G, head_dim=K, partial_rotary=partial, rope_theta=rp.theta,
+                  qk_norm=decl.qk_norm, qkv_bias=_bias(t, decl.qkv_bias), out_bias=_bias(t, decl.o_bias),
+                  sink=kind in decl.sink_on, norm_eps=eps)
+    if kind == FULL:
+        return AttentionConfig(**common)
+    if kind == SLIDING:
+        W = t.int("sliding_window", minimum=2)
+        return WindowConfig(window=W - 1, **common)  # transformers' window counts the query itself
+    raise CheckpointError(f"{t.where}: {t.prefix}layer_types[{i}]: {kind!r} is not supported by the {decl.name} "
+                          f"family (storelab has no store for it yet)")
+
+
+def _channel(t: Fields, i: int, sparse: bool, decl: Decl, D: int, eps: float):
+    from storelab.stores.ffn import FFNConfig
+    from storelab.stores.moe import MoEConfig
+
+    act = t.str("hidden_act", "hidden_activation", "activation_function", default="silu")
+    if ACTS.get(act) != "swiglu":
+        raise t._err("hidden_act", f"{act!r} is not supported (storelab's {decl.name} layers run SiLU-gated MLPs)")
+    if not sparse:
+        return FFNConfig(d_model=D, d_ff=t.int("intermediate_size", "ffn_hidden_size", minimum=1))
+    E = t.int("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", minimum=1)
+    k = t.int("num_experts_per_tok", "num_experts_per_token", "moe_k", "top_k", minimum=1)
+    width = t.int("moe_intermediate_size", "expert_intermediate_size", default=None, minimum=1)
+    if width is None:
+        width = t.int("intermediate_size")  # Mixtral: its experts are intermediate_size wide
+    score = t.str("scoring_func", default=decl.router)
+    bias = decl.router_bias or t.str("topk_method", default="") == "noaux_tc"
+    n_group, topk_group = t.int("n_group", "num_expert_group", default=1), t.int("topk_group", default=1)
+    if n_group > 1 and topk_group < n_group:
+        raise t._err("topk_group", f"{topk_group} of {n_group} groups: grouped routing is not implemented")
+    S = t.int("shared_expert_intermediate_size", default=0)
+    n_shared = 1 if S else t.int("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", default=0)
+    return MoEConfig(d_model=D, n_experts=E, top_k=k, d_expert=width, router=score, router_bias=bias,
+                     norm_topk_prob=t.bool("norm_topk_prob", default=decl.norm_topk_default),
+                     routed_scaling=t.float("routed_scaling_factor", default=1.0),
+                     n_shared=n_shared, d_shared=S or (width if n_shared else None),
+                     shared_gate=decl.shared_gate and n_shared > 0, norm_eps=eps)
+
+
+def to_config(decl: Decl, hf: dict):
+    from storelab.checkpoint.families._common import model_config
+    from storelab.models.config import LayerConfig
+    from storelab.stores.depth import ResidualConfig
+
+    t = text_fields(hf)
+    D = t.int("hidden_size", "d_model", "n_embd", minimum=1)
+    n = t.int("num_hidden_layers", "n_layer", "num_layers", minimum=1)
+    eps = t.float("rms_norm_eps", "layer_norm_eps", "norm_eps", default=decl.eps)
+    types = decl.types(t, n) if decl.types else layer_types(t, n, every=decl.every)
+    mlp = mlp_types(t, n, moe=True)
+    layers = []
+    for i in range(n):
+        token = _attention(t, i, types[i], decl, D, eps)
+        channel = _channel(t, i, mlp[i] == "sparse", decl, D, eps)
+        layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
+    cfg = model_config(hf, t.d, name=decl.name.replace("_", "-"), title=decl.title, d_model=D, layers=layers,
+                       norm_eps=eps, context=t.int("max_position_embeddings", default=0))
+    import dataclasses
+
+    return dataclasses.replace(cfg, tie_embeddings=tied(hf, t), vocab_size=t.int("vocab_size", minimum=1))
+
+
+def table(decl: Decl, hf: dict, cfg, names: set[str]) -> dict:
+    """transformers' usual names: ``model.layers.i.self_attn.{q,k,v,o}_proj`` (+ biases, ``q_norm``,
+    ``k_norm``, ``sinks``), ``mlp.{gate,up,down}_proj`` or ``mlp.gate`` + ``mlp.experts`` (3-D or per
+    expert, ``mlp`` or ``block_sparse_moe``) + ``mlp.shared_expert(s)`` (+ ``shared_expert_gate``)."""
+    pre, head = layer_prefix(names)
+    tab: dict = {}
+    base_entries(tab, cfg, prefix=pre, head=head)
+    for i, lay in enumerate(cfg.layers):
+        a, o, tok = f"{pre}layers.{i}.self_attn", f"blocks.{i}.token", lay.token
+        for p in ("q_proj", "k_proj", "v_proj"):
+            linear(tab, f"{o}.{p}", f"{a}.{p}", bias=tok.qkv_bias)
+        linear(tab, f"{o}.o_proj", f"{a}.o_proj", bias=tok.out_bias)
+        if tok.qk_norm:
+            tab[f"{o}.q_norm.weight"] = norm(f"{a}.q_norm.weight", False)
+            tab[f"{o}.k_norm.weight"] = norm(f"{a}.k_norm.weight", False)
+        if tok.sink:
+            tab[f"{o}.sinks"] = copy(f"{a}.sinks")
+        m = next((p for p in (f"{pre}layers.{i}.mlp", f"{pre}layers.{i}.block_sparse_moe")
+                  if any(x.startswith(p + ".") for x in names)), f"{pre}layers.{i}.mlp")
+        c, ch = f"blocks.{i}.channel", lay.channel
+        if ch.KIND == "ffn":
+            gated_mlp(tab, (f"{c}.gate_proj", f"{c}.up_proj", f"{c}.down_proj"), m, names, ch.d_ff)
+            continue
+        tab[f"{c}.router.weight"] = copy(f"{m}.gate.weight")
+        if ch.router_bias:
+            tab[f"{c}.choice_bias"] = copy(next((x for x in (f"{m}.gate.e_score_correction_bias",
+                                                             f"{m}.e_score_correction_bias") if x in names),
+                                                f"{m}.gate.e_score_correction_bias"))
+        experts(tab, c, f"{m}.experts", names, ch.n_experts)
+        if ch.shared_width:
+            sh = next((x for x in (f"{m}.shared_expert", f"{m}.shared_experts", f"{m}.shared_mlp")
+                       if any(y.startswith(x + ".") for y in names)), f"{m}.shared_experts")
+            gated_mlp(tab, (f"{c}.shared_gate_proj", f"{c}.shared_up_proj", f"{c}.shared_down_proj"), sh, names,
+                      ch.shared_width)
+        if ch.shared_gate:
+            linear(tab, f"{c}.shared_gate", f"{m}.shared_expert_gate")
+    if decl.extra is not None:
+        decl.extra(tab, hf, cfg, names)
+    return tab
+
+
+RUNS_ROPE = ("default",)
+
+
+def runs(decl: Decl, hf: dict) -> None:
+    """What running needs beyond accounting: a rope scaling storelab's attention implements. Accounting
+    (``models`` / ``memory --checkpoint``) does not depend on it and reads every kind."""
+    t = text_fields(hf)
+    for kind in set(layer_types(t, t.int("num_hidden_layers", minimum=1), every=decl.every)):
+        rp = rope_of(t, kind)
+        if rp.kind not in RUNS_ROPE:
+            key = "rope_scaling" if t.has("rope_scaling") else "rope_parameters"
+            raise t._err(f"{key}.rope_type", f"{rp.kind!r}: storelab's attention runs plain RoPE only "
+                                             f"(accounting reads it; loading weights does not)")
+
+
+def family(decl: Decl) -> Family:
+    """The loader's ``Family`` of a declaration."""
+    return Family(name=decl.name, model_types=decl.model_types, to_config=lambda hf: to_config(decl, hf),
+                  table=lambda hf, cfg, names: table(decl, hf, cfg, names),
+                  ignored=lambda hf: decl.ignored, runs=lambda hf: runs(decl, hf))

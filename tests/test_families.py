@@ -1,0 +1,138 @@
+"""The families read by the shared reader (``storelab/checkpoint/families/_reader.py``), each against
+transformers 5.23's tiny model of the family: the config read, the model loaded from the folder that
+``save_pretrained`` wrote, logits equal in fp32 (1e-5 relative to the logits' scale) and in bf16,
+chunked prefill + decode equal to one pass, and the analytic cache equal to transformers' own cache
+after a prefill (every tensor it holds, each storage once), windows filled and not.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from storelab.checkpoint import load
+from storelab.checkpoint.config_only import read_model_config
+from tests.helpers import assert_close
+
+COMMON = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+              intermediate_size=96, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512)
+MOE = dict(moe_intermediate_size=32, num_experts_per_tok=2)
+
+# model_type -> tiny settings (published field names; windows short enough to fill in a test)
+TINY = {
+    "llama": dict(COMMON, head_dim=16, attention_bias=True),
+    "mistral": dict(COMMON, head_dim=16, sliding_window=6),
+    "qwen2": dict(COMMON, use_sliding_window=True, sliding_window=6, max_window_layers=2),
+    "qwen2_moe": dict(COMMON, **MOE, num_experts=4, shared_expert_intermediate_size=48, decoder_sparse_step=2,
+                      norm_topk_prob=False),
+    "qwen3": dict(COMMON, head_dim=16),
+    "qwen3_moe": dict(COMMON, **MOE, head_dim=16, num_experts=4, norm_topk_prob=True, mlp_only_layers=[0]),
+    "mixtral": dict(COMMON, num_local_experts=4, num_experts_per_tok=2),
+    "smollm3": dict(COMMON, no_rope_layer_interval=2),
+}
+
+
+def tiny_hf(model_type: str):
+    """A tiny random transformers model; tensors that start constant (norms, biases) perturbed so that
+    a wrong mapping shows in the logits."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(model_type, **TINY[model_type])
+    hf = AutoModelForCausalLM.from_config(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for t in hf.state_dict().values():
+            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
+                t.add_(0.1 * torch.randn(t.shape, generator=g))
+    return hf
+
+
+_BUILT: dict = {}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    def get(model_type: str):
+        if model_type not in _BUILT:
+            hf = tiny_hf(model_type)
+            d = tmp_path_factory.mktemp(model_type)
+            hf.save_pretrained(d)
+            _BUILT[model_type] = (hf, d)
+        return _BUILT[model_type]
+
+    yield get
+    _BUILT.clear()
+
+
+def cache_bytes(past) -> int:
+    """Bytes of every tensor transformers' cache holds (each storage once)."""
+    seen, total = set(), 0
+    for layer in past.layers:
+        for v in vars(layer).values():
+            if isinstance(v, torch.Tensor) and v.numel():
+                key = v.untyped_storage().data_ptr()
+                if key not in seen:
+                    seen.add(key)
+                    total += v.untyped_storage().nbytes()
+    return total
+
+
+def ids_of(T: int, seed: int = 7) -> torch.Tensor:
+    return torch.randint(3, 128, (1, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_logits_equal_transformers(model_type, saved):
+    hf, folder = saved(model_type)
+    ours = load(folder)
+    ids = ids_of(21)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        got, _ = ours(ids)
+    assert_close(got, ref, atol=1e-5 * ref.abs().max().item(), what=f"{model_type} logits")
+    # chunked prefill then one token at a time equals one pass
+    with torch.no_grad():
+        cache, parts = None, []
+        for a, b in ((0, 5), (5, 13), (13, 14), (14, 21)):
+            out, cache = ours(ids[:, a:b], cache)
+            parts.append(out)
+    assert_close(torch.cat(parts, 1), got, atol=1e-5 * ref.abs().max().item(), what=f"{model_type} chunked")
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_bf16_logits(model_type, saved):
+    hf, folder = saved(model_type)
+    ours = load(folder, dtype="bf16")
+    ids = ids_of(13)
+    with torch.no_grad():
+        ref = hf.to(torch.bfloat16)(ids).logits.float()
+        hf.to(torch.float32)
+        got = ours(ids)[0].float()
+    scale = ref.abs().max().item()
+    assert (got - ref).abs().max().item() <= 0.05 * scale, f"{model_type}: bf16 logits differ"
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+@pytest.mark.parametrize("T", [4, 6, 17])
+def test_memory_equals_transformers_cache(model_type, T, saved):
+    """The analytic cache at T tokens (fp32) equals the bytes of transformers' cache after a prefill of T."""
+    from storelab.models.accounting import analytic_state_bytes
+
+    hf, folder = saved(model_type)
+    cfg = read_model_config(folder)
+    with torch.no_grad():
+        past = hf(ids_of(T), use_cache=True).past_key_values
+    # transformers keeps sliding_window - 1 entries of a window layer: the entries the next query reads
+    want = cache_bytes(past)
+    assert sum(analytic_state_bytes(cfg, [T] * cfg.n_layers, dtype="fp32").values()) == want
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_config_counts_equal_transformers(model_type, saved):
+    """Parameters from config.json alone equal the transformers model's own count."""
+    from storelab.models.accounting import count_params
+
+    hf, folder = saved(model_type)
+    cfg = read_model_config(folder / "config.json")
+    assert count_params(cfg).stored == sum(p.numel() for p in hf.parameters())
