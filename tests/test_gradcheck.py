@@ -88,6 +88,7 @@ def cases() -> dict[str, Case]:
         "gated_deltanet": Case(R["gated_deltanet"](d_model=D, **RECURRENT)),
         "kda": Case(R["kda"](d_model=D, **RECURRENT, gate_rank=4)),
         "gated_deltaproduct": Case(R["gated_deltaproduct"](d_model=D, **RECURRENT)),
+        "mamba2": Case(R["mamba2"](d_model=D, n_heads=4, head_dim=2, d_state=4, n_groups=2, chunk_size=4)),
         "ffn": Case(R["ffn"](d_model=D, d_ff=24)),
         "moe": Case(R["moe"](d_model=D, n_experts=4, top_k=2, d_expert=8, router="sigmoid", router_bias=True,
                              n_shared=1, d_shared=8, latent_dim=8)),
