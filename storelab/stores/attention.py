@@ -18,6 +18,14 @@ Full attention (Vaswani et al., arXiv 1706.03762) with the devices today's layer
   multiplied by ``max(1, log(p + 1) / log(logn_base))`` -- 1 up to ``logn_base`` tokens, then
   growing as the log of the context, which keeps the softmax sharp as competitors accumulate;
 * ``value_scale``: a constant on the values (MiMo's ``attention_value_scale``);
+* Llama 4's devices (Meta, 2025; transformers' ``Llama4TextAttention``), all off by default:
+  ``rope_interleaved`` pairs channel 2i with 2i+1 (Llama 4's rotation of complex pairs) instead of
+  i with i + R/2; ``qk_l2_norm`` divides each query and key head by its root mean square after RoPE
+  (``Llama4TextL2Norm``: no weight, eps ``norm_eps``; Llama 4 sets it on its RoPE layers only);
+  ``attn_temperature_tuning`` multiplies the query at position p by
+  ``log1p(floor((p + 1) / floor_scale)) * attn_temperature_scale + 1`` (Llama 4's NoPE layers,
+  after Scalable-Softmax, arXiv 2501.19399; its ``attn_scale`` is ``attn_temperature_scale`` here, since
+  ``attn_scale`` names the logits' scale): 1 below ``floor_scale`` tokens, then growing as the log;
 * ``kernel``: "fused" (torch's fused kernels, ``storelab.ops.attention``) or "reference" (the
   plain form, every score materialised), taken once at construction.
 
@@ -52,18 +60,24 @@ import torch
 from torch import Tensor, nn
 
 from storelab.ops.attention import KERNELS, window_mask
-from storelab.ops.norm import RMSNorm
+from storelab.ops.norm import RMSNorm, rms_norm
 from storelab.ops.rope import apply_rope
 from storelab.state import KVCache, WindowCache
 from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
-__all__ = ["AttentionConfig", "WindowConfig", "Attention", "WindowAttention", "logn_factor"]
+__all__ = ["AttentionConfig", "WindowConfig", "Attention", "WindowAttention", "logn_factor", "temperature_factor"]
 
 
 def logn_factor(positions_T: Tensor, base: int) -> Tensor:
     """Qwen's LogN factor (arXiv 2309.16609) per query position: max(1, log(p + 1) / log(base))."""
     n = positions_T.to(torch.float64) + 1.0
     return torch.clamp(torch.log(n) / math.log(base), min=1.0).to(torch.float32)
+
+
+def temperature_factor(positions_T: Tensor, floor_scale: int, scale: float) -> Tensor:
+    """Llama 4's attention temperature per query position: log1p(floor((p + 1) / floor_scale)) * scale + 1."""
+    n = torch.floor((positions_T.to(torch.float64) + 1.0) / floor_scale)
+    return (torch.log1p(n) * scale + 1.0).to(torch.float32)
 
 
 @register("attention")
@@ -87,6 +101,11 @@ class AttentionConfig(StoreConfig):
     out_bias: bool = False
     norm_eps: float = 1e-6
     kernel: str = "fused"                # "fused" or "reference" (storelab.ops.attention.KERNELS)
+    rope_interleaved: bool = False       # pairs (2i, 2i+1), Llama 4's complex rotation; else (i, i + R/2)
+    qk_l2_norm: bool = False             # Llama 4: weightless RMS norm of each query/key head after RoPE
+    attn_temperature_tuning: bool = False  # Llama 4's NoPE layers: queries scaled by temperature_factor
+    floor_scale: int = 8192              # Llama 4's floor_scale (tokens)
+    attn_temperature_scale: float = 0.1  # Llama 4's attn_scale (the strength of the tuning)
 
     SLOTS, FAMILY, CARD_ORDER, MIX_LABEL = (TOKEN,), "full", 40, "full"
     CARD = Card(
@@ -115,6 +134,10 @@ class AttentionConfig(StoreConfig):
         self.check(self.logn_base > 1, "logn_base", f"must be > 1, got {self.logn_base}")
         self.check(self.attn_scale is None or self.attn_scale > 0, "attn_scale", f"must be > 0, got {self.attn_scale}")
         self.check(self.kernel in KERNELS, "kernel", f"must be one of {tuple(KERNELS)}, got {self.kernel!r}")
+        self.check(isinstance(self.floor_scale, int) and self.floor_scale > 0, "floor_scale",
+                   f"must be an int > 0, got {self.floor_scale!r}")
+        self.check(self.attn_temperature_scale >= 0, "attn_temperature_scale",
+                   f"must be >= 0, got {self.attn_temperature_scale}")
 
     @property
     def rotary_dim(self) -> int:
@@ -221,8 +244,13 @@ class Attention(nn.Module):
             v_BTGV = v_BTGV * c.value_scale
         if self.q_norm is not None:
             q_BTHK, k_BTGK = self.q_norm(q_BTHK), self.k_norm(k_BTGK)
-        q_BTHK = apply_rope(q_BTHK, positions_T, rotary_dim=c.rotary_dim, theta=c.rope_theta)
-        k_BTGK = apply_rope(k_BTGK, positions_T, rotary_dim=c.rotary_dim, theta=c.rope_theta)
+        rope = dict(rotary_dim=c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved)
+        q_BTHK, k_BTGK = apply_rope(q_BTHK, positions_T, **rope), apply_rope(k_BTGK, positions_T, **rope)
+        if c.qk_l2_norm:  # after RoPE, no weight (Llama4TextL2Norm)
+            q_BTHK, k_BTGK = rms_norm(q_BTHK, eps=c.norm_eps), rms_norm(k_BTGK, eps=c.norm_eps)
+        if c.attn_temperature_tuning:
+            t_T = temperature_factor(positions_T, c.floor_scale, c.attn_temperature_scale)
+            q_BTHK = q_BTHK * t_T.to(q_BTHK.dtype)[None, :, None, None]
         if c.logn:
             # scaling q by the factor scales this query's logits by it
             q_BTHK = q_BTHK * logn_factor(positions_T, c.logn_base).to(q_BTHK.dtype)[None, :, None, None]
