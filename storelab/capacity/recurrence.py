@@ -15,8 +15,10 @@
   on it separates small counts from large ones, never even from odd.
 * Parity by training, any recurrent rule (full runs only): a one-layer model (token mixer, SwiGLU,
   residual) per store table, trained on running parity of 2..16 bits and read at every position of
-  64-bit strings. The tables come from the registry, every kind that declares ``RECURRENT``, at its
-  defaults; those that declare ``DELTA`` (a write step beta_max) twice, beta up to 1 and up to 2.
+  64-bit strings. The tables come from the registry, every rule of the shared recurrent pipeline
+  (``stores/recurrent.py``, whose configs share the fields set here), at its defaults; those that declare
+  ``DELTA`` (a write step beta_max) twice, beta up to 1 and up to 2. Recurrent kinds with a module of
+  their own (Mamba-2, whose fields differ) are not in it.
   A new rule joins by registering; ``exp_parity_trained(stores=[...])`` runs any list of tables.
 """
 
@@ -137,13 +139,14 @@ PARITY_TRAIN = dict(steps=300, batch=32, lr=3e-3, warmup=20, len_max=16, eval_le
 
 
 def parity_stores() -> list[dict]:
-    """A store table per recurrent kind of the registry (``RECURRENT``), at its defaults, in the cards'
-    order; kinds that write by the delta rule (``DELTA``) twice, with beta_max 1 and 2."""
+    """A store table per rule of the shared recurrent pipeline in the registry, at its defaults, in the
+    cards' order; kinds that write by the delta rule (``DELTA``) twice, with beta_max 1 and 2."""
     from storelab.stores import REGISTRY
+    from storelab.stores.recurrent import _RecurrentConfig  # the pipeline's configs: the fields PARITY_STORE sets
 
     out = []
     for kind, cls in sorted(REGISTRY.items(), key=lambda kc: (kc[1].CARD_ORDER, kc[0])):
-        if cls.RECURRENT:
+        if cls.RECURRENT and issubclass(cls, _RecurrentConfig):
             steps = ({"beta_max": 1.0}, {"beta_max": 2.0}) if cls.DELTA else ({},)
             out += [{"kind": kind, **PARITY_STORE, **b} for b in steps]
     return out
