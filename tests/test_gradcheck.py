@@ -74,6 +74,9 @@ def cases() -> dict[str, Case]:
     return {
         "attention": Case(R["attention"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, sink=True)),
         "window": Case(R["window"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, window=3)),
+        "chunked": Case(R["chunked"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, chunk=4, rope_interleaved=True,
+                                     qk_l2_norm=True, attn_temperature_tuning=True, floor_scale=2)),  # T = 6: two chunks
+        "short_conv": Case(R["short_conv"](d_model=D, conv_kernel=3, bias=True)),
         "msa": Case(R["msa"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, block_size=2, top_blocks=3,
                              index_head_dim=8)),                        # 3 blocks of 2: all read
         "mla": Case(R["mla"](d_model=D, **MLA_DIMS)),
@@ -83,6 +86,7 @@ def cases() -> dict[str, Case]:
         "csa": Case(R["csa"](d_model=D, **CSA_DIMS, pool=4, stride=2, index_heads=2, index_head_dim=8,
                              index_topk=T)),                            # every complete entry read
         "hca": Case(R["hca"](d_model=D, **CSA_DIMS, pool=2)),
+        "v4_window": Case(R["v4_window"](d_model=D, **CSA_DIMS)),  # window 3 < T: older tokens drop out
         "linear_attention": Case(R["linear_attention"](d_model=D, **RECURRENT)),
         "deltanet": Case(R["deltanet"](d_model=D, **RECURRENT)),
         "gated_deltanet": Case(R["gated_deltanet"](d_model=D, **RECURRENT)),
@@ -98,6 +102,8 @@ def cases() -> dict[str, Case]:
         "residual": Case(R["residual"](d_model=D), **depth),
         "mhc": Case(R["mhc"](d_model=D, n_streams=2, sinkhorn_iters=5), **depth),
         "attnres": Case(R["attnres"](d_model=D, group_size=1), **depth),
+        "gated_residual": Case(R["gated_residual"](d_model=D), **depth),
+        "hyper_connection": Case(R["hyper_connection"](d_model=D, n_streams=2), **depth),
     }
 
 

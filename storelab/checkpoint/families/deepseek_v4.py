@@ -18,9 +18,13 @@ first layers, and clamped SwiGLU experts.
 | blocks.i.channel.gate_up / down        | layers.i.ffn.experts.{e}.w1, w3 / w2             |
 | blocks.i.channel.shared_{gate,up,down}_proj | layers.i.ffn.shared_experts.w1 / w3 / w2    |
 
-Layers with compress rate 0 (``sliding_attention``: window attention with V4's own projections)
-have no storelab store yet and are refused; so is YaRN on the compressed RoPE. The MTP layers
-(``mtp.*``, ``layers.<n>``) are ignored.
+Layers with compress rate 0 (``sliding_attention``) are ``v4_window`` stores: the same
+projections, sinks and output, over the window alone, with the plain "main" RoPE at
+``rope_theta`` (``rope_parameters.main``); they have no compressor tensors. YaRN on the
+compressed RoPE is refused when given as ``rope_parameters``; the released configs' legacy
+``rope_scaling`` (YaRN, factor 16 from 65,536 tokens) is read as plain RoPE at
+``compress_rope_theta``, as before (storelab.stores.compressed says so). The MTP layers
+(``mtp.*``, ``layers.<n>``, the extra ``compress_ratios`` entry) are ignored.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ def to_config(hf: dict):
     from storelab.stores.compressed import CSAConfig, HCAConfig
     from storelab.stores.depth import MHCConfig
     from storelab.stores.moe import MoEConfig
+    from storelab.stores.v4_window import V4WindowConfig
 
     hf = normalized(hf)
     check_act(hf)
@@ -91,6 +96,8 @@ def to_config(hf: dict):
     common = dict(d_model=D, n_heads=field(hf, "num_attention_heads"), head_dim=C, rope_dim=int(C * partial),
                   q_lora=field(hf, "q_lora_rank"), o_groups=field(hf, "o_groups"), o_lora=field(hf, "o_lora_rank"),
                   window=field(hf, "sliding_window"), rope_theta=theta, eps=eps)
+    main = rp.get("main") or {"rope_theta": field(hf, "rope_theta", 10000.0)}
+    main_theta, _ = rope(main, where="rope_parameters.main")
     if field(hf, "num_key_value_heads", 1) != 1:
         raise unsupported("num_key_value_heads", hf["num_key_value_heads"], "V4 attention has one shared KV head")
     depth = MHCConfig(d_model=D, n_streams=field(hf, "hc_mult"), sinkhorn_iters=field(hf, "hc_sinkhorn_iters"),
@@ -109,8 +116,11 @@ def to_config(hf: dict):
                               index_head_dim=field(hf, "index_head_dim"), index_topk=field(hf, "index_topk"), **common)
         elif t == "heavily_compressed_attention":
             token = HCAConfig(pool=rates[t], **common)
+        elif t == "sliding_attention":
+            token = V4WindowConfig(**{**common, "rope_theta": main_theta})
         else:
-            raise unsupported(f"layer_types[{i}]", t, "storelab has no store for V4's sliding-only layers yet")
+            raise unsupported(f"layer_types[{i}]", t, "DeepSeek-V4 has sliding_attention, compressed_sparse_attention "
+                              "and heavily_compressed_attention")
         if field(hf, "mlp_layer_types")[i] == "hash_moe":
             channel = MoEConfig(routing="hash", vocab_size=field(hf, "vocab_size"), **moe)
         else:
@@ -137,6 +147,8 @@ def _pooler(tab: dict, ours: str, theirs: str, stride: int, series: int) -> None
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:
+    from storelab.stores.v4_window import V4WindowConfig
+
     pre = "model." if "model.layers.0.attn_norm.weight" in names else ""
     tab: dict = {"embed.weight": copy(either(names, f"{pre}embed_tokens.weight", "embed.weight")),
                  "norm.weight": copy(f"{pre}norm.weight")}
@@ -159,10 +171,10 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
         g, r = tok.o_groups, tok.o_lora
         tab[f"{o}.o_a"] = Src((f"{a}.wo_a.weight",), lambda w, g=g, r=r: w.reshape(g, r, -1), "[g*r, .] -> [g, r, .]")
         tab[f"{o}.sinks"] = copy(f"{a}.attn_sink")
-        stride = tok.stride if tok.KIND == "csa" else tok.pool
-        _pooler(tab, f"{o}.pooler", f"{a}.compressor", stride, tok.pool // stride)
+        if not isinstance(tok, V4WindowConfig):  # a window-only layer has no compressor
+            _pooler(tab, f"{o}.pooler", f"{a}.compressor", tok.stride, tok.series)
         if tok.KIND == "csa":
-            _pooler(tab, f"{o}.index_pooler", f"{a}.indexer.compressor", stride, tok.pool // stride)
+            _pooler(tab, f"{o}.index_pooler", f"{a}.indexer.compressor", tok.stride, tok.series)
             linear(tab, f"{o}.index_q", f"{a}.indexer.wq_b")
             linear(tab, f"{o}.index_weights", f"{a}.indexer.weights_proj")
         f, c, ch = f"{L}.ffn", f"{b}.channel", lay.channel
