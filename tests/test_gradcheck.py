@@ -74,12 +74,6 @@ def cases() -> dict[str, Case]:
     return {
         "attention": Case(R["attention"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, sink=True)),
         "window": Case(R["window"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, window=3)),
-        "chunked": Case(R["chunked"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, chunk=4, rope_interleaved=True,
-                                     qk_l2_norm=True, attn_temperature_tuning=True, floor_scale=2)),  # T = 6: two chunks
-        "short_conv": Case(R["short_conv"](d_model=D, conv_kernel=3, bias=True)),
-        "chunked": Case(R["chunked"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, chunk=4, rope_interleaved=True,
-                                     qk_l2_norm=True, attn_temperature_tuning=True, floor_scale=2)),  # T = 6: two chunks
-        "short_conv": Case(R["short_conv"](d_model=D, conv_kernel=3, bias=True)),
         "msa": Case(R["msa"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, block_size=2, top_blocks=3,
                              index_head_dim=8)),                        # 3 blocks of 2: all read
         "mla": Case(R["mla"](d_model=D, **MLA_DIMS)),
@@ -105,10 +99,6 @@ def cases() -> dict[str, Case]:
         "residual": Case(R["residual"](d_model=D), **depth),
         "mhc": Case(R["mhc"](d_model=D, n_streams=2, sinkhorn_iters=5), **depth),
         "attnres": Case(R["attnres"](d_model=D, group_size=1), **depth),
-        "gated_residual": Case(R["gated_residual"](d_model=D), **depth),
-        "hyper_connection": Case(R["hyper_connection"](d_model=D, n_streams=2), **depth),
-        "gated_residual": Case(R["gated_residual"](d_model=D), **depth),
-        "hyper_connection": Case(R["hyper_connection"](d_model=D, n_streams=2), **depth),
     }
 
 
