@@ -74,6 +74,9 @@ def cases() -> dict[str, Case]:
     return {
         "attention": Case(R["attention"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, sink=True)),
         "window": Case(R["window"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, window=3)),
+        "chunked": Case(R["chunked"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, chunk=4, rope_interleaved=True,
+                                     qk_l2_norm=True, attn_temperature_tuning=True, floor_scale=2)),  # T = 6: two chunks
+        "short_conv": Case(R["short_conv"](d_model=D, conv_kernel=3, bias=True)),
         "msa": Case(R["msa"](d_model=D, n_heads=2, n_kv_heads=1, head_dim=8, block_size=2, top_blocks=3,
                              index_head_dim=8)),                        # 3 blocks of 2: all read
         "mla": Case(R["mla"](d_model=D, **MLA_DIMS)),
@@ -90,6 +93,8 @@ def cases() -> dict[str, Case]:
         "kda": Case(R["kda"](d_model=D, **RECURRENT, gate_rank=4)),
         "gated_deltaproduct": Case(R["gated_deltaproduct"](d_model=D, **RECURRENT)),
         "mamba2": Case(R["mamba2"](d_model=D, n_heads=4, head_dim=2, d_state=4, n_groups=2, chunk_size=4)),
+        "mamba": Case(R["mamba"](d_model=D, d_inner=8, d_state=3, dt_rank=2, bcdt_norm="weighted", chunk_size=4)),
+        "rglru": Case(R["rglru"](d_model=D, lru_width=8, n_heads=2, chunk_size=4)),
         "ffn": Case(R["ffn"](d_model=D, d_ff=24)),
         "moe": Case(R["moe"](d_model=D, n_experts=4, top_k=2, d_expert=8, router="sigmoid", router_bias=True,
                              n_shared=1, d_shared=8, latent_dim=8)),
@@ -99,6 +104,8 @@ def cases() -> dict[str, Case]:
         "residual": Case(R["residual"](d_model=D), **depth),
         "mhc": Case(R["mhc"](d_model=D, n_streams=2, sinkhorn_iters=5), **depth),
         "attnres": Case(R["attnres"](d_model=D, group_size=1), **depth),
+        "gated_residual": Case(R["gated_residual"](d_model=D), **depth),
+        "hyper_connection": Case(R["hyper_connection"](d_model=D, n_streams=2), **depth),
     }
 
 
