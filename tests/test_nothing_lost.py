@@ -146,3 +146,112 @@ def test_save_and_probe_are_never_written_inside_their_input(tmp_path, trained):
     refused("save", src, src / "converted", "--checkpoint", says=("OUT", "input"))
     refused("probe", "state_swap", "--checkpoint", src, "--out", src / "probes", says=("--out", "input"))
     assert _tree(tmp_path) == before
+
+
+# -- 3. a damaged run folder ---------------------------------------------------------------------------
+RESUME = ("--model", "attention", "--steps", "3", "--batch-size", "4", "--eval-every", "2", "--checkpoint-every", "2",
+          *[a for o in ("d_model=16", "n_layers=1", "n_heads=2", "head_dim=8", "d_ff=16") for a in ("--model-opt", o)])
+WRONG = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**9), st.floats(allow_nan=False), st.text(max_size=8),
+                  st.lists(st.integers(0, 3), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+FIELD_TYPES = {"format": str, "step": int, "folder": str, "train_config": dict, "model_config": dict, "task": dict,
+               "world": int, "parallel": str, "schedule": list, "history": list}
+
+
+def _pointer(d: Path) -> dict:
+    return json.loads((d / "checkpoint.json").read_text())
+
+
+def _set_pointer(d: Path, meta: dict) -> None:
+    (d / "checkpoint.json").write_text(json.dumps(meta))
+
+
+def _damaged_refused(root: Path, d: Path, names: tuple[str, ...]) -> None:
+    before = _tree(root)
+    for args in (("export", d, root / "model"), ("train", *RESUME, "--out", d)):
+        out = refused(*args, says=(str(d),))
+        assert any(n in out for n in names), f"{args}: none of {names} named:\n{out}"
+        assert _tree(root) == before and not (root / "model").exists()
+
+
+@FAST
+@given(field=st.sampled_from(sorted(FIELD_TYPES)), value=WRONG)
+def test_a_pointer_field_of_the_wrong_type_is_named(tmp_path_factory, trained, field, value):
+    if isinstance(value, FIELD_TYPES[field]) and not isinstance(value, bool):
+        value = [value]  # of the right type by chance: wrap it in a list, which no field of these types is
+        if FIELD_TYPES[field] is list:
+            value = {"x": 1}
+    root = tmp_path_factory.mktemp("ptr")
+    d = root / "run"
+    shutil.copytree(trained, d)
+    _set_pointer(d, {**_pointer(d), field: value})
+    _damaged_refused(root, d, ("checkpoint.json",))
+
+
+@FAST
+@given(folder=st.sampled_from(["../../etc", "/etc", "step-00000002/../../x", "..", "step-00000001", "",
+                               "step-00000002/"]))
+def test_the_step_folder_pointer_is_never_followed_out_of_the_run(tmp_path_factory, trained, folder):
+    root = tmp_path_factory.mktemp("out")
+    d = root / "run"
+    shutil.copytree(trained, d)
+    _set_pointer(d, {**_pointer(d), "folder": folder})
+    _damaged_refused(root, d, ("checkpoint.json", "folder"))
+
+
+@FAST
+@given(where=st.sampled_from(["train_config", "model_config", "task", "schedule", "history"]),
+       key=st.sampled_from(["steps", "d_model", "name", "lr", "mix", "from", "vocab_size", "nonsense"]), value=WRONG)
+def test_a_nested_field_of_the_wrong_type_or_shape_is_named(tmp_path_factory, trained, where, key, value):
+    from storelab.train.checkpoint import check_pointer
+
+    root = tmp_path_factory.mktemp("nest")
+    d = root / "run"
+    shutil.copytree(trained, d)
+    meta = _pointer(d)
+    if isinstance(meta[where], list):
+        meta[where] = [{**meta[where][0], key: value}] if where == "schedule" else [value]
+    else:
+        meta[where] = {**meta[where], key: value}
+    _set_pointer(d, meta)
+    try:
+        check_pointer(meta, d / "checkpoint.json")
+    except ValueError:
+        pass
+    else:
+        return  # a value that happens to be valid (history holds any object; lr=3 is a rate): nothing to refuse
+    _damaged_refused(root, d, ("checkpoint.json",))
+
+
+@FAST
+@given(damage=st.sampled_from(["no step folder", "no .metadata", "truncated shard", "truncated .metadata",
+                               "wider model", "pointer cut", "step folder a file"]),
+       keep=st.floats(0, 0.99))
+def test_a_damaged_step_folder_is_refused_naming_it(tmp_path_factory, trained, damage, keep):
+    root = tmp_path_factory.mktemp("dmg")
+    d = root / "run"
+    shutil.copytree(trained, d)
+    step = d / "step-00000002"
+    shard = next(step.glob("*.distcp"))
+    if damage == "no step folder":
+        shutil.rmtree(step)
+    elif damage == "step folder a file":
+        shutil.rmtree(step)
+        step.write_text("not a folder")
+    elif damage == "no .metadata":
+        (step / ".metadata").unlink()
+    elif damage.startswith("truncated"):
+        f = shard if damage == "truncated shard" else step / ".metadata"
+        f.write_bytes(f.read_bytes()[:int(keep * f.stat().st_size)])
+    elif damage == "wider model":
+        meta = _pointer(d)
+        meta["model_config"]["d_model"] = 32  # the tensors no longer fit the model it describes
+        _set_pointer(d, meta)
+    else:
+        text = (d / "checkpoint.json").read_text()
+        (d / "checkpoint.json").write_text(text[:int(keep * len(text))])
+    if damage == "wider model":  # resuming rebuilds the model from --model: only export reads model_config
+        before = _tree(root)
+        refused("export", d, root / "model", says=(str(step), "model.embed.weight"))
+        assert _tree(root) == before
+        return
+    _damaged_refused(root, d, ("step-00000002", "checkpoint.json"))

@@ -31,6 +31,7 @@ Run folders of storelab before DCP (one ``checkpoint.safetensors``) are read by 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -175,20 +176,124 @@ def _remove_step_folder(path: Path) -> None:
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
-    """The pointer of a run folder (``checkpoint.json``) or, for an old one, its file's metadata."""
+    """The pointer of a run folder (``checkpoint.json``) or, for an old one, its file's metadata; checked
+    whole (``check_pointer``) before anything follows it."""
     p = Path(path)
     if (p / CHECKPOINT).is_file():
-        meta = json.loads((p / CHECKPOINT).read_text())
+        file = p / CHECKPOINT
+        try:
+            meta = json.loads(file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"checkpoint: {file} cannot be read as JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"checkpoint: {file} holds {type(meta).__name__}, not a JSON object")
         if meta.get("format") != FORMAT:
-            raise ValueError(f"checkpoint: {p / CHECKPOINT} is not a storelab checkpoint (format {meta.get('format')!r})")
+            raise ValueError(f"checkpoint: {file} is not a storelab checkpoint (format {meta.get('format')!r})")
+        check_pointer(meta, file)
         return meta
     if (p / LEGACY).is_file():
-        return _read_legacy(p / LEGACY)[1]
+        meta = _read_legacy(p / LEGACY, tensors=False)[1]
+        check_pointer(meta, p / LEGACY)
+        return meta
     from storelab.outputs import KINDS, folder_kind
 
     kind = folder_kind(path)
     what = f": {path} is {KINDS[kind]}, not a run folder written by storelab train --out" if kind in KINDS else ""
     raise ValueError(f"checkpoint: no {CHECKPOINT} at {path}{what}")
+
+
+# the pointer's fields: (type, required); a field of another type is refused, naming the file and the field
+POINTER_FIELDS: dict[str, tuple[type, bool]] = {
+    "format": (str, True), "step": (int, True), "folder": (str, True), "train_config": (dict, True),
+    "model_config": (dict, True), "task": (dict, True), "world": (int, False), "parallel": (str, False),
+    "schedule": (list, False), "history": (list, False)}
+
+
+def check_pointer(meta: dict[str, Any], file: Path) -> None:
+    """Refuse a damaged pointer before anything follows it: a ValueError naming ``file`` and the field.
+
+    Each field has its type; ``folder`` is exactly the step folder of ``step`` (``step-<8 digits>``, no
+    path: a pointer is never followed out of the run) and holds DCP's ``.metadata``; ``train_config``,
+    ``model_config`` and ``task`` are what ``TrainConfig``, ``ModelConfig.from_dict`` and ``make_task``
+    accept; ``schedule`` and ``history`` are lists of objects."""
+    from storelab.models.config import ModelConfig
+    from storelab.tasks import make_task
+    from storelab.train.loop import TrainConfig
+
+    legacy = meta.get("format") == LEGACY_FORMAT
+    for k, (kind, required) in POINTER_FIELDS.items():
+        if k not in meta:
+            if required and not (legacy and k == "folder"):
+                raise ValueError(f"checkpoint: {file} has no field {k!r}")
+            continue
+        v = meta[k]
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise ValueError(f"checkpoint: {file}: field {k!r} must be {kind.__name__}, got {json.dumps(v)[:60]}")
+    if meta["step"] < 0:
+        raise ValueError(f"checkpoint: {file}: field 'step' must be >= 0, got {meta['step']}")
+    if meta.get("world", 1) < 1:
+        raise ValueError(f"checkpoint: {file}: field 'world' must be >= 1, got {meta['world']}")
+    if not legacy:
+        want = f"step-{meta['step']:08d}"
+        if meta["folder"] != want:
+            raise ValueError(f"checkpoint: {file}: field 'folder' must be {want!r} (the step folder of step "
+                             f"{meta['step']}, inside the run), got {meta['folder']!r}")
+        step = file.parent / want
+        if step.is_symlink() or not step.is_dir():
+            raise ValueError(f"checkpoint: {step}, the step folder {file} points to, is missing (or not a folder)")
+        if not (step / ".metadata").is_file():
+            raise ValueError(f"checkpoint: {step / '.metadata'} is missing: the step folder {file} points to "
+                             f"is incomplete")
+    for k in ("schedule", "history"):
+        for i, item in enumerate(meta.get(k, [])):
+            if not isinstance(item, dict):
+                raise ValueError(f"checkpoint: {file}: field {k!r}[{i}] must be an object, got {json.dumps(item)[:60]}")
+    schedule = meta.get("schedule")
+    if schedule is not None:
+        if not schedule:
+            raise ValueError(f"checkpoint: {file}: field 'schedule' is empty")
+        for i, item in enumerate(schedule):
+            for key in ("from", "steps"):
+                v = item.get(key)
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise ValueError(f"checkpoint: {file}: field 'schedule'[{i}].{key} must be an integer >= 0, "
+                                     f"got {json.dumps(v)}")
+    tc = meta["train_config"]
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    for what, check in (("train_config", lambda: TrainConfig(**{k: v for k, v in tc.items() if k in known})),
+                        ("model_config", lambda: ModelConfig.from_dict(meta["model_config"], source=str(file))),
+                        ("task", lambda: _task(make_task, meta["task"]))):
+        if what == "train_config" and set(tc) - known:
+            raise ValueError(f"checkpoint: {file}: field 'train_config' has an unknown key {sorted(set(tc) - known)[0]!r}")
+        try:
+            check()
+        except (ValueError, TypeError) as e:
+            msg = str(e)
+            raise ValueError(msg if str(file) in msg else f"checkpoint: {file}: field {what!r}: {msg}") from None
+
+
+def _task(make_task, d: dict[str, Any]):
+    if not isinstance(d.get("name"), str):
+        raise ValueError(f"name: must be a task name, got {json.dumps(d.get('name'))}")
+    return make_task(d["name"], **{k: v for k, v in d.items() if k != "name"})
+
+
+def _dcp_error() -> type[BaseException]:
+    """DCP's error for a failed read (a BaseException, not an Exception: ``except Exception`` misses it)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def _unreadable(where: Path, e: Exception) -> ValueError:
+    """A step folder or file DCP or safetensors could not read (a shard truncated, a tensor of another shape)."""
+    failures = getattr(e, "failures", None)  # DCP's CheckpointException wraps each rank's error
+    if isinstance(failures, dict) and failures:
+        e = next(iter(failures.values()))[0]
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    why = f"{type(e).__name__}: {first}" if first else ("a file ends early (truncated)" if isinstance(e, EOFError)
+                                                         else type(e).__name__)
+    return ValueError(f"checkpoint: {where} cannot be read ({why})")
 
 
 def has_checkpoint(path: str | Path) -> bool:
@@ -210,25 +315,31 @@ def load_state(path: str | Path, *, model: torch.nn.Module, optimizer: torch.opt
             raise ValueError(f"checkpoint: {p / LEGACY} was written by an earlier storelab (one safetensors file): "
                              "it cannot be resumed; storelab export or load_trained still read it (or use --fresh)")
         tensors, _ = _read_legacy(p / LEGACY)
-        model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
+        try:
+            model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
+        except RuntimeError as e:
+            raise _unreadable(p / LEGACY, e) from None
         return meta
     folder = str(p / meta["folder"])
     state = _state(model, optimizer)
-    if optimizer is not None:  # a parameter that never had a gradient (a cache reader's) has no AdamW state
-        saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
-        state["optim"]["state"] = {name: st for name, st in state["optim"]["state"].items()
-                                   if any(f"optim.state.{name}.{key}" in saved for key in st)}
-    if rng:
-        state["rng"] = torch.get_rng_state()
-    with _quiet():
-        dcp.load(state, checkpoint_id=folder, no_dist=not (collective and dist.is_initialized()))
-    if optimizer is None:
-        model.load_state_dict(state["model"], strict=True)
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=StateDictOptions(strict=False))  # DCP's load already required every key asked
-    if rng:
-        torch.set_rng_state(state["rng"])
+    try:
+        if optimizer is not None:  # a parameter that never had a gradient (a cache reader's) has no AdamW state
+            saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+            state["optim"]["state"] = {name: st for name, st in state["optim"]["state"].items()
+                                       if any(f"optim.state.{name}.{key}" in saved for key in st)}
+        if rng:
+            state["rng"] = torch.get_rng_state()
+        with _quiet():
+            dcp.load(state, checkpoint_id=folder, no_dist=not (collective and dist.is_initialized()))
+        if optimizer is None:
+            model.load_state_dict(state["model"], strict=True)
+        else:
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                           options=StateDictOptions(strict=False))  # DCP's load already required every key asked
+        if rng:
+            torch.set_rng_state(state["rng"])
+    except (Exception, _dcp_error()) as e:  # noqa: BLE001 - whatever DCP raises for a damaged folder
+        raise _unreadable(Path(folder), e) from None
     return meta
 
 
@@ -243,11 +354,14 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
     if meta.get("format") == LEGACY_FORMAT:
         return _read_legacy(p / LEGACY)
     folder = str(p / meta["folder"])
-    md = dcp.FileSystemReader(folder).read_metadata()
-    flat = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
-            if isinstance(v, TensorStorageMetadata)}
-    with _quiet():
-        dcp.load(flat, checkpoint_id=folder, no_dist=True)
+    try:
+        md = dcp.FileSystemReader(folder).read_metadata()
+        flat = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
+                if isinstance(v, TensorStorageMetadata)}
+        with _quiet():
+            dcp.load(flat, checkpoint_id=folder, no_dist=True)
+    except (Exception, _dcp_error()) as e:  # noqa: BLE001 - as in load_state
+        raise _unreadable(Path(folder), e) from None
     tensors = {}
     for k, v in flat.items():
         if k.startswith("model."):
@@ -260,16 +374,23 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
     return tensors, meta
 
 
-def _read_legacy(p: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _read_legacy(p: Path, *, tensors: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     from safetensors import safe_open
 
-    with safe_open(str(p), framework="pt") as f:
-        raw = f.metadata() or {}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            raw = f.metadata() or {}
+            out = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file
+        raise _unreadable(p, e) from None
     if raw.get("format") != LEGACY_FORMAT:
         raise ValueError(f"checkpoint: {p} is not a storelab checkpoint (format {raw.get('format')!r})")
-    meta: dict[str, Any] = {"format": LEGACY_FORMAT, "step": int(raw["step"])}
+    meta: dict[str, Any] = {"format": LEGACY_FORMAT}
     for k, v in raw.items():
-        if k not in ("format", "step"):
-            meta[k] = json.loads(v)
-    return tensors, meta
+        if k == "format":
+            continue
+        try:
+            meta[k] = int(v) if k == "step" else json.loads(v)
+        except ValueError:
+            raise ValueError(f"checkpoint: {p}: metadata field {k!r} cannot be read, got {v[:60]!r}") from None
+    return out, meta
