@@ -29,6 +29,14 @@ TINY = {
     "qwen3_moe": dict(COMMON, **MOE, head_dim=16, num_experts=4, norm_topk_prob=True, mlp_only_layers=[0]),
     "mixtral": dict(COMMON, num_local_experts=4, num_experts_per_tok=2),
     "smollm3": dict(COMMON, no_rope_layer_interval=2),
+    # grouped routing: 2 groups of 4 experts, the best group's experts only
+    "deepseek_v3": dict(COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+                        topk_group=1, first_k_dense_replace=1, n_shared_experts=1, moe_intermediate_size=32),
+    "deepseek_v32": dict(COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                         qk_nope_head_dim=16, v_head_dim=16, index_topk=8, index_head_dim=16, index_n_heads=8,
+                         n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+                         n_shared_experts=1, moe_intermediate_size=32),
 }
 
 
@@ -116,23 +124,24 @@ def test_bf16_logits(model_type, saved):
 @pytest.mark.parametrize("model_type", list(TINY))
 @pytest.mark.parametrize("T", [4, 6, 17])
 def test_memory_equals_transformers_cache(model_type, T, saved):
-    """The analytic cache at T tokens (fp32) equals the bytes of transformers' cache after a prefill of T."""
-    from storelab.models.accounting import analytic_state_bytes
+    """``engine="transformers"`` at T tokens (fp32) equals the bytes of transformers' cache after a prefill of T
+    (windows of 6: not filled at 4, filled at 6 and 17)."""
+    from storelab.models.engines import state_bytes
 
     hf, folder = saved(model_type)
     cfg = read_model_config(folder)
     with torch.no_grad():
         past = hf(ids_of(T), use_cache=True).past_key_values
-    # transformers keeps sliding_window - 1 entries of a window layer: the entries the next query reads
-    want = cache_bytes(past)
-    assert sum(analytic_state_bytes(cfg, [T] * cfg.n_layers, dtype="fp32").values()) == want
+    assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == cache_bytes(past)
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_config_counts_equal_transformers(model_type, saved):
-    """Parameters from config.json alone equal the transformers model's own count."""
+    """Parameters from config.json alone equal the numbers the transformers model saves (its parameters and
+    the routing bias it keeps as a buffer; each tensor once)."""
     from storelab.models.accounting import count_params
 
     hf, folder = saved(model_type)
     cfg = read_model_config(folder / "config.json")
-    assert count_params(cfg).stored == sum(p.numel() for p in hf.parameters())
+    held = {t.data_ptr(): t.numel() for t in hf.state_dict().values() if t.dtype.is_floating_point}
+    assert count_params(cfg).stored == sum(held.values())

@@ -40,7 +40,10 @@ def read_hf_config(path: str | Path) -> tuple[dict, Path]:
 def read_model_config(path: str | Path):
     """The storelab ModelConfig of a checkpoint's config.json; no weight is read or needed."""
     hf, file = read_hf_config(path)
-    fam = family_for(hf, file.parent)
+    try:
+        fam = family_for(hf)
+    except CheckpointError as e:
+        raise CheckpointError(str(e).replace("config.json: ", f"{file}: ", 1)) from None
     try:
         cfg = fam.to_config(hf)
     except CheckpointError as e:

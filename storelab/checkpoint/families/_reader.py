@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass, field as dc_field
 from typing import Any, Callable
 
-from storelab.checkpoint.families._common import base_entries, experts, gated_mlp, layer_prefix, linear, norm
+from storelab.checkpoint.families._common import (base_entries, beyond_layers, experts, gated_mlp, layer_prefix, linear,
+                                                  norm)
 from storelab.checkpoint.families._family import Family
 from storelab.checkpoint.shards import CheckpointError
 from storelab.checkpoint.table import copy
@@ -184,10 +185,14 @@ def mlp_types(t: Fields, n: int, *, moe: bool) -> list[str]:
         where = set(t.list("moe_layers"))
         return ["sparse" if i in where else "dense" for i in range(n)]
     first = t.int("first_k_dense_replace", "moe_layer_start_index", default=0)
-    freq = t.int("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", default=1, minimum=1)
     only = set(t.list("mlp_only_layers", default=[]))
-    return ["sparse" if i >= first and (i + 1 - (first if freq > 1 and first else 0)) % freq == 0
-            and i not in only else "dense" for i in range(n)]
+    if t.has("moe_layer_freq", "moe_layer_interval"):  # DeepSeek: layer i >= first with i % freq == 0
+        freq = t.int("moe_layer_freq", "moe_layer_interval", minimum=1)
+        sparse = [i >= first and i % freq == 0 for i in range(n)]
+    else:  # Qwen's decoder_sparse_step, Llama 4's interleave_moe_layer_step: layer i with (i + 1) % step == 0
+        step = t.int("decoder_sparse_step", "interleave_moe_layer_step", default=1, minimum=1)
+        sparse = [i >= first and (i + 1) % step == 0 for i in range(n)]
+    return ["sparse" if s and i not in only else "dense" for i, s in enumerate(sparse)]
 
 
 # -- rope --------------------------------------------------------------------------------------------
@@ -248,6 +253,9 @@ class Decl:
                                 r"^vision_tower\.", r"^model\.multi_modal_projector\.", r"^multi_modal_projector\.")
     extra: Callable | None = None
     types: Callable[[Fields, int], list[str]] | None = None
+    token: Callable | None = None       # token(t, i, kind, decl, D, eps) for a family's own attention (MLA)
+    token_table: Callable | None = None  # token_table(tab, o, a, store, names) for its tensors
+    mtp: bool = False                   # MTP layers stored after the decoder's (``model.layers.<n>``): ignored
 
 
 def _bias(t: Fields, declared: bool | None) -> bool:
@@ -296,16 +304,16 @@ def _channel(t: Fields, i: int, sparse: bool, decl: Decl, D: int, eps: float):
         width = t.int("intermediate_size")  # Mixtral: its experts are intermediate_size wide
     score = t.str("scoring_func", default=decl.router)
     bias = decl.router_bias or t.str("topk_method", default="") == "noaux_tc"
-    n_group, topk_group = t.int("n_group", "num_expert_group", default=1), t.int("topk_group", default=1)
-    if n_group > 1 and topk_group < n_group:
-        raise t._err("topk_group", f"{topk_group} of {n_group} groups: grouped routing is not implemented")
+    n_group = t.int("n_group", "num_expert_group", default=1, minimum=1)
+    topk_group = t.int("topk_group", default=n_group, minimum=1)
     S = t.int("shared_expert_intermediate_size", default=0)
     n_shared = 1 if S else t.int("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", default=0)
     return MoEConfig(d_model=D, n_experts=E, top_k=k, d_expert=width, router=score, router_bias=bias,
                      norm_topk_prob=t.bool("norm_topk_prob", default=decl.norm_topk_default),
                      routed_scaling=t.float("routed_scaling_factor", default=1.0),
                      n_shared=n_shared, d_shared=S or (width if n_shared else None),
-                     shared_gate=decl.shared_gate and n_shared > 0, norm_eps=eps)
+                     shared_gate=decl.shared_gate and n_shared > 0, n_group=n_group, topk_group=topk_group,
+                     norm_eps=eps)
 
 
 def to_config(decl: Decl, hf: dict):
@@ -321,7 +329,7 @@ def to_config(decl: Decl, hf: dict):
     mlp = mlp_types(t, n, moe=True)
     layers = []
     for i in range(n):
-        token = _attention(t, i, types[i], decl, D, eps)
+        token = (decl.token or _attention)(t, i, types[i], decl, D, eps)
         channel = _channel(t, i, mlp[i] == "sparse", decl, D, eps)
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
     cfg = model_config(hf, t.d, name=decl.name.replace("_", "-"), title=decl.title, d_model=D, layers=layers,
@@ -340,36 +348,49 @@ def table(decl: Decl, hf: dict, cfg, names: set[str]) -> dict:
     base_entries(tab, cfg, prefix=pre, head=head)
     for i, lay in enumerate(cfg.layers):
         a, o, tok = f"{pre}layers.{i}.self_attn", f"blocks.{i}.token", lay.token
-        for p in ("q_proj", "k_proj", "v_proj"):
-            linear(tab, f"{o}.{p}", f"{a}.{p}", bias=tok.qkv_bias)
-        linear(tab, f"{o}.o_proj", f"{a}.o_proj", bias=tok.out_bias)
-        if tok.qk_norm:
-            tab[f"{o}.q_norm.weight"] = norm(f"{a}.q_norm.weight", False)
-            tab[f"{o}.k_norm.weight"] = norm(f"{a}.k_norm.weight", False)
-        if tok.sink:
-            tab[f"{o}.sinks"] = copy(f"{a}.sinks")
-        m = next((p for p in (f"{pre}layers.{i}.mlp", f"{pre}layers.{i}.block_sparse_moe")
-                  if any(x.startswith(p + ".") for x in names)), f"{pre}layers.{i}.mlp")
-        c, ch = f"blocks.{i}.channel", lay.channel
-        if ch.KIND == "ffn":
-            gated_mlp(tab, (f"{c}.gate_proj", f"{c}.up_proj", f"{c}.down_proj"), m, names, ch.d_ff)
-            continue
-        tab[f"{c}.router.weight"] = copy(f"{m}.gate.weight")
-        if ch.router_bias:
-            tab[f"{c}.choice_bias"] = copy(next((x for x in (f"{m}.gate.e_score_correction_bias",
-                                                             f"{m}.e_score_correction_bias") if x in names),
-                                                f"{m}.gate.e_score_correction_bias"))
-        experts(tab, c, f"{m}.experts", names, ch.n_experts)
-        if ch.shared_width:
-            sh = next((x for x in (f"{m}.shared_expert", f"{m}.shared_experts", f"{m}.shared_mlp")
-                       if any(y.startswith(x + ".") for y in names)), f"{m}.shared_experts")
-            gated_mlp(tab, (f"{c}.shared_gate_proj", f"{c}.shared_up_proj", f"{c}.shared_down_proj"), sh, names,
-                      ch.shared_width)
-        if ch.shared_gate:
-            linear(tab, f"{c}.shared_gate", f"{m}.shared_expert_gate")
+        if decl.token_table is not None:
+            decl.token_table(tab, o, a, tok, names)
+        else:
+            attention_entries(tab, o, a, tok)
+        _channel_entries(tab, pre, i, lay.channel, names)
     if decl.extra is not None:
         decl.extra(tab, hf, cfg, names)
     return tab
+
+
+def attention_entries(tab: dict, o: str, a: str, tok) -> None:
+    """q/k/v/o projections (+ biases), per-head q/k norms and sinks under transformers' names."""
+    for p in ("q_proj", "k_proj", "v_proj"):
+        linear(tab, f"{o}.{p}", f"{a}.{p}", bias=tok.qkv_bias)
+    linear(tab, f"{o}.o_proj", f"{a}.o_proj", bias=tok.out_bias)
+    if tok.qk_norm:
+        tab[f"{o}.q_norm.weight"] = norm(f"{a}.q_norm.weight", False)
+        tab[f"{o}.k_norm.weight"] = norm(f"{a}.k_norm.weight", False)
+    if tok.sink:
+        tab[f"{o}.sinks"] = copy(f"{a}.sinks")
+
+
+def _channel_entries(tab: dict, pre: str, i: int, ch, names: set[str]) -> None:
+    """A dense MLP or an MoE layer (router, choice bias, experts, shared experts and their gate)."""
+    m = next((p for p in (f"{pre}layers.{i}.mlp", f"{pre}layers.{i}.block_sparse_moe")
+              if any(x.startswith(p + ".") for x in names)), f"{pre}layers.{i}.mlp")
+    c = f"blocks.{i}.channel"
+    if ch.KIND == "ffn":
+        gated_mlp(tab, (f"{c}.gate_proj", f"{c}.up_proj", f"{c}.down_proj"), m, names, ch.d_ff)
+        return
+    tab[f"{c}.router.weight"] = copy(f"{m}.gate.weight")
+    if ch.router_bias:
+        tab[f"{c}.choice_bias"] = copy(next((x for x in (f"{m}.gate.e_score_correction_bias",
+                                                         f"{m}.e_score_correction_bias") if x in names),
+                                            f"{m}.gate.e_score_correction_bias"))
+    experts(tab, c, f"{m}.experts", names, ch.n_experts)
+    if ch.shared_width:
+        sh = next((x for x in (f"{m}.shared_expert", f"{m}.shared_experts", f"{m}.shared_mlp")
+                   if any(y.startswith(x + ".") for y in names)), f"{m}.shared_experts")
+        gated_mlp(tab, (f"{c}.shared_gate_proj", f"{c}.shared_up_proj", f"{c}.shared_down_proj"), sh, names,
+                  ch.shared_width)
+    if ch.shared_gate:
+        linear(tab, f"{c}.shared_gate", f"{m}.shared_expert_gate")
 
 
 RUNS_ROPE = ("default",)
@@ -391,4 +412,12 @@ def family(decl: Decl) -> Family:
     """The loader's ``Family`` of a declaration."""
     return Family(name=decl.name, model_types=decl.model_types, to_config=lambda hf: to_config(decl, hf),
                   table=lambda hf, cfg, names: table(decl, hf, cfg, names),
-                  ignored=lambda hf: decl.ignored, runs=lambda hf: runs(decl, hf))
+                  ignored=lambda hf: _ignored(decl, hf), runs=lambda hf: runs(decl, hf))
+
+
+def _ignored(decl: Decl, hf: dict) -> tuple[str, ...]:
+    if not decl.mtp:
+        return decl.ignored
+    t = text_fields(hf)
+    n = t.int("num_hidden_layers", minimum=1)
+    return decl.ignored + (beyond_layers(n), beyond_layers(n, r"model\.language_model\.layers\."))

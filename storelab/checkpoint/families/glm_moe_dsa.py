@@ -30,17 +30,11 @@ from storelab.checkpoint.families._family import Family
 from storelab.checkpoint.table import copy
 
 NAME = "glm_moe_dsa"
-MODEL_TYPES = ("glm_moe_dsa",)
+MODEL_TYPES = ("glm_moe_dsa", "deepseek_v32")  # DeepSeek-V3.2: the same layers, its indexer on every layer
 
 
 def ignored(hf: dict) -> tuple[str, ...]:
     return (beyond_layers(field(hf, "num_hidden_layers")), r"rotary_emb\.")
-
-
-def grouped_routing_check(hf: dict) -> None:
-    n_group, topk_group = field(hf, "n_group", 1), field(hf, "topk_group", 1)
-    if n_group > 1 and topk_group < n_group:
-        raise unsupported("topk_group", topk_group, f"grouped routing ({n_group} groups) is not implemented")
 
 
 def to_config(hf: dict):
@@ -51,7 +45,6 @@ def to_config(hf: dict):
     from storelab.stores.moe import MoEConfig
 
     check_act(hf)
-    grouped_routing_check(hf)
     if field(hf, "attention_bias", False):
         raise unsupported("attention_bias", True, "our MLA projections have no biases")
     n, D = field(hf, "num_hidden_layers"), field(hf, "hidden_size")
@@ -77,7 +70,9 @@ def to_config(hf: dict):
                           v_head_dim=field(hf, "v_head_dim"), q_lora_rank=field(hf, "q_lora_rank", None),
                           rope_theta=theta, rope_interleaved=True, norm_eps=1e-6,
                           index_n_heads=field(hf, "index_n_heads"), index_head_dim=field(hf, "index_head_dim"),
-                          index_rope_interleaved=True, index_topk=field(hf, "index_topk"),
+                          # DeepSeek-V3.2's indexer rotates half-split pairs, GLM's interleaved ones
+                          index_rope_interleaved=hf.get("model_type") != "deepseek_v32",
+                          index_topk=field(hf, "index_topk"),
                           index_share_freq=freq, index_share_offset=offset, layer_index=i)
         if token.runs_indexer:
             last_full = i
@@ -89,7 +84,8 @@ def to_config(hf: dict):
                                 d_expert=field(hf, "moe_intermediate_size"), router="sigmoid", router_bias=True,
                                 norm_topk_prob=bool(field(hf, "norm_topk_prob", True)),
                                 routed_scaling=float(field(hf, "routed_scaling_factor", 1.0)),
-                                n_shared=field(hf, "n_shared_experts", 0), d_shared=field(hf, "moe_intermediate_size"))
+                                n_shared=field(hf, "n_shared_experts", 0), d_shared=field(hf, "moe_intermediate_size"),
+                                n_group=field(hf, "n_group", 1), topk_group=field(hf, "topk_group", field(hf, "n_group", 1)))
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D),
                                   selection_owner=None if token.runs_indexer else last_full))
     return model_config(hf, hf, name="glm-moe-dsa", title="GLM-MoE-DSA (checkpoint)", d_model=D, layers=layers,
