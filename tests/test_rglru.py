@@ -205,3 +205,37 @@ def test_store_matches_recurrent_gemma_block_and_its_states():
         got1, st1 = ours(x1, st)
     assert_close(got1, want1, 1e-5, "decode step vs RecurrentGemmaRecurrentBlock")
     assert_close(st1.S, block.rg_lru.recurrent_states, 1e-5, "state after the step")
+
+
+# ---------------------------------------------------------------------------- in a model, beside mamba and attention
+def test_a_hybrid_of_rglru_mamba_and_attention_prefills_in_chunks_and_accounts_its_bytes():
+    """Griffin's pattern (two recurrent layers, then attention) with a Mamba layer: chunked prefill equals one
+    call, the states clone independently, and the analytic bytes and parameters equal the built model's."""
+    from storelab.models.accounting import analytic_state_bytes, count_params
+    from storelab.models.config import ModelConfig
+    from storelab.models.model import Model, cache_bytes_by_kind, prefill
+
+    cfg = ModelConfig.from_dict({
+        "name": "griffin-mamba", "vocab_size": 64, "n_layers": 3, "d_model": 16,
+        "stores": {"lru": {"kind": "rglru", "lru_width": 24, "n_heads": 2, "chunk_size": 4},
+                   "ssm": {"kind": "mamba", "d_state": 4, "chunk_size": 4},
+                   "attn": {"kind": "attention", "n_heads": 2, "head_dim": 8},
+                   "ffn": {"kind": "ffn", "d_ff": 32}, "depth": {"kind": "residual"}},
+        "layers": [{"at": [0], "token": "lru", "channel": "ffn", "depth": "depth"},
+                   {"at": [1], "token": "ssm", "channel": "ffn", "depth": "depth"},
+                   {"at": [2], "token": "attn", "channel": "ffn", "depth": "depth"}]})
+    torch.manual_seed(0)
+    model = Model(cfg).eval()
+    assert count_params(cfg).stored == sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, 64, (1, 13), generator=_gen(6))
+    with torch.no_grad():
+        want, full = prefill(model, ids)
+        got, cache = prefill(model, ids, chunk=5)
+    assert_close(got, want, 1e-5, "logits after a prefill in chunks of 5 vs one call")
+    for i in (0, 1):
+        assert_close(cache[i].token.S, full[i].token.S, 1e-5, f"layer {i}: state after chunks vs one call")
+    assert cache_bytes_by_kind(model, cache) == analytic_state_bytes(cfg, [st.seen for st in cache], dtype="fp32")
+    for lay, st in zip(cfg.layers[:2], cache[:2]):
+        assert st.token.entries == lay.token.footprint(st.seen).kept
+        c = st.token.clone()
+        assert c.S is not st.token.S and torch.equal(c.S, st.token.S) and torch.equal(c.conv, st.token.conv)

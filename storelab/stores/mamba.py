@@ -18,7 +18,7 @@ Which transformers mixers it reproduces, from their config fields:
   dt_rank = ``time_step_rank``, conv_kernel, use_conv_bias, use_bias; ``bcdt_norm = "none"``).
   Tested on the same weights, with its cache after a prefill (tests/test_mamba.py).
 * ``falcon_mamba`` (``FalconMambaMixer``): the same with RMS norms without weights on dt_r, B and C before
-  they are used (``bcdt_norm = "weightless"``, ``bcdt_norm_eps`` = ``mixer_rms_eps``).
+  they are used (``bcdt_norm = "weightless"``, ``bcdt_norm_eps`` = ``mixer_rms_eps``). Tested on the same weights.
 * ``jamba`` (``JambaMambaMixer``): the same with weighted RMS norms there (``bcdt_norm = "weighted"``,
   ``bcdt_norm_eps`` = ``rms_norm_eps``; fields ``mamba_d_state``, ``mamba_d_conv``, ``mamba_expand``,
   ``mamba_dt_rank``, ``mamba_conv_bias``, ``mamba_proj_bias``). Tested on the same weights.
