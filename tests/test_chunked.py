@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from storelab.ops.attention import KERNELS, attend_reference
+from storelab.state import loose_views
 from storelab.stores.attention import AttentionConfig, temperature_factor
 from storelab.stores.chunked import ChunkedConfig
 from tests.helpers import assert_close, capture, one_pass_and_chunks, tiny_hf_model
@@ -57,6 +58,8 @@ def test_store_matches_the_plain_masked_form_in_value_and_gradient(kernel, chunk
     for (name, a, b) in zip(["x"] + [n for n, _ in m.named_parameters()], g, g_want):
         assert_close(a, b, 1e-10, f"grad {name}")
     assert st.seen == 11 and st.entries == 11 % chunk
+    with torch.no_grad():  # without autograd the fused kernel takes its other path (the flash parts, merged)
+        assert_close(m(x)[0], want, 1e-12, "output without gradient")
 
 
 def test_a_chunk_longer_than_the_context_is_full_attention():
@@ -101,7 +104,10 @@ def test_footprint_equals_measured_bytes_at_every_length(chunk):
             assert st.entries == fp.kept == fp.read == L % chunk, L
             assert st.nbytes() == fp.state_bytes == (L % chunk) * 2 * (8 + 4) * 4, L
             assert st.k is None if L % chunk == 0 else st.k.untyped_storage().nbytes() == st.k.numel() * 4
-    assert cfg.memory_terms(cache="bf16") .per_sequence == (chunk - 1) * 2 * (8 + 4) * 2
+    with torch.no_grad():  # a call that crosses chunks and ends inside one keeps copies, not views of its keys
+        _, st = m(torch.randn(1, 2 * chunk + 1, D), st)
+    assert loose_views(st) == [] and st.entries == (9 + 2 * chunk + 1) % chunk
+    assert cfg.memory_terms(cache="bf16").per_sequence == (chunk - 1) * 2 * (8 + 4) * 2
     assert cfg.memory_terms().per_token == 0
 
 

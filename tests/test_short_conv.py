@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from storelab.state import loose_views
 from storelab.stores.short_conv import SHORT_CONV_KERNELS, ShortConvConfig, short_conv_reference
 from tests.helpers import assert_close, capture, one_pass_and_chunks, tiny_hf_model
 
@@ -98,6 +99,7 @@ def test_footprint_equals_measured_bytes(L, W):
     assert st.nbytes() == fp.state_bytes == (W - 1) * D * 4
     assert st.entries == fp.kept == W - 1
     assert cfg.footprint(0).state_bytes == 0
+    assert loose_views(st) == []  # the tail is a copy, not a view that pins the call's activations
     assert cfg.memory_terms(state="fp32").per_sequence == (W - 1) * D * 4
     assert cfg.memory_terms().per_token == 0
 

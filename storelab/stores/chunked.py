@@ -109,16 +109,16 @@ class ChunkedAttention(Attention):
         q_BTHK, k_BTGK, v_BTGV, gate = self.project(x_BTD, self.positions(state.seen, T, x_BTD.device))
         first = min(T, C - state.seen % C)  # tokens until the chunk in progress closes, then whole chunks
         sizes = [first] + [C] * ((T - first) // C) + ([(T - first) % C] if (T - first) % C else [])
-        os, t = [], 0
+        parts, t = [], 0
         for n in sizes if T else []:
             q, k, v = q_BTHK[:, t:t + n], k_BTGK[:, t:t + n], v_BTGV[:, t:t + n]
             if state.k is not None:  # the chunk's kept entries, then this piece's
                 k, v = torch.cat([state.k, k], dim=1), torch.cat([state.v, v], dim=1)
-            os.append(self.kernel.causal(q, k, v, scale=self.cfg.scale, sinks_H=self.sinks))
+            parts.append(self.kernel.causal(q, k, v, scale=self.cfg.scale, sinks_H=self.sinks))
             t, state.seen = t + n, state.seen + n
             if state.seen % C == 0:
                 state.k = state.v = None
             else:  # a copy (a cat is one already): the state must not pin the call's keys and values
                 state.k, state.v = (k, v) if state.k is not None else (k.clone(), v.clone())
-        o_BTHV = torch.cat(os, dim=1) if os else q_BTHK.new_zeros(*q_BTHK.shape[:3], self.cfg.v_head_dim)
+        o_BTHV = torch.cat(parts, dim=1) if parts else q_BTHK.new_zeros(*q_BTHK.shape[:3], self.cfg.v_head_dim)
         return self.finish(o_BTHV, gate), state
