@@ -4,11 +4,16 @@
 and on a ``storelab save`` folder, with the shipped prompt sets and with the user's own; the
 outputs (probe.json, figures) written safely; a constructed model whose answer is known (only its
 recurrent layer can carry the value: the swap fractions are 1 and 0). Then ``generate --prompt``.
+
+These models are untrained, so each probe's check (``storelab.probes.validity``) finds them not learned
+and withholds their fractions and figures; the tests that read the arithmetic or the figures under the
+check pass it by fiat (``unchecked``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -18,6 +23,7 @@ from storelab.cli import app
 from storelab.probes.prompts import shipped
 from tests.helpers import write_tokenizer
 from tests.test_checkpoint import FAMILIES, tiny_hf
+from tests.test_probes import unchecked  # noqa: F401  (a fixture)
 
 VOCAB = 1024
 runner = CliRunner()
@@ -56,8 +62,20 @@ def probe(*args: str):
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_5_text", "kimi_linear"])
-def test_every_text_probe_with_outputs(model_type, folder, tmp_path):
+def test_every_text_probe_with_outputs(model_type, folder, tmp_path, monkeypatch):
     _, d = folder(model_type)
+    checked = probe("all", "--checkpoint", str(d), "--n", "2", "--json", "--out", str(tmp_path / "checked"))
+    assert checked.exit_code == 0, checked.output
+    for nm, r in json.loads(checked.stdout)["results"].items():   # untrained: no fraction, no figure
+        assert r["valid"] is False and "not learned" in r["reason"], (nm, r["reason"])
+    r = json.loads(checked.stdout)["results"]
+    assert r["state_swap"]["recurrent_fraction"] is None and r["forgetting"]["median_half_life"] is None
+    assert r["keep_one"]["cache_only"]["retrieval"] is None and r["keep_one"]["chance"]["retrieval"] > 0
+    assert [p.name for p in (tmp_path / "checked").iterdir()] == ["probe.json"]
+    from storelab.probes import validity
+
+    monkeypatch.setattr(validity, "MARGIN", -math.inf)       # the arithmetic and figures under the check
+    monkeypatch.setattr(validity, "MIN_SHIFT", -math.inf)
     res = probe("all", "--checkpoint", str(d), "--n", "3", "--json", "--out", str(tmp_path / "out"))
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
@@ -82,7 +100,7 @@ def test_every_text_probe_with_outputs(model_type, folder, tmp_path):
 
 
 @pytest.mark.parametrize("model_type", sorted(set(FAMILIES) - {"qwen3_5_text", "kimi_linear"}))
-def test_state_swap_on_every_family(model_type, folder):
+def test_state_swap_on_every_family(model_type, folder, unchecked):
     _, d = folder(model_type)
     res = probe("state_swap", "--checkpoint", str(d), "--n", "2", "--json")
     assert res.exit_code == 0, res.output
@@ -106,7 +124,7 @@ def test_storelab_save_folder(folder, tmp_path):
     assert ours["per_example"] == theirs["per_example"]
 
 
-def test_only_the_recurrent_layer_carries_the_value_on_text(folder):
+def test_only_the_recurrent_layer_carries_the_value_on_text(folder, unchecked):
     """``pattern:WK``, window 1 at layer 0: the entries the window keeps at t-1, t come from the same
     tokens in both prompts, so the recurrent state moves the whole shift and the cache none."""
     from storelab.models.model import Model
@@ -168,7 +186,7 @@ def test_users_prompts_and_their_errors(folder, tmp_path):
 
 
 @pytest.mark.parametrize("model_type, name", [("glm_moe_dsa", "selection"), ("deepseek_v4", "mhc")])
-def test_document_probes_on_a_model_folder_read_the_shipped_prose(model_type, name, folder, tmp_path):
+def test_document_probes_on_a_model_folder_read_the_shipped_prose(model_type, name, folder, tmp_path, unchecked):
     """selection and mhc on a Hugging Face folder: the shipped documents through its tokenizer.json."""
     _, d = folder(model_type)
     res = probe(name, "--checkpoint", str(d), "--contexts", "48,96", "--queries", "4", "--n", "2", "--json",

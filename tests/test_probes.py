@@ -1,4 +1,10 @@
-"""Each probe on a model built so that the answer is known."""
+"""Each probe on a model built so that the answer is known.
+
+The models here are untrained: their answers are at chance, so each probe's check (``storelab.probes.
+validity``) would withhold every fraction. The arithmetic under the check is what these tests read, so
+``unchecked`` passes every check by setting its thresholds out of reach of failure (the check itself,
+on these models and on ones that answer, is tested in ``tests/test_probe_validity.py``).
+"""
 
 import math
 
@@ -14,6 +20,15 @@ from storelab.tasks import make_task, tiny_dictionary
 from storelab.train.models import resolve_model
 
 SMALL = dict(d_model=32, n_heads=2, head_dim=16, d_ff=64)
+
+
+@pytest.fixture
+def unchecked(monkeypatch):
+    """Every probe's check passes: any accuracy above chance - inf, any shift (the arithmetic under it)."""
+    from storelab.probes import validity
+
+    monkeypatch.setattr(validity, "MARGIN", -math.inf)
+    monkeypatch.setattr(validity, "MIN_SHIFT", -math.inf)
 
 
 def build(name: str, task, seed: int = 0, **opts) -> Model:
@@ -45,28 +60,28 @@ def test_layer_classes_and_surgery(dic):
     assert fresh[3].token is None and ca[3].token.k is not None
 
 
-def test_state_swap_zero_when_recurrent_layers_are_silent(dic):
+def test_state_swap_zero_when_recurrent_layers_are_silent(dic, unchecked):
     m = zero_recurrent(build("hybrid", dic))
     r = state_swap(m, dic, n=12, seed=0)
     assert r["recurrent_fraction"] == pytest.approx(0.0, abs=1e-6)
     assert r["cache_fraction"] == pytest.approx(1.0, abs=1e-5)
 
 
-def test_state_swap_all_in_the_state_without_attention(dic):
+def test_state_swap_all_in_the_state_without_attention(dic, unchecked):
     m = build("kda", dic, n_layers=2)
     r = state_swap(m, dic, n=12, seed=1)
     assert r["cache_fraction"] is None
     assert r["recurrent_fraction"] == pytest.approx(1.0, abs=1e-5)
 
 
-def test_state_swap_on_mqar_groups_by_length():
+def test_state_swap_on_mqar_groups_by_length(unchecked):
     t = make_task("mqar", "tiny")
     m = zero_recurrent(build("hybrid", t))
     r = state_swap(m, t, n=10, seed=0)
     assert r["examples"] == 10 and r["recurrent_fraction"] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_keep_one_cache_alone_is_everything_when_states_are_silent(dic):
+def test_keep_one_cache_alone_is_everything_when_states_are_silent(dic, unchecked):
     m = zero_recurrent(build("hybrid", dic))
     r = keep_one(m, dic, n=16, seed=0)
     assert r["cache_only"] == r["full"]
@@ -74,7 +89,7 @@ def test_keep_one_cache_alone_is_everything_when_states_are_silent(dic):
     assert r["paired"]["language_from_cache"] == r["full"]["compliance"]
 
 
-def test_keep_one_state_alone_is_everything_without_attention(dic):
+def test_keep_one_state_alone_is_everything_without_attention(dic, unchecked):
     m = build("kda", dic, n_layers=2)
     r = keep_one(m, dic, n=16, seed=0)
     assert r["state_only"] == r["full"]
@@ -82,7 +97,7 @@ def test_keep_one_state_alone_is_everything_without_attention(dic):
         keep_one(m, make_task("mqar", "tiny"))
 
 
-def test_forgetting_half_life_from_constant_gates(dic):
+def test_forgetting_half_life_from_constant_gates(dic, unchecked):
     m = build("gated_deltanet", dic, n_layers=2)
     expect = []
     for i in recurrent_layers(m):
@@ -96,7 +111,7 @@ def test_forgetting_half_life_from_constant_gates(dic):
     assert r["kda_mixing_fraction"] is None
 
 
-def test_forgetting_kda_weight_estimate(dic):
+def test_forgetting_kda_weight_estimate(dic, unchecked):
     m = build("kda", dic, n_layers=1)
     st = m.blocks[0].token
     H, K = st.cfg.n_heads, st.cfg.head_k_dim
@@ -124,13 +139,13 @@ def _mhc_model(task, *, identity: bool):
     return m
 
 
-def test_mhc_fixed_identity_mix_changes_nothing(dic):
+def test_mhc_fixed_identity_mix_changes_nothing(dic, unchecked):
     r = mhc_ablation(_mhc_model(dic, identity=True), dic, n=8)
     for cond in r["conditions"].values():
         assert abs(cond["loss_change"]) < 1e-5
 
 
-def test_mhc_constant_mix_average_changes_nothing_identity_does(dic):
+def test_mhc_constant_mix_average_changes_nothing_identity_does(dic, unchecked):
     r = mhc_ablation(_mhc_model(dic, identity=False), dic, n=8)
     c = r["conditions"]
     assert abs(c["average_first_half"]["loss_change"]) < 1e-5

@@ -8,7 +8,9 @@ is ``ln 2 / -mean g`` tokens: after that many tokens half of its contents is lef
 delta writes aside). Reported: each head's half-life on each document, the median over
 heads, and how stable the ranking of heads from fast to slow is across documents (the mean
 Spearman correlation between every pair of documents; 1 = the same order every time,
-fixed by the weights).
+fixed by the weights). These summaries are of what a model learned to forget, so they are
+reported only where it learned (``storelab.probes.validity``: next-token accuracy on the same
+inputs above chance, the task's or 1 / vocabulary on documents); each head's half-life is kept.
 
 From the weights alone (after DASC, arXiv 2608.30386), for the layers whose decay is per
 key channel (KDA; found from the gates themselves, [B, T, H, K] rather than [B, T, H]): drop
@@ -28,6 +30,8 @@ import math
 import torch
 
 from storelab.probes.common import recurrent_layers, spearman
+from storelab.probes.validity import learned, next_token_accuracy
+from storelab.tasks import IGNORE
 
 ESSAY_FORGET = {"source": "GateSight, arXiv 2610.14754 (Qwen3.8-27B); DASC, arXiv 2608.30386 (Kimi K3)",
                 "median_half_life_tokens": 24, "ranking": "almost the same for every document",
@@ -37,8 +41,10 @@ FADE, WITHIN = 1e-3, 64
 
 
 @torch.no_grad()
-def decay_gates(model, inputs_BT: torch.Tensor, *, at_rest: dict | None = None) -> dict[int, torch.Tensor]:
-    """Per recurrent layer, its log decays on these inputs: [B, T, H] or [B, T, H, K] (g <= 0).
+def decay_gates(model, inputs_BT: torch.Tensor, *, at_rest: dict | None = None
+                ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """Per recurrent layer, its log decays on these inputs: [B, T, H] or [B, T, H, K] (g <= 0); and the
+    run's logits [B, T, V] (the check that the model learned reads them).
 
     Each layer's gate is computed in a hook on its store, inside the layer's call, while its
     weights are at hand (a streamed model, ``storelab.checkpoint.stream``, holds them only then).
@@ -57,11 +63,11 @@ def decay_gates(model, inputs_BT: torch.Tensor, *, at_rest: dict | None = None) 
                     at_rest[i] = rest_log_decay(mod)
         hooks.append(store.register_forward_pre_hook(grab))
     try:
-        model(inputs_BT)
+        logits_BTV, _ = model(inputs_BT)
     finally:
         for h in hooks:
             h.remove()
-    return seen
+    return seen, logits_BTV
 
 
 def half_lives(g: torch.Tensor) -> torch.Tensor:
@@ -99,9 +105,14 @@ def forgetting(model, task=None, *, inputs=None, n: int = 8, seed: int = 0) -> d
     if inputs is None:
         if task is None:
             raise ValueError("task: forgetting needs a task or inputs")
-        inputs = task.sample(n, seed).inputs
+        batch = task.sample(n, seed)
+        inputs, targets, chance = batch.inputs, batch.targets, task.chance()
+    else:       # documents: each token's target is the next one
+        targets = torch.cat([inputs[:, 1:], torch.full_like(inputs[:, :1], IGNORE)], dim=1)
+        chance = 1 / model.cfg.vocab_size
     at_rest: dict[int, torch.Tensor] = {}
-    gates = decay_gates(model, inputs, at_rest=at_rest)
+    gates, logits_BTV = decay_gates(model, inputs, at_rest=at_rest)
+    check = learned(next_token_accuracy(logits_BTV, targets, IGNORE), chance, what="next-token accuracy")
     heads = []      # (layer, head)
     cols = []
     for i, g in sorted(gates.items()):
@@ -115,9 +126,9 @@ def forgetting(model, task=None, *, inputs=None, n: int = 8, seed: int = 0) -> d
         rhos = [spearman(hl_BN[a], hl_BN[b]) for a in range(len(hl_BN)) for b in range(a + 1, len(hl_BN))]
         out.update({
             "heads": [{"layer": i, "head": h, "half_life": float(per_head[k])} for k, (i, h) in enumerate(heads)],
-            "median_half_life": float(per_head.median()),
-            "ranking_stability": float(sum(rhos) / len(rhos)) if rhos and len(heads) > 1 else None,
-            "ranking_stability_min": float(min(rhos)) if rhos and len(heads) > 1 else None,
+            "median_half_life": check.keep(float(per_head.median())),
+            "ranking_stability": check.keep(float(sum(rhos) / len(rhos))) if rhos and len(heads) > 1 else None,
+            "ranking_stability_min": check.keep(float(min(rhos))) if rhos and len(heads) > 1 else None,
         })
     else:
         out.update({"heads": [], "median_half_life": None, "ranking_stability": None})
@@ -126,8 +137,8 @@ def forgetting(model, task=None, *, inputs=None, n: int = 8, seed: int = 0) -> d
     if mixes:
         m = torch.cat(mixes)
         out["kda_heads"] = int(m.numel())
-        out["kda_mixing_fraction"] = float(m.float().mean())
+        out["kda_mixing_fraction"] = check.keep(float(m.float().mean()))
     else:
         out["kda_heads"], out["kda_mixing_fraction"] = 0, None
-    out["essay"] = ESSAY_FORGET
-    return out
+    out.update(accuracy=check.figures["accuracy"], chance=chance, essay=ESSAY_FORGET)
+    return check.stamp(out)

@@ -8,7 +8,9 @@ A and C stay) in the mixers of the first or the second half of the layers by
 * ``average``:  its average over every token of the evaluation batch (a fixed mix);
 
 and reports the loss and the perplexity change of each of the four against the model as
-trained. The replacement is done per mixer instance, on top of ``MHCMixer.coefficients``,
+trained, where the model as trained has learned (``storelab.probes.validity``: its top-1
+next-token accuracy on the same batch above chance; the changes are None otherwise, the
+losses and perplexities kept). The replacement is done per mixer instance, on top of ``MHCMixer.coefficients``,
 and undone afterwards.
 
 On documents (``mhc_documents(model, documents, context=..., n=...)``; token ids, text through the
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from storelab.probes.common import document_inputs
+from storelab.probes.validity import learned, next_token_accuracy
 from storelab.stores.depth import MHCConfig
 from storelab.tasks import IGNORE, Batch
 
@@ -59,20 +62,27 @@ def replaced_mix(mixers: list, make_mix):
 
 
 @torch.no_grad()
-def _loss(model, inputs, targets) -> float:
+def _loss(model, inputs, targets, *, accuracy: bool = False):
+    """Mean next-token NLL over the scored targets; with ``accuracy``, (loss, top-1 accuracy)."""
     logits, _ = model(inputs)
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE).item()
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE).item()
+    return (loss, next_token_accuracy(logits, targets, IGNORE)) if accuracy else loss
 
 
 @torch.no_grad()
 def mhc_ablation(model, task=None, *, batch=None, n: int = 32, seed: int = 0) -> dict:
-    """Loss change when B is replaced by the identity or its token average, in either half of the layers."""
+    """Loss change when B is replaced by the identity or its token average, in either half of the layers.
+
+    ``batch`` (documents; ``mhc_documents``) is checked against a uniform guess over the vocabulary,
+    a task's batch against the task's ``chance()``."""
     model.eval()
+    chance = 1 / model.cfg.vocab_size if batch is not None or task is None else task.chance()
     if batch is None:
         batch = task.sample(n, seed)
     if not mhc_mixers(model, "first") + mhc_mixers(model, "second"):
         raise ValueError("model: has no mHC depth mixer (depth = 'mhc')")
-    base = _loss(model, batch.inputs, batch.targets)
+    base, acc = _loss(model, batch.inputs, batch.targets, accuracy=True)
+    check = learned(acc, chance, what="next-token accuracy")
     # the average mix of each mixer over the batch's tokens
     means: dict[int, torch.Tensor] = {}
     every = mhc_mixers(model, "first") + mhc_mixers(model, "second")
@@ -90,13 +100,12 @@ def mhc_ablation(model, task=None, *, batch=None, n: int = 32, seed: int = 0) ->
             with replaced_mix(mixers, fn):
                 loss = _loss(model, batch.inputs, batch.targets)
             out["conditions"][f"{name}_{half}_half"] = {
-                "loss": loss, "loss_change": loss - base, "perplexity_change": math.exp(loss - base) - 1,
-                "mixers": len(mixers)}
-    out["essay"] = ESSAY_MHC
-    out["base_perplexity"] = math.exp(base)
+                "loss": loss, "loss_change": check.keep(loss - base),
+                "perplexity_change": check.keep(math.exp(loss - base) - 1), "mixers": len(mixers)}
+    out.update(essay=ESSAY_MHC, base_perplexity=math.exp(base), accuracy=acc, chance=chance)
     for cond in out["conditions"].values():
         cond["perplexity"] = math.exp(cond["loss"])
-    return out
+    return check.stamp(out)
 
 
 @torch.no_grad()

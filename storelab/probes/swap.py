@@ -18,6 +18,12 @@
 
 Both prefill all but the prompt's last token, patch, then run the last token (the
 question's final token) on the patched cache.
+
+Neither divides an effect that is not there (``storelab.probes.validity``): ``state_swap``
+reports its fractions only when the clean prompts are answered above the task's chance by
+``MARGIN`` and the donor moves the logit difference by ``MIN_SHIFT``; ``keep_one`` its one-store
+rates and paired shares only for a part (retrieval, compliance) the full model does above chance.
+Otherwise those figures are None, and ``valid``, ``reason`` and ``validity`` say why.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import torch
 from torch import Tensor
 
 from storelab.probes.common import answer, cache_layers, discard_states, mix_states, prefill, recurrent_layers
+from storelab.probes.validity import all_of, learned, swap_effect
 from storelab.tasks import IGNORE, MQAR, DictionaryLanguage
 
 ESSAY_SWAP = {"source": "Lee et al., arXiv 2609.33093 (Qwen3.5-4B)", "recurrent_fraction": [0.002, 0.036],
@@ -129,17 +136,19 @@ def state_swap(model, task, *, n: int = 64, seed: int = 0) -> dict:
             flips[k] += int((ok & (out[k].argmax(-1) == b)).sum())
     mean = {k: v / total for k, v in sums.items()}
     effect = mean["corrupt"] - mean["clean"]
+    check = swap_effect(correct / total, task.chance(), effect)
 
     def frac(k: str) -> float | None:
         if (k == "recurrent" and not R) or (k == "cache" and not C) or abs(effect) < 1e-9:
             return None
-        return (mean[k] - mean["clean"]) / effect
+        return check.keep((mean[k] - mean["clean"]) / effect)
 
-    return {"probe": "state_swap", "examples": total, "answer_accuracy": correct / total,
-            "recurrent_layers": R, "cache_layers": C, "logit_diff": mean,
-            "recurrent_fraction": frac("recurrent"), "cache_fraction": frac("cache"),
-            "answers_flipped": {k: (v / eligible if eligible else None) for k, v in flips.items()},
-            "flip_eligible": eligible, "essay": ESSAY_SWAP}
+    return check.stamp({
+        "probe": "state_swap", "examples": total, "answer_accuracy": correct / total, "chance": task.chance(),
+        "recurrent_layers": R, "cache_layers": C, "logit_diff": mean,
+        "recurrent_fraction": frac("recurrent"), "cache_fraction": frac("cache"),
+        "answers_flipped": {k: check.keep(v / eligible if eligible else None) for k, v in flips.items()},
+        "flip_eligible": eligible, "essay": ESSAY_SWAP})
 
 
 # -- probe 2 -------------------------------------------------------------------------------------
@@ -190,15 +199,28 @@ def keep_one(model, task: DictionaryLanguage, *, n: int = 64, seed: int = 0) -> 
         return {"retrieval": (val == d["v1"]).float().mean().item(),
                 "compliance": (lang == d["l1"]).float().mean().item()}
 
-    out = {"probe": "keep_one", "examples": n, "recurrent_layers": R, "cache_layers": C,
-           "full": scores(c1),
-           "cache_only": scores(discard_states(model, c1, R)),
-           "state_only": scores(discard_states(model, c1, C))}
+    chance = {"retrieval": 1 / task.n_values, "compliance": 1 / task.n_languages}
+    full = scores(c1)
+    checks = keep_checks(full, chance)
     lang, val = decode(mix_states(model, c1, c2, R))  # caches of prompt 1, recurrent states of prompt 2
-    out["paired"] = {"content_from_cache": (val == d["v1"]).float().mean().item(),
-                     "content_from_state": (val == d["v2"]).float().mean().item(),
-                     "language_from_cache": (lang == d["l1"]).float().mean().item(),
-                     "language_from_state": (lang == d["l2"]).float().mean().item()}
-    out["chance"] = {"retrieval": 1 / task.n_values, "compliance": 1 / task.n_languages}
-    out["essay"] = ESSAY_KEEP
-    return out
+    out = {"probe": "keep_one", "examples": n, "recurrent_layers": R, "cache_layers": C, "full": full,
+           "cache_only": mask_keep(scores(discard_states(model, c1, R)), checks),
+           "state_only": mask_keep(scores(discard_states(model, c1, C)), checks),
+           "paired": {"content_from_cache": checks["retrieval"].keep((val == d["v1"]).float().mean().item()),
+                      "content_from_state": checks["retrieval"].keep((val == d["v2"]).float().mean().item()),
+                      "language_from_cache": checks["compliance"].keep((lang == d["l1"]).float().mean().item()),
+                      "language_from_state": checks["compliance"].keep((lang == d["l2"]).float().mean().item())},
+           "chance": chance, "checks": {k: v.as_dict() for k, v in checks.items()}, "essay": ESSAY_KEEP}
+    return all_of(checks).stamp(out)
+
+
+def keep_checks(full: dict[str, float | None], chance: dict[str, float]) -> dict:
+    """keep_one's checks (``storelab.probes.validity``): retrieval and compliance with both stores, each
+    above its chance; a part the full model does not do has no share to keep in one store."""
+    return {w: learned(full[w], chance[w], what=f"{w} with both stores") for w in ("retrieval", "compliance")
+            if full.get(w) is not None}
+
+
+def mask_keep(rates: dict[str, float | None], checks: dict) -> dict[str, float | None]:
+    """One condition's rates, each None where its check failed (a part without a check stays as is)."""
+    return {w: (checks[w].keep(v) if w in checks else v) for w, v in rates.items()}

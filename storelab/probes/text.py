@@ -18,7 +18,9 @@ run the paired swap: prompt 1's caches with prompt 2's recurrent states.
 the documents, each cut to the shortest one's token count (at most ``max_tokens``) so that they
 run as one batch.
 
-Each returns a dict with the same figures as the synthetic probes (``storelab.probes.swap``) and
+Each returns a dict with the same figures as the synthetic probes (``storelab.probes.swap``), checked
+as they are (``storelab.probes.validity``: the clean answers above chance, a uniform guess over the
+vocabulary, or over it the candidates' share for keep_one; fractions None otherwise), and
 per layer / per head / per example detail; prompts whose pair does not align (other token
 lengths) or whose two answers start with the same token are skipped and counted.
 """
@@ -31,7 +33,8 @@ from storelab.probes.common import cache_layers, discard_states, group_by_length
 from storelab.probes.forgetting import forgetting
 from storelab.probes.patch import Swap, continue_from, logit_diff, patched_logits, run_to, swap_fraction
 from storelab.probes.prompts import encode_prompt, first_token
-from storelab.probes.swap import ESSAY_KEEP, ESSAY_SWAP
+from storelab.probes.swap import ESSAY_KEEP, ESSAY_SWAP, keep_checks, mask_keep
+from storelab.probes.validity import all_of, learned, swap_effect
 
 __all__ = ["text_state_swap", "text_keep_one", "text_forgetting"]
 
@@ -119,19 +122,23 @@ def text_state_swap(model, tok, records: list[dict], *, n: int = 64, chat: bool 
     total = len(items)
     mean = {k: v / total for k, v in sums.items()}
     ld_a, ld_b = torch.tensor([mean["clean"]]), torch.tensor([mean["corrupt"]])
+    chance = 1 / model.cfg.vocab_size   # a uniform guess over the vocabulary
+    check = swap_effect(correct / total, chance, mean["corrupt"] - mean["clean"])
 
-    def frac(k: str, layers: list[int]) -> float | None:
-        return swap_fraction(torch.tensor([mean[k]]), ld_a, ld_b) if layers else None
+    def frac(ld: float) -> float | None:
+        return check.keep(swap_fraction(torch.tensor([ld]), ld_a, ld_b))
 
     per_layer = [{"layer": i, "kind": model.cfg.layers[i].token.KIND,
-                  "store": "recurrent" if i in R else "cache",
-                  "fraction": swap_fraction(torch.tensor([s / total]), ld_a, ld_b)} for i, s in enumerate(layer_sums)]
-    return {"probe": "state_swap", "input": "text", "examples": total, "skipped": skipped,
-            "answer_accuracy": correct / total, "recurrent_layers": R, "cache_layers": C,
-            "position": position, "decode": decode,
-            "logit_diff": mean, "recurrent_fraction": frac("recurrent", R), "cache_fraction": frac("cache", C),
-            "answers_flipped": {k: (v / eligible if eligible else None) for k, v in flips.items()},
-            "flip_eligible": eligible, "per_layer": per_layer, "per_example": per_example, "essay": ESSAY_SWAP}
+                  "store": "recurrent" if i in R else "cache", "logit_diff": s / total,
+                  "fraction": frac(s / total)} for i, s in enumerate(layer_sums)]
+    return check.stamp({
+        "probe": "state_swap", "input": "text", "examples": total, "skipped": skipped,
+        "answer_accuracy": correct / total, "chance": chance, "recurrent_layers": R, "cache_layers": C,
+        "position": position, "decode": decode, "logit_diff": mean,
+        "recurrent_fraction": frac(mean["recurrent"]) if R else None,
+        "cache_fraction": frac(mean["cache"]) if C else None,
+        "answers_flipped": {k: check.keep(v / eligible if eligible else None) for k, v in flips.items()},
+        "flip_eligible": eligible, "per_layer": per_layer, "per_example": per_example, "essay": ESSAY_SWAP})
 
 
 def _candidates(tok, prompt: str, words: list[str], chat: bool) -> set[int]:
@@ -200,30 +207,53 @@ def text_keep_one(model, tok, records: list[dict], *, n: int = 64, chat: bool = 
                                "language_from_cache": hit(top, j, x["com"]),
                                "language_from_state": hit(top, j, x["com2"])})
     conds = ("full", "cache_only", "state_only")
-
-    def summary(sel: list[dict]) -> dict:
-        return {c: {w: _rates(sel, c, w) for w in ("retrieval", "compliance")} for c in conds}
-
-    by_task = {tk: summary([h for h in hits if h["task"] == tk]) for tk in sorted({h["task"] for h in hits})}
     content = [h for h in hits if h["task"] in ("dictionary", "language")]
     lang = [h for h in hits if h["task"] == "language"]
+    persona = [h for h in hits if h["task"] == "persona"]
+    V = model.cfg.vocab_size
+    share = {"retrieval": _chance([x["ret"] for x in items if x["task"] in ("dictionary", "language")], V),
+             "compliance": _chance([x["com"] for x in items if x["task"] == "language"], V),
+             "persona": _chance([x["com"] for x in items if x["task"] == "persona"], V)}
     out = {"probe": "keep_one", "input": "text", "examples": len(hits), "skipped": skipped,
            "recurrent_layers": R, "cache_layers": C}
     for c in conds:  # the essay's three figures: retrieval (dictionary items), compliance (language), persona
         out[c] = {"retrieval": _rates(content, c, "retrieval"), "compliance": _rates(lang, c, "compliance")}
-    persona = [h for h in hits if h["task"] == "persona"]
+    checks = keep_checks(out["full"], share)
     if persona:
         out["persona"] = {c: _rates(persona, c, "compliance") for c in conds}
+        if out["persona"]["full"] is not None:
+            checks["persona"] = learned(out["persona"]["full"], share["persona"],
+                                        what="persona compliance with both stores")
+    for c in ("cache_only", "state_only"):
+        out[c] = mask_keep(out[c], checks)
+        if persona and "persona" in checks:
+            out["persona"][c] = checks["persona"].keep(out["persona"][c])
     keys = ("content_from_cache", "content_from_state", "language_from_cache", "language_from_state")
 
     def mean_of(sel: list[dict], k: str) -> float | None:
         xs = [p[k] for p in sel if p[k] is not None]
-        return sum(xs) / len(xs) if xs else None
+        part = checks.get("retrieval" if k.startswith("content") else "compliance")
+        return part.keep(sum(xs) / len(xs)) if xs and part is not None else None
 
     out["paired"] = {k: mean_of(paired, k) for k in keys}
     out["paired"]["examples"] = len(paired)
-    out.update({"tasks": by_task, "per_example": hits, "paired_per_example": paired, "essay": ESSAY_KEEP})
-    return out
+
+    def by_task(tk: str) -> dict:
+        sel = [h for h in hits if h["task"] == tk]
+        own = {**checks, "compliance": checks["persona"]} if tk == "persona" and "persona" in checks else checks
+        rates = {c: {w: _rates(sel, c, w) for w in ("retrieval", "compliance")} for c in conds}
+        return {c: v if c == "full" else mask_keep(v, own) for c, v in rates.items()}
+
+    out.update({"chance": share, "checks": {k: v.as_dict() for k, v in checks.items()},
+                "tasks": {tk: by_task(tk) for tk in sorted({h["task"] for h in hits})}, "per_example": hits,
+                "paired_per_example": paired, "essay": ESSAY_KEEP})
+    return all_of(checks).stamp(out)
+
+
+def _chance(candidates: list[set[int] | None], vocab: int) -> float | None:
+    """The hit rate of a uniform guess over the vocabulary: the candidates' mean share of it."""
+    sets = [c for c in candidates if c is not None]
+    return sum(len(c) for c in sets) / len(sets) / vocab if sets else None
 
 
 @torch.no_grad()

@@ -5,6 +5,8 @@ try/except: an exception marks that section failed (with its traceback) and the
 others still render. Sections add ``Claim`` rows; the claim ledger is the union of
 them. A claim carries the essay's wording and value (the only things typed in by
 hand) and the value the code computed or measured; its status is derived here.
+A trained model's claim (``checked_claim``) is decided only from a figure its probe
+checked (``storelab.probes.validity``); otherwise it is "not measured", with the reason.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPRODUCED, DIFFERS, NOT_CHECKABLE, FAILED = "reproduced", "differs", "not checkable", "failed"
+NOT_MEASURED = "not measured"   # a trained model's claim whose probe found no effect to measure
+STATUSES = (REPRODUCED, DIFFERS, NOT_CHECKABLE, NOT_MEASURED, FAILED)
+TRAINED_TOLERANCE = 0.25        # relative, for a trained model's figure where the essay gives one value
 
 
 @dataclass
@@ -30,12 +35,16 @@ class Claim:
     tolerance: float = 0.03       # relative tolerance for "reproduced"
     reason: str = ""              # why it differs / why it is not checkable / how measured
     status: str = ""
+    within: tuple[float, float] | None = None  # the essay's range, where it gives one: reproduced inside it
 
     def __post_init__(self) -> None:
         if self.status:
             return
         if self.measured is None:
             self.status = NOT_CHECKABLE
+        elif self.within is not None and isinstance(self.measured, (int, float)):
+            lo, hi = self.within
+            self.status = REPRODUCED if lo <= float(self.measured) <= hi else DIFFERS
         elif isinstance(self.essay, (int, float)) and isinstance(self.measured, (int, float)):
             ok = math.isclose(float(self.measured), float(self.essay), rel_tol=self.tolerance, abs_tol=1e-9)
             self.status = REPRODUCED if ok else DIFFERS
@@ -51,6 +60,22 @@ class Claim:
     def as_dict(self) -> dict[str, Any]:
         return {"section": self.section, "claim": self.claim, "essay": self.essay, "measured": self.measured,
                 "ratio": self.ratio, "status": self.status, "reason": self.reason}
+
+
+def checked_claim(section: str, claim: str, essay: float, measured: float | None, check: dict | None, *,
+                  within: tuple[float, float] | None = None, tolerance: float = TRAINED_TOLERANCE,
+                  reason: str = "") -> Claim:
+    """A claim on a trained model's figure, decided (reproduced or differs) only from a checked figure:
+    inside the essay's range ``within`` where it gives one, else within ``tolerance`` of ``essay``.
+
+    ``check``: the probe's ``validity`` (``storelab.probes.validity.Validity.as_dict``). Where it failed
+    the claim is NOT_MEASURED, its reason the check's ("not measured: model did not learn (...)");
+    without a check (the probe did not run) a missing figure is NOT_CHECKABLE, as for any claim."""
+    if check is not None and not check["valid"]:
+        why = "model did not learn" if check.get("verdict") == "not learned" else "no effect to divide"
+        return Claim(section, claim, essay, None, tolerance, f"not measured: {why} ({check['reason']})",
+                     status=NOT_MEASURED, within=within)
+    return Claim(section, claim, essay, measured, tolerance, reason, within=within)
 
 
 @dataclass

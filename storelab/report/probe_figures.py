@@ -9,7 +9,9 @@
 * mhc: the perplexity change of each condition (the mix replaced by the identity or its average).
 
 ``write_figures(results, folder) -> list of file names`` draws what each result holds (a probe
-without the data for its figure gets none) with matplotlib's Agg canvas, no global state.
+without the data for its figure gets none) with matplotlib's Agg canvas, no global state. A result
+whose check failed (``valid`` false: the model did not learn, or the swap moved nothing;
+``storelab.probes.validity``) gets no figure: its fractions are not measurements.
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ def write_figures(results: dict[str, dict], folder: Path) -> list[str]:
     out = []
     for name, r in results.items():
         draw = FIGURES.get(name)
-        fig = draw(r, _figure) if draw is not None else False
+        fig = draw(r, _figure) if draw is not None and r.get("valid", True) else False
         if fig is False:
             continue
         path = Path(folder) / f"{name}.png"

@@ -15,7 +15,7 @@ from typing import Any
 
 from storelab.console import clean
 from storelab.outputs import atomic_write
-from storelab.report.core import Claim, SectionOutcome, Table
+from storelab.report.core import NOT_MEASURED, STATUSES, Claim, SectionOutcome, Table
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -23,7 +23,7 @@ h1{font-size:1.8em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-t
 table{border-collapse:collapse;margin:1em 0;font-size:.85em} th,td{border:1px solid #ccc;padding:.25em .5em;vertical-align:top}
 th{background:#f3f3f3} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .failed{background:#fee;border:1px solid #c00;padding:.5em} pre{white-space:pre-wrap;font-size:.8em}
-.reproduced{color:#060} .differs{color:#a60} .not-checkable{color:#666} img{max-width:100%;border:1px solid #eee}
+.reproduced{color:#060} .differs{color:#a60} .not-checkable{color:#666} .not-measured{color:#666;font-style:italic} img{max-width:100%;border:1px solid #eee}
 nav a{margin-right:1em}
 """
 
@@ -60,7 +60,7 @@ def _table_html(t: Table) -> str:
         cells = []
         for v in r:
             cls = ' class="num"' if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
-            if isinstance(v, str) and v in ("reproduced", "differs", "not checkable", "failed"):
+            if isinstance(v, str) and v in STATUSES:
                 cls = f' class="{v.replace(" ", "-")}"'
             cells.append(f"<td{cls}>{html.escape(fmt(v))}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
@@ -110,6 +110,9 @@ def write(out: Path, outcomes: list[SectionOutcome], claims: list[Claim], meta: 
     for c in claims:
         counts[c.status] = counts.get(c.status, 0) + 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    if counts.get(NOT_MEASURED):
+        summary += (f". {counts[NOT_MEASURED]} trained-model claims are not measured: the model probed did not learn "
+                    "its task, or the swap moved nothing, so no fraction was taken (each row says which)")
     parts_html.append(f'<h2 id="ledger">Claim ledger</h2><p>{html.escape(summary)}</p>' + _table_html(lt))
     parts_md.append(f"## Claim ledger\n\n{summary}\n\n" + _table_md(lt))
     page = (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>storelab report</title>"
