@@ -61,7 +61,7 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
     D, V = cfg.d_model, cfg.vocab_size
     emb = V * D
     head = 0 if cfg.tie_embeddings else V * D
-    norms_per_layer = 2 * D  # the block's two RMSNorms
+    norms_per_layer = 2 * D  # the block's two RMSNorms (one when the layer has no channel mixer)
     parts = {"embedding": emb, "lm_head": head, "final_norm": D}
     stored = emb + head + D
     active = emb + head + D
@@ -69,7 +69,7 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
     engram_rows = 0
     E = cfg.encoder_layers
     for i, lay in enumerate(cfg.layers):
-        layer_stored = layer_active = norms_per_layer
+        layer_stored = layer_active = norms_per_layer if lay.channel is not None else D
         for slot, st in lay.stores().items():
             pc = st.num_params()
             layer_stored += pc.stored
@@ -85,7 +85,7 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
             prefill += layer_active
         elif E and i == E:
             prefill += lay.token.num_params().active + D
-    parts["norms"] = (2 * cfg.n_layers + 1) * D
+    parts["norms"] = (sum(1 if lay.channel is None else 2 for lay in cfg.layers) + 1) * D
     ds, da = _depth_params(cfg)
     stored += ds
     active += da
@@ -182,7 +182,7 @@ def layer_rows(cfg: ModelConfig, context: int, *, dtype: str = "bf16", cache_dty
             "other_state_bytes": extra,  # lookup / channel mixers (Engram's last ids)
             "cache_owner": lay.cache_owner if lay.cache_owner is not None else i,
             "selection_owner": lay.selection_owner if lay.selection_owner is not None else i,
-            "channel": lay.channel.KIND,
+            "channel": lay.channel.KIND if lay.channel is not None else "",
             "note": fp.note if owns else f"reads layer {lay.cache_owner}'s cache (counted there)",
         }
         if cfg.encoder_layers:

@@ -4,7 +4,8 @@ A layer (essay section 1) is "normalize -> mix tokens -> combine, normalize -> m
 channels -> combine". Its config names one store per slot:
 
 * ``token``   - the token mixer (attention, window, kda, mla, dsa, msa, csa, ...);
-* ``channel`` - the channel mixer (ffn, moe);
+* ``channel`` - the channel mixer (ffn, moe); None for a layer that has none (a Mamba layer,
+                a Nemotron-H mixer layer): the block then skips the channel sublayer and its norm;
 * ``depth``   - how the block's output is combined with what came in (residual,
                 mhc, attnres); every layer of a model uses the same depth mixer;
 * ``lookup``  - optional: an Engram read beside the token mixer (V4.1-Flash's
@@ -61,6 +62,7 @@ from storelab.stores.base import StoreConfig
 
 SLOTS = ("token", "channel", "depth")
 OPTIONAL_SLOTS = ("lookup",)  # Engram beside the token mixer (V4.1-Flash layers 1 and 14)
+MAY_BE_EMPTY = ("lookup", "channel")  # slots a layer may leave empty (a Mamba layer has no channel mixer)
 INHERITED = ("d_model", "vocab_size")  # store fields that default to the model's value
 LAYER_INDEX = "layer_index"  # filled per layer: the layer's position among those using the store
 
@@ -88,7 +90,7 @@ class LayerConfig:
     """One layer: a token mixer, a channel mixer, a depth mixer, and what it shares."""
 
     token: Any
-    channel: Any
+    channel: Any = None                 # None: no channel sublayer (a Mamba layer)
     depth: Any
     lookup: Any = None                  # optional Engram, read beside the token mixer
     cache_owner: int | None = None      # read this layer's cache instead of keeping one
@@ -101,7 +103,7 @@ class LayerConfig:
     def __post_init__(self):
         for slot in SLOTS + OPTIONAL_SLOTS:
             cfg = getattr(self, slot)
-            if cfg is None and slot in OPTIONAL_SLOTS:
+            if cfg is None and slot in MAY_BE_EMPTY:
                 continue
             if not isinstance(cfg, StoreConfig) or not dataclasses.is_dataclass(cfg):
                 raise ValueError(f"{slot}: expected a store config, got {type(cfg).__name__}")

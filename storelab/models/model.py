@@ -88,9 +88,9 @@ class Block(nn.Module):
         super().__init__()
         self.index = index
         self.token = cfg.token.build()
-        self.channel = cfg.channel.build()
+        self.channel = cfg.channel.build() if cfg.channel is not None else None  # None: no channel sublayer
         self.norm_token = RMSNorm(d_model, eps)
-        self.norm_channel = RMSNorm(d_model, eps)
+        self.norm_channel = RMSNorm(d_model, eps) if cfg.channel is not None else None
         self.depth_token = cfg.depth.build(sublayer=2 * index, n_sublayers=n_sublayers)
         self.depth_channel = cfg.depth.build(sublayer=2 * index + 1, n_sublayers=n_sublayers)
         self.lookup = cfg.lookup.build() if cfg.lookup is not None else None
@@ -113,6 +113,8 @@ class Block(nn.Module):
             ds, token_ids_BT = _slice_time(ds, keep_from), token_ids_BT[:, keep_from:]
             if token_ids_BT.shape[1] == 0:
                 return None, state
+        if self.channel is None:
+            return ds, state
         x_BTD = self.depth_channel.read(ds)
         y_BTD, state.channel = self.channel(self.norm_channel(x_BTD), state.channel, token_ids=token_ids_BT)
         ds = self.depth_channel.write(ds, y_BTD)

@@ -24,7 +24,8 @@ def model_record(cfg) -> dict:
 
 def _experts(cfg) -> str:
     """Experts chosen / available per token, as the essay's table says it ("6 / 384, plus 1 shared")."""
-    moes = {m.experts_per_token() for m in (lay.channel for lay in cfg.layers) if m.experts_per_token() is not None}
+    moes = {m.experts_per_token() for m in (lay.channel for lay in cfg.layers if lay.channel is not None)
+            if m.experts_per_token() is not None}
     out = []
     for k, e, s in sorted(moes):
         out.append(f"{k} / {e}" + (f", plus {s} shared" if s else ""))
