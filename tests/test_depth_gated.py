@@ -148,7 +148,8 @@ def test_accounting(cfg):
     assert fp.kept == fp.state_bytes == 0
 
 
-@pytest.mark.parametrize("kind, field, value", [(GatedResidualConfig, "temperature", 0.0), (GatedResidualConfig, "eps", 0),
+@pytest.mark.parametrize("kind, field, value", [(GatedResidualConfig, "temperature", 0.0),
+                                                (GatedResidualConfig, "eps", 0),
                                                 (HyperConnectionConfig, "n_streams", 0),
                                                 (HyperConnectionConfig, "magnitude", -1.0),
                                                 (HyperConnectionConfig, "eps", -1.0)])
@@ -157,8 +158,11 @@ def test_bad_config_names_the_field(kind, field, value):
         kind(d_model=D, **{field: value})
 
 
-@pytest.mark.parametrize("depth", ['kind = "gated_residual"\ntemperature = 0.5',
-                                   'kind = "hyper_connection"\nn_streams = 3'], ids=["gated_residual", "hyper_connection"])
+DEPTH_TABLES = {"gated_residual": 'kind = "gated_residual"\ntemperature = 0.5',
+                "hyper_connection": 'kind = "hyper_connection"\nn_streams = 3'}
+
+
+@pytest.mark.parametrize("depth", list(DEPTH_TABLES.values()), ids=list(DEPTH_TABLES))
 def test_a_model_with_the_store_decodes_as_it_prefills(tmp_path, depth):
     p = tmp_path / "m.toml"
     p.write_text(f'name = "m"\nd_model = 16\nvocab_size = 32\nn_layers = 2\n\n[stores.A]\nkind = "attention"\n'
