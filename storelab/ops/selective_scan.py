@@ -25,8 +25,9 @@ Two forms compute the same numbers (``mode``):
   multiply (never divide: no exp(-cumsum) that overflows under strong decays, as the
   cumulative-sum form would). The chunks' totals are scanned the same way, giving each chunk's
   starting state, which enters every prefix of its chunk as exp(la_prefix) h_start. The work is
-  about T log2(chunk) multiply-adds per state number, in a few large tensor operations; autograd
-  differentiates it (no hand-written backward).
+  about T log2(chunk) multiply-adds per state number, in a few large tensor operations. Its backward
+  is written out (``_DiagonalScan``): the adjoint is the same recurrence run backwards, by the same
+  chunked form, and only la, h and h_0 are kept for it.
 
 States are kept in at least fp32 (``storelab.ops.precision``): bf16 inputs are widened before the
 recurrence, and the outputs returned in the input's dtype.
@@ -87,6 +88,33 @@ def _diagonal_chunked(la: Tensor, b: Tensor, h0: Tensor | None, chunk_size: int)
     return h.reshape(B, n * L, *S)[:, :T], h_end[:, -1]
 
 
+class _DiagonalScan(torch.autograd.Function):
+    """The chunked form with its backward written out: the adjoint of a diagonal recurrence is the same
+    recurrence run backwards, lam_t = g_t + exp(la_{t+1}) lam_{t+1} (g_t the gradient arriving on h_t, the
+    final state's added at t = T - 1), scanned by the same chunked form on the reversed sequence. Then
+    db_t = lam_t, dla_t = lam_t exp(la_t) h_{t-1}, dh_0 = exp(la_1) lam_1. Only la, h and h_0 are saved
+    (autograd through the doubling would keep every round's tensors)."""
+
+    @staticmethod
+    def forward(ctx, la: Tensor, b: Tensor, h0: Tensor | None, chunk_size: int) -> tuple[Tensor, Tensor]:
+        h, last = _diagonal_chunked(la, b, h0, chunk_size)
+        ctx.save_for_backward(la, h, h0)
+        ctx.chunk_size = chunk_size
+        return h, last
+
+    @staticmethod
+    def backward(ctx, dh: Tensor, dlast: Tensor):
+        la, h, h0 = ctx.saved_tensors
+        g = dh.clone()
+        g[:, -1] += dlast
+        la_next = torch.cat([la[:, 1:], la.new_zeros(la[:, :1].shape)], dim=1)   # the step after t (none at T-1)
+        lam = _diagonal_chunked(la_next.flip(1), g.flip(1), None, ctx.chunk_size)[0].flip(1)
+        h_prev = torch.cat([h.new_zeros(h[:, :1].shape) if h0 is None else h0[:, None], h[:, :-1]], dim=1)
+        dla = lam * la.exp() * h_prev if ctx.needs_input_grad[0] else None
+        dh0 = la[:, 0].exp() * lam[:, 0] if h0 is not None and ctx.needs_input_grad[2] else None
+        return dla, lam, dh0, None
+
+
 def _diagonal_recurrent(la: Tensor, b: Tensor, h0: Tensor | None) -> tuple[Tensor, Tensor]:
     h = la.new_zeros(la.shape[:1] + la.shape[2:]) if h0 is None else h0.to(la.dtype)
     hs = []
@@ -116,7 +144,7 @@ def diagonal_scan(log_a: Tensor, b: Tensor, *, initial_state: Tensor | None = No
         return b, (b.new_zeros(b.shape[:1] + b.shape[2:]) if h0 is None else h0)
     if mode == "recurrent":
         return _diagonal_recurrent(la, b, h0)
-    return _diagonal_chunked(la, b, h0, chunk_size)
+    return _DiagonalScan.apply(la, b, h0, chunk_size)
 
 
 def selective_ssm(x_BTC: Tensor, dt_BTC: Tensor, A_CN: Tensor, B_BTN: Tensor, C_BTN: Tensor, *,
