@@ -100,42 +100,136 @@ def _segment_sums(a_XL: Tensor) -> Tensor:
     return seg.masked_fill(~below.logical_or(torch.eye(L, dtype=torch.bool, device=a_XL.device)), float("-inf"))
 
 
-def _chunk(x, dt, A, B, C, S_BHPN, L: int):
-    """The chunked form (module docstring), groups kept apart so C . B is made once per group."""
+def _chunk_layout(x, dt, B, C, L: int):
+    """x, dt, B, C padded to whole chunks and viewed [B, n, L, G, R, P], [B, n, G, R, L], [B, n, L, G, N] x 2.
+    Past the end dt = 0: a = 1 and nothing written, so the final state is the last token's."""
     b, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     R, pad = H // G, -T % L
-    if pad:  # dt = 0 past the end: a = 1 and nothing written, so the final state is the last token's
+    if pad:
         x, dt, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, B, C))
     n = (T + pad) // L
-    x_BnLGRP = x.reshape(b, n, L, G, R, P)
-    dt_BnLGR = dt.reshape(b, n, L, G, R)
-    B_BnLGN, C_BnLGN = B.reshape(b, n, L, G, N), C.reshape(b, n, L, G, N)
-    a_BnGRL = (dt_BnLGR * A.reshape(G, R)).permute(0, 1, 3, 4, 2)               # log decay of each token
-    seg_BnGRLL = _segment_sums(a_BnGRL)                                             # G_l - G_s, -inf above
+    return (x.reshape(b, n, L, G, R, P), dt.reshape(b, n, L, G, R).permute(0, 1, 3, 4, 2),
+            B.reshape(b, n, L, G, N), C.reshape(b, n, L, G, N))
+
+
+def _chunk_forward(x_BnLGRP, dt_BnGRL, A_GR, B_BnLGN, C_BnLGN, S_BGRPN):
+    """The chunked form (module docstring) in chunk layout, groups kept apart so C . B is made once per
+    group. Returns y [B, n, L, G, R, P], the final state and the state each chunk starts from."""
+    a_BnGRL = dt_BnGRL * A_GR[..., None]                                              # log decay of each token
+    E_BnGRLL = _segment_sums(a_BnGRL).exp()                                           # exp(G_l - G_s), 0 above
 
     # intra-chunk: scores C_l . B_s per group, weighted by the segment's decay exp(G_l - G_s) (s <= l) and dt_s
     CB_BnGLL = torch.einsum("bclgn,bcsgn->bcgls", C_BnLGN, B_BnLGN)
-    dt_BnGRL = dt_BnLGR.permute(0, 1, 3, 4, 2)
-    M_BnGRLL = CB_BnGLL[:, :, :, None] * seg_BnGRLL.exp() * dt_BnGRL[..., None, :]
+    M_BnGRLL = CB_BnGLL[:, :, :, None] * E_BnGRLL * dt_BnGRL[..., None, :]
     y_BnLGRP = torch.einsum("bcgrls,bcsgrp->bclgrp", M_BnGRLL, x_BnLGRP)
 
     # each chunk's own write, decayed to its end: sum_s exp(G_L - G_s) dt_s x_s B_s^T (G_L - G_s: the last row)
-    w_BnGRL = seg_BnGRLL[..., -1, :].exp() * dt_BnGRL
-    writes_BnGRPN = torch.einsum("bcgrl,bclgrp,bclgn->bcgrpn", w_BnGRL, x_BnLGRP, B_BnLGN)
-    G_BnGRL = torch.cumsum(a_BnGRL, dim=-1)                                         # log decay from the chunk's start
+    w_BnGRL = E_BnGRLL[..., -1, :] * dt_BnGRL
+    writes_BnGRPN = torch.einsum("bclgrp,bclgn->bcgrpn", w_BnGRL.permute(0, 1, 4, 2, 3)[..., None] * x_BnLGRP,
+                                 B_BnLGN)
+    e_BnGRL = torch.cumsum(a_BnGRL, dim=-1).exp()                                     # exp(G_l): decay from the start
 
     # inter-chunk: pass the state along the chunks (n steps), keeping the state each chunk starts from
-    decay_BnGR = G_BnGRL[..., -1].exp()
-    S_BGRPN = S_BHPN.reshape(b, G, R, P, N)
+    decay_BnGR = e_BnGRL[..., -1]
     starts = []
-    for c in range(n):
+    for c in range(x_BnLGRP.shape[1]):
         starts.append(S_BGRPN)
         S_BGRPN = decay_BnGR[:, c, :, :, None, None] * S_BGRPN + writes_BnGRPN[:, c]
     S0_BnGRPN = torch.stack(starts, dim=1)
     carried_BnLGRP = torch.einsum("bclgn,bcgrpn->bclgrp", C_BnLGN, S0_BnGRPN)
-    y_BnLGRP = y_BnLGRP + carried_BnLGRP * G_BnGRL.exp().permute(0, 1, 4, 2, 3)[..., None]
-    return y_BnLGRP.reshape(b, n * L, H, P)[:, :T], S_BGRPN.reshape(b, H, P, N)
+    y_BnLGRP = y_BnLGRP + carried_BnLGRP * e_BnGRL.permute(0, 1, 4, 2, 3)[..., None]
+    return y_BnLGRP, S_BGRPN, S0_BnGRPN
+
+
+def _segment_grad(dseg_XLL: Tensor) -> Tensor:
+    """The gradient of the log decays a_i from that of their segment sums seg[l, s] = a_{s+1} + ... + a_l:
+    da_i = sum over l >= i and s < i of dseg[l, s] (dseg zero above the diagonal)."""
+    L = dseg_XLL.shape[-1]
+    before_i = F.pad(torch.cumsum(dseg_XLL, dim=-1)[..., :-1], (1, 0))                # [l, i]: sum_{s < i} dseg[l, s]
+    at_or_after = torch.ones(L, L, dtype=torch.bool, device=dseg_XLL.device).tril()  # [l, i]: l >= i
+    return before_i.masked_fill(~at_or_after, 0.0).sum(-2)
+
+
+class _ChunkedSSD(torch.autograd.Function):
+    """The chunked form with its backward by hand: the forward keeps only its inputs and each chunk's
+    starting state; the backward recomputes the decays and scores chunk by chunk in parallel and passes
+    the state's gradient back along the chunks (the forward's loop, reversed). Same sums as autograd
+    through ``_chunk_forward``; tests/test_mamba2.py holds both against the per-token reference."""
+
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, S_BHPN, L: int):
+        b, T, H, P = x.shape
+        G, N = B.shape[2], B.shape[3]
+        xc, dtc, Bc, Cc = _chunk_layout(x, dt, B, C, L)
+        A_GR = A.reshape(G, H // G)
+        y_BnLGRP, S_BGRPN, S0_BnGRPN = _chunk_forward(xc, dtc, A_GR, Bc, Cc, S_BHPN.reshape(b, G, H // G, P, N))
+        ctx.save_for_backward(xc, dtc, A_GR, Bc, Cc, S0_BnGRPN)
+        ctx.T = T
+        return y_BnLGRP.reshape(b, -1, H, P)[:, :T], S_BGRPN.reshape(b, H, P, N)
+
+    @staticmethod
+    def backward(ctx, dy_BTHP, dS_BHPN):
+        x, dt, A, B, C, S0 = ctx.saved_tensors                                         # chunk layout (see forward)
+        b, n, L, G, R, P = x.shape
+        N, T = B.shape[-1], ctx.T
+        dy = torch.zeros_like(x) if dy_BTHP is None else F.pad(
+            dy_BTHP.to(x.dtype), (0, 0, 0, 0, 0, n * L - T)).reshape(b, n, L, G, R, P)
+        dS = x.new_zeros(b, G, R, P, N) if dS_BHPN is None else dS_BHPN.to(x.dtype).reshape(b, G, R, P, N)
+
+        # recompute the forward's decays and scores
+        a = dt * A[..., None]                                                             # [b, n, G, R, L]
+        E = _segment_sums(a).exp()                                                        # [b, n, G, R, L, L]
+        e = torch.cumsum(a, dim=-1).exp()
+        CB = torch.einsum("bclgn,bcsgn->bcgls", C, B)
+        CE = CB[:, :, :, None] * E
+        M = CE * dt[..., None, :]
+        w = E[..., -1, :] * dt
+        e_LGR1 = e.permute(0, 1, 4, 2, 3)[..., None]                                     # [b, n, L, G, R, 1]
+
+        # intra-chunk: y_l += sum_s M[l, s] x_s
+        dM = torch.einsum("bclgrp,bcsgrp->bcgrls", dy, x)
+        dx = torch.einsum("bcgrls,bclgrp->bcsgrp", M, dy)
+        dseg = dM * M
+        ddt = (dM * CE).sum(-2)
+        dCB = (dM * E * dt[..., None, :]).sum(3)
+        dC = torch.einsum("bcgls,bcsgn->bclgn", dCB, B)
+        dB = torch.einsum("bcgls,bclgn->bcsgn", dCB, C)
+
+        # carried state: y_l += exp(G_l) S0 C_l
+        dye = dy * e_LGR1
+        de = (dy * torch.einsum("bclgn,bcgrpn->bclgrp", C, S0)).sum(-1).permute(0, 1, 3, 4, 2) * e
+        dC = dC + torch.einsum("bclgrp,bcgrpn->bclgn", dye, S0)
+        dS0_own = torch.einsum("bclgrp,bclgn->bcgrpn", dye, C)
+
+        # along the chunks, reversed: S_{c+1} = exp(G_L) S_c + W_c
+        decay = e[..., -1]
+        dW, ddecay = [None] * n, [None] * n
+        for c in reversed(range(n)):
+            dW[c], ddecay[c] = dS, (dS * S0[:, c]).sum((-2, -1))
+            dS = decay[:, c, :, :, None, None] * dS + dS0_own[:, c]
+        dW, ddecay = torch.stack(dW, dim=1), torch.stack(ddecay, dim=1)
+        de[..., -1] += ddecay * decay
+
+        # each chunk's write W = sum_s w_s x_s B_s^T
+        dWB = torch.einsum("bcgrpn,bclgn->bclgrp", dW, B)
+        w_LGR1 = w.permute(0, 1, 4, 2, 3)[..., None]
+        dx = dx + w_LGR1 * dWB
+        dw = (dWB * x).sum(-1).permute(0, 1, 3, 4, 2)
+        dB = dB + torch.einsum("bclgrp,bcgrpn->bclgn", w_LGR1 * x, dW)
+        ddt = ddt + E[..., -1, :] * dw
+        dseg[..., -1, :] += w * dw
+
+        # the log decays a = dt A, through the segment sums and the running sums exp(G_l)
+        da = _segment_grad(dseg) + torch.flip(torch.cumsum(torch.flip(de, [-1]), -1), [-1])
+        ddt = ddt + A[..., None] * da
+        dA = (dt * da).sum((0, 1, 4)).reshape(G * R)
+
+        def tokens(t, *tail):                                                             # back to [B, T, ...]
+            return t.reshape(b, n * L, *tail)[:, :T]
+        dx = tokens(dx, G * R, P)
+        ddt = tokens(ddt.permute(0, 1, 4, 2, 3), G * R)
+        return dx, ddt, dA, tokens(dB, G, N), tokens(dC, G, N), dS.reshape(b, G * R, P, N), None
 
 
 def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *, D: Tensor | None = None,
@@ -156,7 +250,7 @@ def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *, D: Tensor | N
     elif mode == "recurrent":
         y, S = _recurrent(x, dt, A, B, C, S)
     else:
-        y, S = _chunk(x, dt, A, B, C, S, min(chunk_size, T))
+        y, S = _ChunkedSSD.apply(x, dt, A, B, C, S, min(chunk_size, T))
     if D is not None:
         y = y + D.to(cdt)[:, None] * x
     return y, (S if output_final_state else None)
