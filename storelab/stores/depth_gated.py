@@ -42,7 +42,7 @@ streams differ only by how much of each output they took. ``magnitude`` (``hc_ma
 in mHC) bounds c. Coefficients and sums in fp32, streams cast back. The head reads
 h = sum_n a_n X_L[n] with its own a = sigmoid(z s + b) + eps, as mHC's head (``MHCHead``).
 Parameters per mixer: 2N (N D + 1) + 2; head N (N D + 1) + 1. The start is Hunyuan V4's
-(b_a = -log(N - 1), so each read averages the streams; s = 0.01; W ~ 0.02 N(0, 1)).
+(b_a = -log(N - 1), so a = 1/N and each read averages the streams, N >= 2; s = 0.01; W ~ 0.02 N(0, 1)).
 Per token the pass holds N vectors of D.
 
   blocks.i.depth_token.weight   [2N, N D]  model.layers.i.attn_hc.fn
