@@ -255,3 +255,68 @@ def test_a_damaged_step_folder_is_refused_naming_it(tmp_path_factory, trained, d
         assert _tree(root) == before
         return
     _damaged_refused(root, d, ("step-00000002", "checkpoint.json"))
+
+
+# -- 5. non-finite weights or activations -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_save(tmp_path_factory) -> Path:
+    from storelab.checkpoint import save
+    from storelab.models.model import Model
+    from storelab.zoo import load_zoo
+
+    d = tmp_path_factory.mktemp("small") / "saved"
+    save(Model(load_zoo("kimi-k3", tiny=True)), d)
+    return d
+
+
+@FAST
+@given(which=st.integers(0, 10**6), value=st.sampled_from([float("nan"), float("inf"), float("-inf")]),
+       share=st.floats(0.0, 1.0), command=st.sampled_from(["generate", "probe"]))
+def test_non_finite_weights_are_an_error_naming_the_tensor(tmp_path_factory, small_save, which, value, share,
+                                                           command):
+    import torch
+
+    from storelab.checkpoint import load, save
+
+    root = tmp_path_factory.mktemp("nan")
+    model = load(small_save)
+    named = [(n, p) for n, p in model.named_parameters() if p.numel()]
+    name, p = named[which % len(named)]
+    with torch.no_grad():
+        flat = p.view(-1)
+        flat[:max(1, int(share * flat.numel()))] = value
+    d = root / "nan"
+    save(model, d)
+    before = _tree(root)
+    args = (("generate", "--checkpoint", d, "--new-tokens", "2", "--prompt-len", "4") if command == "generate" else
+            ("probe", "forgetting", "--checkpoint", d, "--task", "mqar", "--n", "2"))
+    refused(*args, says=("weights", repr(name), str(d)))
+    assert _tree(root) == before
+
+
+@FAST
+@given(result=st.recursive(st.floats(allow_nan=True, allow_infinity=True) | st.integers() | st.text(max_size=3),
+                           lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text("abc", max_size=3), kids,
+                                                                                     max_size=3), max_leaves=12))
+def test_every_non_finite_figure_of_a_probe_result_is_found(result):
+    import math
+
+    from storelab.commands._finite import invalid_fields
+
+    def leaves(x):
+        if isinstance(x, dict):
+            return [v for k, y in x.items() if k != "essay" for v in leaves(y)]
+        return [v for y in x for v in leaves(y)] if isinstance(x, list) else [x]
+
+    bad = [v for v in leaves(result) if isinstance(v, float) and not math.isfinite(v)]
+    assert len(invalid_fields(result)) == len(bad)
+
+
+def test_non_finite_logits_while_generating_are_an_error():
+    import torch
+
+    from storelab.commands._finite import check_logits
+
+    check_logits(torch.zeros(1, 4), "token 3")
+    with pytest.raises(ValueError, match="activations: the logits at token 3"):
+        check_logits(torch.tensor([[0.0, float("nan")]]), "token 3")

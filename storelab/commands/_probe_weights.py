@@ -30,6 +30,7 @@ def _layer_rows(r: dict) -> list[list]:
 
 def weights_only(name: str, checkpoint: Path | None, *, json_: bool, out: Path | None, force: bool = False) -> None:
     """Run the weights-only estimate and print it (a ValueError for a wrong probe or folder)."""
+    from storelab.commands._finite import invalid_fields
     from storelab.commands._probe_text import OUT_FILES
     from storelab.outputs import atomic_write, check_folder
     from storelab.probes.gate_weights import gate_spectra
@@ -41,6 +42,10 @@ def weights_only(name: str, checkpoint: Path | None, *, json_: bool, out: Path |
     if out is not None:
         check_folder(out, "probe", OUT_FILES, force=force, inputs=(checkpoint,))   # before any read
     r = gate_spectra(checkpoint)
+    bad = invalid_fields(r)
+    if bad:  # a gate tensor with NaN or inf
+        raise ValueError(f"weights: the gate tensors of {checkpoint} give non-finite half-lives "
+                         f"({', '.join(bad[:4])}): no figure")
     if out is not None:
         from storelab.report.gate_plot import plot_half_lives
 

@@ -25,6 +25,7 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
     generate, and account the cache it holds."""
     import torch
 
+    from storelab.commands._finite import check_weights
     from storelab.models.accounting import analytic_state_bytes
     from storelab.models.model import Model, cache_bytes_by_kind, generate
 
@@ -39,6 +40,7 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
         raise ValueError(f"temperature: must be a finite number >= 0, got {temperature}")
     torch.manual_seed(seed)
     model = Model(cfg).eval() if model is None else model
+    check_weights(model, cfg.name)
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
     gen = torch.Generator().manual_seed(seed + 1)
     out, cache = generate(model, prompt, new_tokens, chunk=chunk, temperature=temperature, top_k=top_k,
@@ -76,6 +78,7 @@ def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int]
     """Generate after the prompt ids until ``new_tokens`` or a token of ``stop``; the ids and the text."""
     import torch
 
+    from storelab.commands._finite import check_logits
     from storelab.models.model import pick, prefill
 
     if not ids:
@@ -91,6 +94,7 @@ def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int]
     with torch.no_grad():
         logits, cache = prefill(model, torch.tensor([ids]), chunk=chunk)
         while len(out) < new_tokens:
+            check_logits(logits, f"token {len(ids) + len(out)}")
             nxt = pick(logits.float(), temperature=temperature, top_k=top_k, generator=gen)
             if int(nxt) in stop:
                 why = "eos"
@@ -129,6 +133,7 @@ def register(app: typer.Typer) -> None:
         from storelab.models.config import load_model
         from storelab.zoo import load_zoo
 
+        from storelab.commands._finite import check_weights
         from storelab.models.config import check_fits
 
         loaded = tok = None
@@ -150,6 +155,7 @@ def register(app: typer.Typer) -> None:
                 check_fits(load(checkpoint, device="meta").cfg, what="--checkpoint",  # reads no weights
                            instead="generate with a smaller checkpoint")
                 loaded = load(checkpoint, dtype="fp32" if prompt is None else None)  # text: its own dtype
+                check_weights(loaded, checkpoint)
                 cfg = loaded.cfg
             else:
                 cfg = load_model(config) if config is not None else load_zoo(model, tiny=tiny)

@@ -19,6 +19,7 @@ from pathlib import Path
 import typer
 
 from storelab import options as opt
+from storelab.commands._finite import check_weights, invalid_fields
 from storelab.commands._probe_text import OUT_FILES, write_out
 from storelab.console import console, emit_json, table
 from storelab.outputs import KINDS, check_folder, folder_kind
@@ -124,6 +125,7 @@ def register(app: typer.Typer) -> None:
                 check_fits(mcfg, what="--model", instead=f"probe its tiny version (--model tiny-{model})")
                 torch.manual_seed(seed)
                 net = Model(mcfg).eval()
+            check_weights(net, checkpoint if checkpoint is not None else model)  # NaN weights: no figure
         docs = None if contexts is None or text else [row.tolist() for row in t.sample(n, seed).inputs]
         results, skipped = {}, {}
         if text:
@@ -141,6 +143,11 @@ def register(app: typer.Typer) -> None:
                 if name != "all":
                     opt.fail(str(e))
                 skipped[nm] = str(e)
+        for nm in [nm for nm, r in results.items() if invalid_fields(r)]:  # activations that overflowed
+            why = f"invalid: non-finite values in {', '.join(invalid_fields(results.pop(nm))[:4])}"
+            if name != "all":
+                opt.fail(f"{nm}: {why}")
+            skipped[nm] = why
         on = f"text ({prompts or 'shipped prompts'})" if text else t.NAME
         doc = {"model": net.cfg.name, "task": on, "results": results, "skipped": skipped}
         if out is not None:
