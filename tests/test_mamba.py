@@ -95,7 +95,8 @@ def test_scan_refuses_bad_shapes_and_modes():
 
 # ---------------------------------------------------------------------------- the store
 def _cfg(**kw):
-    return build_store({"kind": "mamba", "d_model": 16, "d_inner": 24, "d_state": 4, "dt_rank": 3, "chunk_size": 8, **kw})
+    return build_store({"kind": "mamba", "d_model": 16, "d_inner": 24, "d_state": 4, "dt_rank": 3, "chunk_size": 8,
+                        **kw})
 
 
 def _perturbed(cfg, seed=0):

@@ -110,7 +110,8 @@ class MambaConfig(StoreConfig):
         self.check(self.dt_min <= self.dt_max, "dt_max", f"must be >= dt_min {self.dt_min}, got {self.dt_max}")
         self.check(self.bcdt_norm in BCDT_NORMS, "bcdt_norm", f"must be one of {BCDT_NORMS}, got {self.bcdt_norm!r}")
         for name in ("use_conv_bias", "use_bias"):
-            self.check(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            self.check(isinstance(value, bool), name, f"must be true or false, got {value!r}")
         self.check(self.mode in MODES, "mode", f"must be one of {MODES}, got {self.mode!r}")
 
     @property
