@@ -20,9 +20,12 @@ shared in grouped attention. Two forms compute it, with the same sums:
       S_L = exp(G_L) S_0 + sum_s exp(G_L - G_s) dt_s x_s B_s^T       (the state passed to the next chunk)
 
   Every exponent is a sum of log decays over a segment, so <= 0: nothing overflows however strong the
-  decay (no division by a cumulative decay, unlike the per-channel delta rules). The chunks pass their
+  decay (no division by a cumulative decay, unlike the per-channel delta rules), and each segment is
+  summed on its own (``_segment_sums``), not as a difference of running sums. The chunks pass their
   states in a loop over T / L chunks (linear in T); within a chunk everything is a batched matrix product.
-  It trains by autograd with no per-token loop.
+  Its backward is written by hand (``_ChunkedSSD``): it keeps the inputs and each chunk's starting state,
+  recomputes the L x L decays and scores, and passes the state's gradient back along the chunks; no
+  per-token loop either way. The same sums, tested against autograd through the per-token loop.
 
 Signature (layout [B, T, H, P] as every op; documented once here)::
 
@@ -155,7 +158,11 @@ class _ChunkedSSD(torch.autograd.Function):
     """The chunked form with its backward by hand: the forward keeps only its inputs and each chunk's
     starting state; the backward recomputes the decays and scores chunk by chunk in parallel and passes
     the state's gradient back along the chunks (the forward's loop, reversed). Same sums as autograd
-    through ``_chunk_forward``; tests/test_mamba2.py holds both against the per-token reference."""
+    through ``_chunk_forward``; tests/test_mamba2.py holds both against the per-token reference.
+
+    The backward's tensors are in chunk layout without suffixes: x, dy, dx [B, n, L, G, R, P]; dt, a, e
+    (exp of the running sum), w and their gradients [B, n, G, R, L]; E, M, dM, dseg [B, n, G, R, L, L];
+    CB, dCB [B, n, G, L, L]; B, C, dB, dC [B, n, L, G, N]; states [B, (n,) G, R, P, N]."""
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, S_BHPN, L: int):
