@@ -3,7 +3,8 @@ CSA/HCA + mHC), text through the folder's tokenizer; mHC ablations on documents.
 
 Closed forms: a model whose mHC mix is already the identity (or constant) loses nothing when it is
 replaced by the identity (or its token average); perplexity = exp(mean next-token NLL), checked against
-the logits directly.
+the logits directly. The models are untrained, so the mHC probe's check would withhold its changes;
+the tests that read them pass it by fiat (``unchecked``; the check: ``tests/test_probe_validity.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from storelab.text import Tokenizer
 from storelab.train.models import resolve_model
 from tests.helpers import write_tokenizer
 from tests.test_checkpoint import tiny_hf
+from tests.test_probes import unchecked  # noqa: F401  (a fixture)
 
 TEXTS = ["The river rose in the night and the town woke to water in the streets.",
          "A ledger lists every sale: three apples on Monday, five pears on Tuesday, none on Wednesday.",
@@ -75,7 +77,7 @@ def _identity_mix(model, *, identity: bool) -> None:
                 mixer.bias[2 * N:] = (30 * torch.eye(N) if identity else 3 * torch.randn(N, N)).flatten()
 
 
-def test_deepseek_v4_checkpoint_csa_and_mhc_on_text(folder):
+def test_deepseek_v4_checkpoint_csa_and_mhc_on_text(folder, unchecked):
     m, docs = folder("deepseek_v4")
     r = selection_sweep(m, docs, contexts=(48,), queries=4)
     assert r["layers"] and {x["kind"] for x in r["layers"]} == {"csa"}
@@ -91,7 +93,7 @@ def test_deepseek_v4_checkpoint_csa_and_mhc_on_text(folder):
         assert abs(cond["perplexity_change"]) < 1e-5 and cond["perplexity"] > 1
 
 
-def test_mhc_documents_constant_mix_average_is_free_identity_is_not():
+def test_mhc_documents_constant_mix_average_is_free_identity_is_not(unchecked):
     torch.manual_seed(0)
     m = Model(resolve_model("tiny-deepseek-v4-pro", 256)).eval()
     _identity_mix(m, identity=False)

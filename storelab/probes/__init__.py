@@ -19,6 +19,11 @@ mhc            loss change when mHC's mix is the identity or its average   Zhao 
 selection      indexer miss rate; how often it selects the first block     MSA 2606.13392
 =============  ===========================================================  ==========================
 
+Before a probe reports a fraction of an effect it checks that there is one (``validity``: the
+model answers above chance by ``MARGIN``; a swap's donor moves the answer by ``MIN_SHIFT``). Where
+the check fails the fractions are None and the result's ``valid``, ``reason`` and ``validity`` say
+why ("not learned: answer accuracy 0.012 vs chance 0.012 (needs >= chance + 0.2)").
+
 On documents (token ids; ``DOCUMENT_PROBES``, ``probe(model, documents, **options)``):
 ``selection_sweep`` (recall of the exact top-k and attention mass missed per selecting layer, against
 context length and top-k; IndexShare's cost) and ``mhc_documents`` (perplexity change of the mHC
@@ -30,6 +35,7 @@ from storelab.probes.mhc import mhc_ablation, mhc_documents
 from storelab.probes.selection import selection
 from storelab.probes.selection_sweep import selection_sweep
 from storelab.probes.swap import keep_one, state_swap
+from storelab.probes.validity import Validity
 
 PROBES = {"state_swap": state_swap, "keep_one": keep_one, "forgetting": forgetting, "mhc": mhc_ablation,
           "selection": selection}
@@ -47,4 +53,4 @@ def _mhc_docs(model, documents, *, contexts, topk=(1,), queries=64, n=8):  # top
 DOCUMENT_PROBES = {"selection": _sweep, "mhc": _mhc_docs}
 
 __all__ = ["PROBES", "DOCUMENT_PROBES", "state_swap", "keep_one", "forgetting", "mhc_ablation", "mhc_documents",
-           "selection", "selection_sweep"]
+           "selection", "selection_sweep", "Validity"]
