@@ -42,9 +42,9 @@ width, E d_inner, N d_state, R dt_rank, W conv width):
 in_proj's rows are [x, z] (transformers' order); x_proj's [dt_r, B, C].
 
 State per layer, whatever the context L: h [E, N] in fp32 plus the conv tail of W - 1 inputs of E
-channels in the entry dtype, E N 4 + (W - 1) E bytes bytes (``storelab.state.RecurrentState``: ``S``
-[B, E, N], transformers' ``ssm_states``; ``conv`` [B, W-1, E], its conv state [B, E, W] without the
-oldest column). ``footprint`` counts kept = read = E rows; reading costs 2 E N flops per token (C_t . h).
+channels in the entry dtype, 4 E N + (W - 1) E e bytes, e bytes per entry (``storelab.state.RecurrentState``:
+``S`` [B, E, N], the recurrent state of MambaMixer's cache; ``conv`` [B, W-1, E], its conv state [B, E, W]
+without the oldest column). ``footprint`` counts kept = read = E rows; reading costs 2 E N flops per token (C_t . h).
 
 Shape legend: B batch, T tokens, D model width, E d_inner channels, N state width, R dt rank.
 """

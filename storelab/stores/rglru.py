@@ -32,8 +32,8 @@ C lru_width, H gate blocks, b = C / H, W conv width):
 The gates multiply from the left as transformers does: i_t = u_t (as [H, b]) @ input_gate_weight[h].
 
 State per layer, whatever the context L: h [C] in fp32 plus the conv tail of W - 1 inputs of C channels in
-the entry dtype, 4 C + (W - 1) C bytes bytes (``storelab.state.RecurrentState``: ``S`` [B, C], transformers'
-``rg_lru.recurrent_states``; ``conv`` [B, W-1, C], its ``conv1d_state`` [B, C, W-1]). ``footprint`` counts
+the entry dtype, 4 C + (W - 1) C e bytes, e bytes per entry (``storelab.state.RecurrentState``: ``S`` [B, C],
+transformers' ``rg_lru.recurrent_states``; ``conv`` [B, W-1, C], its ``conv1d_state`` [B, C, W-1]). ``footprint`` counts
 kept = read = C numbers; the read is the update itself, 2 C flops per token (h is the output).
 
 Shape legend: B batch, T tokens, D model width, C lru width, H gate blocks, b block width.
