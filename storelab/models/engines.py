@@ -16,7 +16,9 @@ Engines and their rules:
   ideal; a window layer (``DynamicSlidingWindowLayer``) returns a view of its last W - 1 entries, but
   the view keeps the storage of the whole prefill's keys and values alive until the next call, so it
   holds ``seen`` entries, plus the 8 bytes of its int64 ``_sliding_window_tensor``. (After a decoding
-  step it holds W entries' storage; the rule here is the one after a prefill.)
+  step it holds W entries' storage; the rule here is the one after a prefill.) A short convolution
+  (``LinearAttentionLayer.conv_states``) keeps the kernel's whole window, W inputs (zeros before the
+  first), where the next token needs W - 1: one input more than the ideal (``conv_input_bytes``).
 
 llama.cpp and vLLM keep their own rules (cells padded to a multiple, pages of 16 tokens, hybrid
 pools); they are not written here yet, and asking for them is an error that says so.
@@ -45,7 +47,8 @@ def store_state_bytes(st, seen: int, *, engine: str, dtype: str) -> int:
     bounded = entry > 0 and st.footprint(FAR, dtype=dtype).kept == st.footprint(2 * FAR, dtype=dtype).kept
     if bounded:
         return int(seen * entry) + SLIDING_TENSOR_BYTES
-    return fp.state_bytes
+    conv = st.conv_input_bytes(dtype) if seen else 0  # the conv state's W-th input
+    return fp.state_bytes + int(conv)
 
 
 def state_bytes(cfg: ModelConfig, seen: int, *, engine: str = "ideal", dtype: str = "fp32") -> dict[str, int]:

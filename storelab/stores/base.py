@@ -35,6 +35,8 @@ list of kind names elsewhere:
 * ``MIX_LABEL``       - its name in a model's mix ("60 window + 10 full"); "" = the kind;
 * ``cache_entry_bytes(fmt)`` - bytes of one main cache entry in entry format ``fmt``
                         (0 for a store that keeps no entry per token);
+* ``conv_input_bytes(fmt)`` - bytes of one input of its short causal convolution (0: none); it keeps
+                        W - 1 of them, an engine that keeps the kernel's whole window one more;
 * ``table_params()``  - parameters in lookup tables that publishers count apart (Engram);
 * ``cache_format``    - the entry format the store itself fixes (None: the caller's dtype);
 * ``published_cache_format()`` - the format its publisher's engine keeps the cache in
@@ -250,6 +252,10 @@ class StoreConfig:
 
     def cache_entry_bytes(self, fmt: str) -> float:
         """Bytes of one main cache entry (key and value, no indexer key) in entry format ``fmt``."""
+        return 0.0
+
+    def conv_input_bytes(self, fmt: str) -> float:
+        """Bytes of one input of the store's short causal convolution in ``fmt`` (0: it has none)."""
         return 0.0
 
     def published_cache_format(self) -> str | None:

@@ -137,12 +137,12 @@ def text_fields(hf: dict, where: str = "config.json") -> Fields:
     return top.sub(k)
 
 
-def tied(hf: dict, t: Fields) -> bool:
-    """``tie_word_embeddings`` from the wrapper, else the text config (transformers' default: false here)."""
+def tied(hf: dict, t: Fields, default: bool = False) -> bool:
+    """``tie_word_embeddings`` from the wrapper, else the text config, else ``default`` (the family's)."""
     top = Fields(hf, t.where)
     if top.has("tie_word_embeddings"):
         return top.bool("tie_word_embeddings")
-    return t.bool("tie_word_embeddings", default=False)
+    return t.bool("tie_word_embeddings", default=default)
 
 
 # -- per-layer types ----------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def mlp_types(t: Fields, n: int, *, moe: bool) -> list[str]:
     if t.has("moe_layers"):
         where = set(t.list("moe_layers"))
         return ["sparse" if i in where else "dense" for i in range(n)]
-    first = t.int("first_k_dense_replace", "moe_layer_start_index", default=0)
+    first = t.int("first_k_dense_replace", "moe_layer_start_index", "num_dense_layers", default=0)
     only = set(t.list("mlp_only_layers", default=[]))
     if t.has("moe_layer_freq", "moe_layer_interval"):  # DeepSeek: layer i >= first with i % freq == 0
         freq = t.int("moe_layer_freq", "moe_layer_interval", minimum=1)
@@ -256,6 +256,9 @@ class Decl:
     token: Callable | None = None       # token(t, i, kind, decl, D, eps) for a family's own attention (MLA)
     token_table: Callable | None = None  # token_table(tab, o, a, store, names) for its tensors
     mtp: bool = False                   # MTP layers stored after the decoder's (``model.layers.<n>``): ignored
+    theta: float = 10000.0              # rope_theta when the config names none (transformers' default_theta)
+    tied: bool = False                  # tie_word_embeddings when the config says nothing
+    ffn_width: Callable[[Fields], int] | None = None  # a dense MLP's width when not intermediate_size (LFM2)
 
 
 def _bias(t: Fields, declared: bool | None) -> bool:
@@ -268,7 +271,7 @@ def _attention(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: float):
     H = t.int("num_attention_heads", "n_head", minimum=1)
     G = t.int("num_key_value_heads", "n_kv_heads", default=H, minimum=1)
     K = t.int("head_dim", default=D // H, minimum=1)
-    rp = rope_of(t, kind, partial=decl.partial)
+    rp = rope_of(t, kind, partial=decl.partial, theta=decl.theta)
     partial = rp.partial
     if decl.nope and t.has("no_rope_layers", "no_rope_layer_interval"):
         if t.has("no_rope_layers"):  # 1: the layer rotates, 0: it uses no positions
@@ -296,14 +299,16 @@ def _channel(t: Fields, i: int, sparse: bool, decl: Decl, D: int, eps: float):
     if ACTS.get(act) != "swiglu":
         raise t._err("hidden_act", f"{act!r} is not supported (storelab's {decl.name} layers run SiLU-gated MLPs)")
     if not sparse:
-        return FFNConfig(d_model=D, d_ff=t.int("intermediate_size", "ffn_hidden_size", minimum=1))
+        width = decl.ffn_width(t) if decl.ffn_width else t.int("intermediate_size", "ffn_hidden_size", minimum=1)
+        return FFNConfig(d_model=D, d_ff=width)
     E = t.int("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", minimum=1)
     k = t.int("num_experts_per_tok", "num_experts_per_token", "moe_k", "top_k", minimum=1)
     width = t.int("moe_intermediate_size", "expert_intermediate_size", default=None, minimum=1)
     if width is None:
         width = t.int("intermediate_size")  # Mixtral: its experts are intermediate_size wide
     score = t.str("scoring_func", default=decl.router)
-    bias = decl.router_bias or t.str("topk_method", default="") == "noaux_tc"
+    bias = ((decl.router_bias and t.bool("use_expert_bias", default=True))  # LFM2-MoE may turn it off
+            or t.str("topk_method", default="") == "noaux_tc")
     n_group = t.int("n_group", "num_expert_group", default=1, minimum=1)
     topk_group = t.int("topk_group", default=n_group, minimum=1)
     S = t.int("shared_expert_intermediate_size", default=0)
@@ -336,7 +341,7 @@ def to_config(decl: Decl, hf: dict):
                        norm_eps=eps, context=t.int("max_position_embeddings", default=0))
     import dataclasses
 
-    return dataclasses.replace(cfg, tie_embeddings=tied(hf, t), vocab_size=t.int("vocab_size", minimum=1))
+    return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, decl.tied), vocab_size=t.int("vocab_size", minimum=1))
 
 
 def table(decl: Decl, hf: dict, cfg, names: set[str]) -> dict:
