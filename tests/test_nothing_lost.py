@@ -320,3 +320,42 @@ def test_non_finite_logits_while_generating_are_an_error():
     check_logits(torch.zeros(1, 4), "token 3")
     with pytest.raises(ValueError, match="activations: the logits at token 3"):
         check_logits(torch.tensor([[0.0, float("nan")]]), "token 3")
+
+
+# -- 4. sizes the user gives ----------------------------------------------------------------------------
+@pytest.fixture
+def small_machine(monkeypatch):
+    """A machine of 64 MiB, so that the refusals do not depend on the one the tests run on."""
+    import storelab.models.config as config
+
+    monkeypatch.setattr(config, "machine_bytes", lambda: 64 << 20)
+
+
+@FAST
+@given(contexts=st.lists(st.integers(10**6, 10**12), min_size=1, max_size=3),
+       model=st.sampled_from(["tiny-deepseek-v4.1-flash", "tiny-glm-5.3"]))
+def test_probe_contexts_beyond_the_machine_are_refused_before_the_run(small_machine, contexts, model):
+    out = refused("probe", "selection", "--model", model, "--contexts", ",".join(map(str, contexts)),
+                  says=("--contexts", f"{max(contexts):,} tokens", "GiB"))
+    assert "Traceback" not in out
+
+
+@FAST
+@given(prompt=st.integers(10**6, 2**24), new=st.integers(0, 2**24), chunk=st.integers(0, 4096))
+def test_generate_sizes_beyond_the_machine_are_refused_before_the_run(small_machine, prompt, new, chunk):
+    refused("generate", "kimi-k3", "--tiny", "--prompt-len", prompt, "--new-tokens", new, "--chunk", chunk,
+            says=("--prompt-len", "--new-tokens", f"{prompt + new:,} tokens"))
+
+
+@FAST
+@given(tokens=st.integers(1, 10**9), more=st.integers(1, 10**9), batch=st.integers(1, 64),
+       chunk=st.integers(1, 10**6))
+def test_run_bytes_grow_with_every_size(tokens, more, batch, chunk):
+    from storelab.models.memory_terms import run_bytes
+    from storelab.zoo import load_zoo
+
+    cfg = load_zoo("kimi-k3", tiny=True)
+    at = run_bytes(cfg, tokens=tokens, batch=batch, chunk=chunk)
+    assert run_bytes(cfg, tokens=tokens + more, batch=batch, chunk=chunk) > at
+    assert run_bytes(cfg, tokens=tokens, batch=batch + 1, chunk=chunk) > at
+    assert run_bytes(cfg, tokens=tokens, batch=batch, chunk=None) >= at

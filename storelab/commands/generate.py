@@ -27,6 +27,7 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
 
     from storelab.commands._finite import check_weights
     from storelab.models.accounting import analytic_state_bytes
+    from storelab.models.memory_terms import check_run_fits
     from storelab.models.model import Model, cache_bytes_by_kind, generate
 
     if prompt_len <= 0 or new_tokens < 0:
@@ -38,6 +39,8 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
         raise ValueError(f"chunk, top_k, seed: must be >= 0 (seed <= {opt.SEED_MAX}), got {chunk}, {top_k}, {seed}")
     if not (temperature >= 0 and temperature != float("inf")):
         raise ValueError(f"temperature: must be a finite number >= 0, got {temperature}")
+    check_run_fits(cfg, tokens=prompt_len + new_tokens, chunk=chunk or prompt_len, option="--prompt-len, "
+                   "--new-tokens", instead="generate fewer tokens")
     torch.manual_seed(seed)
     model = Model(cfg).eval() if model is None else model
     check_weights(model, cfg.name)
@@ -79,6 +82,7 @@ def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int]
     import torch
 
     from storelab.commands._finite import check_logits
+    from storelab.models.memory_terms import check_run_fits
     from storelab.models.model import pick, prefill
 
     if not ids:
@@ -89,6 +93,8 @@ def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int]
     if model.cfg.context and len(ids) + new_tokens > model.cfg.context:
         raise ValueError(f"prompt: {len(ids)} tokens + {new_tokens} new exceed {model.cfg.name}'s context of "
                          f"{model.cfg.context:,} tokens")
+    check_run_fits(model.cfg, tokens=len(ids) + new_tokens, chunk=chunk or len(ids), option="--prompt, "
+                   "--new-tokens", instead="give a shorter prompt or fewer tokens")
     gen = torch.Generator().manual_seed(seed + 1)
     out, why = [], "length"
     with torch.no_grad():

@@ -22,6 +22,7 @@ from storelab import options as opt
 from storelab.commands._finite import check_weights, invalid_fields
 from storelab.commands._probe_text import OUT_FILES, write_out
 from storelab.console import console, emit_json, table
+from storelab.models.memory_terms import check_run_fits
 from storelab.outputs import KINDS, check_folder, folder_kind
 from storelab.probes.on_folder import MODEL_FOLDERS, open_text_model, run_text_probes
 from storelab.probes.prompts import load_records
@@ -126,6 +127,9 @@ def register(app: typer.Typer) -> None:
                 torch.manual_seed(seed)
                 net = Model(mcfg).eval()
             check_weights(net, checkpoint if checkpoint is not None else model)  # NaN weights: no figure
+            if contexts:  # documents prefilled in chunks of 1,024: the cache at the longest is what is held
+                check_run_fits(net.cfg, tokens=max(contexts), chunk=1024, option="--contexts",
+                               instead="give shorter contexts")
         docs = None if contexts is None or text else [row.tolist() for row in t.sample(n, seed).inputs]
         results, skipped = {}, {}
         if text:

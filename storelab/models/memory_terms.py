@@ -17,6 +17,11 @@ its publisher's format (``published_cache_format()``: V4-Pro fp8, V4.1-Flash fp4
 
 A layer that reads another layer's cache (``cache_owner``) holds none of its own: the shared
 cache is counted once, at its owner.
+
+Before a run allocates, ``check_run_fits`` holds the sizes a user gave (a context, a batch, a chunk)
+against half this machine's memory, as ``check_fits`` holds a model's weights: ``run_bytes`` is the
+weights (fp32), the cache at the context (fp32), the token ids, and the activations of one call on a
+chunk, ``ACTIVATION_WIDTHS`` vectors of ``d_model`` plus the logits per token: a floor, not a peak.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from storelab.models.config import ModelConfig
 from storelab.stores.base import DTYPE_BYTES, STATE_DTYPES
 
 __all__ = ["CACHE_DTYPES", "STATE_DTYPES", "WEIGHT_DTYPES", "cache_dtype", "state_dtype", "weights_dtype",
-           "parse_size", "layer_terms", "model_terms", "longest_contexts", "GIB", "MIB"]
+           "parse_size", "layer_terms", "model_terms", "longest_contexts", "run_bytes", "check_run_fits", "GIB",
+           "MIB"]
 
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
 CACHE_DTYPES = tuple(DTYPE_BYTES)   # fp32, bf16, fp16, fp8, fp4, q8_0, q4_0
@@ -37,6 +43,7 @@ WEIGHT_DTYPES = CACHE_DTYPES        # bytes per weight (block scales of fp8 weig
 _ALIASES = {"f32": "fp32", "float32": "fp32", "f16": "fp16", "float16": "fp16", "half": "fp16",
             "bfloat16": "bf16", "float8": "fp8", "f8": "fp8", "q8": "q8_0", "q4": "q4_0"}
 _SHOWN = "f32, f16, bf16, fp8, fp4, q8_0, q4_0"
+ACTIVATION_WIDTHS = 8  # d_model-wide fp32 vectors one layer's call holds per token (input, norms, q/k/v, out, ffn)
 
 
 def _dtype(what: str, value: str, accepted: tuple[str, ...], shown: str) -> str:
@@ -131,6 +138,32 @@ def longest_contexts(per_token: float, per_sequence: float, *, budget: int, weig
             L = int(room // (b * per_token))
         out.append({"batch": b, "context": L, "fits": L is None or L > 0})
     return out
+
+
+def run_bytes(cfg: ModelConfig, *, tokens: int, batch: int = 1, chunk: int | None = None) -> int:
+    """What running ``cfg`` on ``batch`` sequences of ``tokens`` tokens holds at least, in bytes: fp32
+    weights, the fp32 cache at ``tokens``, int64 ids, and one call's activations on ``chunk`` tokens
+    (all of them when None)."""
+    from storelab.models.accounting import count_params
+
+    step = min(tokens, chunk) if chunk else tokens
+    cache = model_terms(cfg, layer_terms(cfg, cache="fp32", state="fp32"), tokens, batch=batch)["total_bytes"]
+    acts = batch * step * (ACTIVATION_WIDTHS * cfg.d_model + cfg.vocab_size) * 4
+    return int(count_params(cfg).stored * 4 + cache + batch * tokens * 8 + acts)
+
+
+def check_run_fits(cfg: ModelConfig, *, tokens: int, option: str, instead: str, batch: int = 1,
+                   chunk: int | None = None) -> None:
+    """Refuse, before anything is allocated, a run whose ``run_bytes`` exceed half this machine's memory;
+    the message names ``option`` (the size the user gave) and says what to run ``instead``."""
+    from storelab.models.config import machine_bytes
+
+    need, have = run_bytes(cfg, tokens=tokens, batch=batch, chunk=chunk), machine_bytes()
+    if have and need > have / 2:
+        held = f"{batch:,} x {tokens:,} tokens" if batch > 1 else f"{tokens:,} tokens"
+        raise ValueError(f"{option}: {held} of {cfg.name} hold at least {human_bytes(need, unit='GiB')} (weights, "
+                         f"cache and activations), more than half of this machine's "
+                         f"{human_bytes(have, unit='GiB')}; {instead}")
 
 
 def human_bytes(n: float, *, unit: str | None = None) -> str:
