@@ -53,9 +53,9 @@ class Oracle:
 
     def __init__(self, task, confidence: float = 10.0):
         self.task, self.confidence = task, confidence
-        layer = lambda recurrent, kind: SimpleNamespace(token=SimpleNamespace(RECURRENT=recurrent, KIND=kind))  # noqa: E731
-        self.cfg = SimpleNamespace(layers=[layer(True, "tape-state"), layer(False, "tape-cache")], n_layers=2,
-                                   vocab_size=task.vocab_size, name="oracle")
+        layers = [SimpleNamespace(token=SimpleNamespace(RECURRENT=rec, KIND=kind))
+                  for rec, kind in ((True, "tape-state"), (False, "tape-cache"))]
+        self.cfg = SimpleNamespace(layers=layers, n_layers=2, vocab_size=task.vocab_size, name="oracle")
 
     def eval(self):
         return self
@@ -240,7 +240,8 @@ def _fake_training(subject):
     def train(seconds_budget=0.0, seed=0, *, pairs=None, n_symbols=None, **overrides):
         task = make_task("dictionary", "tiny", **dictionary_task_options(pairs, n_symbols))
         model = subject(task)
-        return model, {"model": "stub", "mix": "1 state : 1 cache", "params": 0, "pairs": [task.pairs_min, task.pairs_max],
+        return model, {"model": "stub", "mix": "1 state : 1 cache", "params": 0,
+                       "pairs": [task.pairs_min, task.pairs_max],
                        "prompt_tokens": task.sample(1, 0).inputs.shape[1], "state_head_dims": [16], "steps": 0,
                        "seconds": 0.0, "final_loss": 0.0, "eval_acc": 0.0, "retrieval": 0.0, "compliance": 0.0,
                        "chance": {"retrieval": 1 / task.n_values, "compliance": 1 / task.n_languages},
@@ -291,3 +292,19 @@ def test_sweep_section_leaves_out_points_that_did_not_learn(monkeypatch, tmp_pat
     assert [r["valid"] for r in res.data["rows"]] == [True, False]
     none = [{"entries": n, "valid": False, "reason": "not learned: ..."} for n in (4, 8)]
     assert sweep._crossing(none).startswith("No point measured anything")
+
+
+def test_report_says_what_was_not_measured(tmp_path, monkeypatch):
+    import storelab.report.build as build
+    from storelab.report.core import Section, SectionResult
+
+    bad = learned(0.01, 0.012).as_dict()
+    section = Section("trained", "7. trained", lambda ctx: SectionResult(
+        text="t", claims=[checked_claim("trained hybrid", "caches carry it", 0.98, None, bad, within=(0.96, 1.0))]))
+    monkeypatch.setattr(build, "default_sections", lambda checkpoint=None: [section])
+    res = CliRunner().invoke(app, ["report", "--quick", "--out", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["claims"] == {NOT_MEASURED: 1}
+    md = (tmp_path / "report.md").read_text()
+    assert "1 not measured. 1 trained-model claims are not measured: the model probed did not learn" in md
+    assert "not measured: model did not learn (not learned: answer accuracy 0.01 vs chance 0.012" in md

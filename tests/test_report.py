@@ -36,7 +36,14 @@ def test_ledger_statuses(quick_report):
     doc = json.loads(paths["json"].read_text())
     ledger = doc["ledger"]
     statuses = {c["status"] for c in ledger}
-    assert statuses <= {"reproduced", "differs", "not checkable"}
+    assert statuses <= {"reproduced", "differs", "not checkable", "not measured"}
+    # the trained hybrid's claims: decided from checked figures, or not measured with the check's reason
+    trained = [c for c in ledger if c["section"] == "trained hybrid"]
+    assert trained and all(c["status"] in ("reproduced", "differs", "not measured") for c in trained)
+    for c in trained:
+        assert (c["measured"] is None) == (c["status"] == "not measured"), c
+        if c["status"] == "not measured":
+            assert c["reason"].startswith("not measured: "), c
     by_claim = {c["claim"]: c for c in ledger}
     # the essay's exact figures that the code must reproduce
     for claim in ["Ex. 2: a full-attention layer keeps", "Ex. 2: a MiMo window layer reads",

@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
         from storelab.outputs import check_folder
         from storelab.report import build_report
         from storelab.report.build import FILES, check_checkpoint, default_sections
+        from storelab.report.core import ledger
 
         with opt.user_errors():
             check_folder(out, "report", FILES, force=force)  # before the sections run
@@ -44,9 +45,12 @@ def register(app: typer.Typer) -> None:
                 force=force, checkpoint=checkpoint, stream=stream)
         failed = [oc.section.key for oc in outcomes if not oc.ok]
         if json_:
+            claims: dict[str, int] = {}   # the ledger's statuses ("not measured": a model that did not learn)
+            for c in ledger(outcomes):
+                claims[c.status] = claims.get(c.status, 0) + 1
             emit_json({"report": str(paths["html"]), "markdown": str(paths["md"]), "json": str(paths["json"]),
                        "sections": [{"key": oc.section.key, "ok": oc.ok, "seconds": round(oc.seconds, 2)} for oc in outcomes],
-                       "failed": failed})
+                       "failed": failed, "claims": claims})
         else:
             for oc in outcomes:
                 if not oc.ok:

@@ -23,7 +23,8 @@ h1{font-size:1.8em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-t
 table{border-collapse:collapse;margin:1em 0;font-size:.85em} th,td{border:1px solid #ccc;padding:.25em .5em;vertical-align:top}
 th{background:#f3f3f3} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .failed{background:#fee;border:1px solid #c00;padding:.5em} pre{white-space:pre-wrap;font-size:.8em}
-.reproduced{color:#060} .differs{color:#a60} .not-checkable{color:#666} .not-measured{color:#666;font-style:italic} img{max-width:100%;border:1px solid #eee}
+.reproduced{color:#060} .differs{color:#a60} .not-checkable{color:#666}
+.not-measured{color:#666;font-style:italic} img{max-width:100%;border:1px solid #eee}
 nav a{margin-right:1em}
 """
 

@@ -37,7 +37,7 @@ def _summary(swap: dict, keep: dict) -> str:
         lang = "the caches" if keep["cache_only"]["compliance"] > keep["state_only"]["compliance"] else "the states"
         said.append(f"The requested language survived best with {lang} alone.")
     elif com is not None:
-        said.append(f"Keep-one on the language measured nothing either ({com['reason']}).")
+        said.append(f"Keep-one measured nothing on the answer's language ({com['reason']}).")
     if swap["valid"] or (com is not None and com["valid"]):
         said.append("Whether a small hybrid divides the labour as the large ones do is a measurement, and here it "
                     "is printed as found.")
@@ -88,8 +88,8 @@ def trained_section(ctx: Context) -> SectionResult:
     probe_rows = [
         ["check: state swap", sv["verdict"] if sv["valid"] else sv["reason"], ""],
         ["state swap: clean answers right (chance)", f"{swap['answer_accuracy']:.3f} ({swap['chance']:.3f})", ""],
-        ["state swap: fraction of the answer's shift moved by the recurrent states", cell(swap["recurrent_fraction"], sv),
-         "0.2 to 3.6 %"],
+        ["state swap: fraction of the answer's shift moved by the recurrent states",
+         cell(swap["recurrent_fraction"], sv), "0.2 to 3.6 %"],
         ["state swap: fraction moved by the attention caches", cell(swap["cache_fraction"], sv), "96 to 100 %"],
         *[[f"check: keep one, {k}", c["verdict"] if c["valid"] else c["reason"], ""] for k, c in checks.items()],
         ["keep the cache only: retrieval", cell(keep["cache_only"]["retrieval"], ret), "89 %"],
@@ -98,7 +98,8 @@ def trained_section(ctx: Context) -> SectionResult:
         ["keep the cache only: language compliance", cell(keep["cache_only"]["compliance"], com), "1 %"],
         ["paired (cache of prompt 1, state of prompt 2): content from the cache",
          cell(keep["paired"]["content_from_cache"], ret), "content from the first"],
-        ["paired: language from the state", cell(keep["paired"]["language_from_state"], com), "language from the second"],
+        ["paired: language from the state", cell(keep["paired"]["language_from_state"], com),
+         "language from the second"],
     ]
     return SectionResult(
         text=("A tiny 3:1 KDA:attention hybrid, trained here on the dictionary-and-language task, then probed: patch "
