@@ -171,10 +171,24 @@ def test_published_lfm2_1_2b():
     assert count_params(cfg).stored == 1_170_340_608
 
 
-def test_refuses_an_unknown_layer_type(tmp_path):
+@pytest.mark.parametrize("change, message", [
+    (dict(layer_types=["conv", "mamba", "conv", "conv"]), r"layer_types\[1\]: 'mamba' is not an LFM2 layer type"),
+    (dict(layer_types=None, full_attn_idxs=[1, "2"]), r"full_attn_idxs\[1\]: must be a layer index, got '2'"),
+    (dict(conv_L_cache=1), r"conv_L_cache: must be an integer >= 2"),
+])
+def test_refuses_naming_the_field(tmp_path, change, message):
     from storelab.checkpoint.shards import CheckpointError
 
-    hf = dict(TINY["lfm2"], model_type="lfm2", layer_types=["conv", "mamba", "conv", "conv"])
+    hf = {k: v for k, v in dict(TINY["lfm2"], model_type="lfm2", **change).items() if v is not None}
     (tmp_path / "config.json").write_text(json.dumps(hf))
-    with pytest.raises(CheckpointError, match=r"layer_types\[1\].*'mamba'"):
+    with pytest.raises(CheckpointError, match=message):
         read_model_config(tmp_path)
+
+
+def test_full_attn_idxs_places_the_attention_layers(tmp_path):
+    """The older form: ``full_attn_idxs`` instead of ``layer_types`` (LFM2-1.2B's file), all attention without."""
+    base = {k: v for k, v in dict(TINY["lfm2"], model_type="lfm2").items() if k != "layer_types"}
+    for idxs, want in (([0, 3], ["attention", "short_conv", "short_conv", "attention"]), (None, ["attention"] * 4)):
+        hf = base if idxs is None else dict(base, full_attn_idxs=idxs)
+        (tmp_path / "config.json").write_text(json.dumps(hf))
+        assert [lay.token.KIND for lay in read_model_config(tmp_path).layers] == want

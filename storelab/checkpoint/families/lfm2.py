@@ -115,6 +115,7 @@ def lfm2_names(tab, hf, cfg, names):
         experts(tab, c, f"{f}.experts", names, ch.n_experts)
 
 
+# no biases on the attention's projections whatever the config says (``Lfm2Attention``: bias=False)
 FAMILY = family(Decl(name="lfm2", model_types=("lfm2", "lfm2_moe"), title="LFM2 (checkpoint)", qk_norm=True,
-                     router="sigmoid", router_bias=True, eps=1e-5, theta=1e6, tied=True, types=lfm2_types,
+                     qkv_bias=False, o_bias=False, router="sigmoid", router_bias=True, eps=1e-5, theta=1e6, tied=True, types=lfm2_types,
                      ffn_width=lfm2_width, token=lfm2_token, token_table=lfm2_token_table, extra=lfm2_names))
