@@ -292,8 +292,8 @@ def test_store_matches_transformers_mamba2_mixer():
 
 
 def test_store_matches_nemotron_h_mamba2_mixer():
-    model = tiny_hf_model("nemotron_h", hidden_size=32, layers_block_type=["linear_attention", "full_attention"], mamba_num_heads=4,
-                          mamba_head_dim=8, ssm_state_size=8, n_groups=2, conv_kernel=3, chunk_size=16,
+    model = tiny_hf_model("nemotron_h", hidden_size=32, layers_block_type=["linear_attention", "full_attention"],
+                          mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, n_groups=2, conv_kernel=3, chunk_size=16,
                           intermediate_size=48, vocab_size=64, num_attention_heads=2, num_key_value_heads=1,
                           head_dim=16, time_step_min=0.05)
     hf = model.model.layers[0].mixer
@@ -309,3 +309,22 @@ def test_store_matches_nemotron_h_mamba2_mixer():
     assert (raw < 0.05).any() and (raw > 0.05).any()
     # no decoding step here: transformers' one-token step does not clamp dt (ours does, as its prefill does)
     _check_against(model, hf, ours, ids, None, "nemotron_h")
+
+
+def test_bench_mamba2_quick_runs_and_agrees_with_transformers():
+    """``storelab bench mamba2 --quick`` (tiny sizes, a smoke check): both rows timed, the gradients agree."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from storelab.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "mamba2", "--quick", "--repeats", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["mamba2"]
+    assert set(rows) == {"op", "mixer"}
+    for name, row in rows.items():
+        assert row["peer_ms"] > 0 and row["ours_ms"] > 0 and row["flops"] > 0, name
+        assert row["grad_max_abs_diff"] < 1e-3, f"{name}: gradients off transformers' by {row['grad_max_abs_diff']}"
+    t = CliRunner().invoke(app, ["bench", "mamba2", "--quick", "--repeats", "1"])
+    assert t.exit_code == 0 and "mamba2: forward + backward" in t.output and "mixer" in t.output, t.output

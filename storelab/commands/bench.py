@@ -1,4 +1,4 @@
-"""``storelab bench [gdn|kda|decode|prefill|train|all]``: ours against the peer, in one process, as ratios.
+"""``storelab bench [gdn|kda|mamba2|decode|prefill|train|all]``: ours against the peer, in one process, as ratios.
 
 Every bench prints our time, the peer's time measured in the same run, their ratio, and
 the machine's fp32 matrix-product rate measured in the same run (see storelab/bench).
@@ -6,7 +6,8 @@ the machine's fp32 matrix-product rate measured in the same run (see storelab/be
 ``train`` (the ops, the tiny models' training steps and their peak memory, under autograd) takes
 tens of minutes at its full sizes and is not part of ``all``. ``dist`` (``storelab.bench.dist``:
 bytes per process and step time of a ~50M-parameter model under DDP and FSDP2 on two torchrun
-processes) is not part of ``all`` either.
+processes) is not part of ``all`` either, nor is ``mamba2`` (``storelab.bench.mamba2``: the SSD op and the
+Mamba-2 mixer, forward + backward, against transformers' torch path).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import typer
 from storelab import options as opt
 from storelab.console import console, emit_json, table
 
-WHICH = ("gdn", "kda", "decode", "prefill", "train", "dist", "all")
+WHICH = ("gdn", "kda", "mamba2", "decode", "prefill", "train", "dist", "all")
 
 # full sizes (the issue's targets) and quick sizes (smoke checks)
 FULL = {
@@ -35,6 +36,7 @@ FULL = {
     # call: its rounds stop at the budget); the models' steps at B=4, T=2,048; memory at 4,096 and 16,384
     "train": dict(ops=dict(T=4096, H=8, K=64, repeats=10, budget_s=120.0),
                   step=dict(B=4, T=2048, repeats=3, budget_s=120.0), memory_lengths=(4096, 16384)),
+    "mamba2": dict(T=4096, H=8, P=64, N=64, D=256, repeats=10, budget_s=120.0),
 }
 # `all` reads 4,096-token prompts (memory and speed in one run per model); the target
 # lengths (131,072 and 16,384) take many minutes: `storelab bench prefill` runs them
@@ -45,6 +47,7 @@ QUICK = {
     "prefill": dict(length=512, speed_length=256),
     "train": dict(ops=dict(T=256, H=2, K=16, repeats=1), step=dict(B=1, T=64, repeats=1),
                   memory_lengths=(128, 512)),
+    "mamba2": dict(T=128, H=2, P=8, N=8, D=16, repeats=1),
 }
 
 
@@ -80,6 +83,13 @@ def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, 
             if repeats:
                 kw["ops"]["repeats"] = kw["step"]["repeats"] = repeats
             out[name] = bench_train(models=models or None, progress=not quick, **kw)
+        elif name == "mamba2":
+            from storelab.bench.mamba2 import bench_mamba2
+
+            kw = dict(sizes["mamba2"])
+            if repeats:
+                kw["repeats"] = repeats
+            out[name] = bench_mamba2(**kw)
         elif name == "dist":
             from storelab.bench.dist import bench_dist
 
@@ -176,9 +186,26 @@ def print_dist(r: dict[str, Any]) -> None:
                         ["engine", "parameters", "params MiB", "AdamW MiB", "grads MiB", "step s"], rows))
 
 
+def print_mamba2(r: dict[str, Any]) -> None:
+    """``storelab bench mamba2``: the op and the mixer, forward + backward."""
+    rows = []
+    for name, o in r.items():
+        peer = "unavailable" if o["peer_ms"] is None else o["peer"].split()[1].split(".")[-1]  # the function's name
+        rows.append([name, o["ours_ms"], o["peer_ms"], o["speedup"], o["grad_max_abs_diff"],
+                     float(f"{o['ours_gflops']:.3g}"), float(f"{o['fraction_of_matmul']:.3g}"), peer])
+    o = r["op"]
+    s, c = o["shape"], o["chunk"]
+    console.print(table(f"mamba2: forward + backward, B={s['B']} H={s['H']} P={s['P']} N={s['N']} G={s['G']} "
+                        f"T={s['T']} fp32, {o['threads']} threads; chunks of {c['ours']} (ours) and {c['peer']} "
+                        f"(peer); of matmul: counted GFLOP/s over a {o['matmul_n']}^3 product's",
+                        ["", "ours ms", "peer ms", "speedup", "max |dgrad|", "GFLOP/s", "of matmul", "peer"], rows))
+
+
 def print_tables(res: dict[str, Any]) -> None:
     if "dist" in res:
         print_dist(res["dist"])
+    if "mamba2" in res:
+        print_mamba2(res["mamba2"])
     for name in ("gdn", "kda"):
         if name not in res:
             continue
@@ -252,8 +279,8 @@ def failed(res: dict[str, Any]) -> list[dict[str, Any]]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
-        which: str = typer.Argument("all", help="gdn, kda, decode, prefill, train, dist or all (all but train "
-                                    "and dist)."),
+        which: str = typer.Argument("all", help="gdn, kda, mamba2, decode, prefill, train, dist or all (all but "
+                                    "mamba2, train and dist)."),
         quick: bool = typer.Option(False, "--quick", help="Tiny sizes: a smoke check in seconds, not figures."),
         repeats: int = opt.count(0, "--repeats", zero=True, help="Timed rounds (0: the bench's default)."),
         models: list[str] = typer.Option(None, "--model", help="prefill, train: zoo models to run "

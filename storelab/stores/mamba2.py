@@ -119,7 +119,8 @@ class Mamba2Config(StoreConfig):
                    f"must be (low, high) with 0 <= low < high, got {self.dt_limit!r}")
         self.check(self.norm in NORMS, "norm", f"must be one of {NORMS}, got {self.norm!r}")
         for name in ("use_conv_bias", "use_bias", "norm_before_gate"):
-            self.check(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            self.check(isinstance(value, bool), name, f"must be true or false, got {value!r}")
         self.check(self.mode in MODES, "mode", f"must be one of {MODES}, got {self.mode!r}")
 
     @property
