@@ -438,8 +438,8 @@ def test_deepseek_v4_release_layout(saved, tmp_path):
 
 
 @pytest.mark.parametrize("model_type,change,match", [
-    ("glm_moe_dsa", {"n_group": 2, "topk_group": 1}, r"topk_group: 1 is not supported \(grouped routing"),
-    ("deepseek_v4", {"layer_types": ["sliding_attention"] * 4}, r"layer_types\[0\]: 'sliding_attention'"),
+    ("glm_moe_dsa", {"n_group": 3, "topk_group": 1}, r"n_group: must be >= 1 and divide n_experts"),
+    ("deepseek_v4", {"layer_types": ["full_attention"] * 4}, r"layer_types\[0\]: 'full_attention'"),
     ("mimo_v2_flash", {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0},
                                            "sliding_attention": {"rope_type": "default"}}},
      r"rope_parameters.full_attention.rope_type: 'yarn' is not supported"),

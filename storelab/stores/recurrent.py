@@ -28,7 +28,7 @@ same rule. The module asks for it once, at construction, and never asks which ki
   channel from a low-rank gate, f = W_fb W_fa x_t; g = -exp(A_log) softplus(f + dt_bias), or with
   ``gate_lower_bound = lb`` (Kimi K3's published -5; transformers' Glm5Next "safe gate")
   g = lb * sigmoid(exp(A_log) (f + dt_bias)), so each step keeps at least e^lb; output
-  RMSNorm(o) * sigmoid(W_gb W_ga x_t).
+  RMSNorm(o) * sigmoid(W_gb W_ga x_t), or with ``full_rank_output_gate`` (Kimi K3) sigmoid(W_g x_t).
 
 The write step beta lies in (0, beta_max); beta_max = 1 as in both released models, up to 2 lets
 I - beta k k^T have a negative eigenvalue (essay section 6: Olmo Hybrid, arXiv 2604.03444; Complex KDA,
@@ -41,7 +41,8 @@ C = 2HK + HV*V conv channels, W conv_kernel, r gate_rank):
   gated_deltanet    + D*HV*V + 2*D*HV + 2*HV               (z, beta and decay projections, A_log, dt_bias)
   gated_deltaproduct + D*HV*V + n*D*HV + D*HV + 2*HV        (z, beta n times, decay; C = (n+1)HK + n*HV*V;
                                                              without the decay's D*HV + 2*HV when not gated)
-  kda               + D*H + D*r + r*H*K + H*K + H + D*r + r*HV*V   (beta, forget gate, output gate)
+  kda               + D*H + D*r + r*H*K + H*K + H + D*r + r*HV*V   (beta, forget gate, output gate;
+                                                             D*HV*V for the full-rank output gate)
 State per layer, whatever the context L: HV matrices K x V kept in fp32 (as Qwen3-Next keeps them) plus
 the conv tail of W-1 inputs x C channels in the entry dtype, HV*K*V*4 + (W-1)*C*bytes bytes; per token
 that falls as 1/L. ``footprint`` counts kept = read = HV matrices; reading costs 2*HV*K*V flops for
@@ -369,8 +370,9 @@ def _kda_params(cfg) -> dict[str, nn.Module | nn.Parameter]:
     """Kimi Linear: the low-rank forget gate W_fb W_fa and output gate W_gb W_ga; the decay rate
     A (log A = 0 under the bounded gate, else A ~ U(1, 16)) and dt ~ logU(1e-3, 1e-1) per key channel."""
     D, H, K, V, r = cfg.d_model, cfg.n_heads, cfg.head_k_dim, cfg.head_v_dim, cfg.gate_rank
-    return {"f_a_proj": nn.Linear(D, r, bias=False), "f_b_proj": nn.Linear(r, H * K, bias=False),
-            "g_a_proj": nn.Linear(D, r, bias=False), "g_b_proj": nn.Linear(r, H * V, bias=False),
+    gate = ({"g_proj": nn.Linear(D, H * V, bias=False)} if cfg.full_rank_output_gate else
+            {"g_a_proj": nn.Linear(D, r, bias=False), "g_b_proj": nn.Linear(r, H * V, bias=False)})
+    return {"f_a_proj": nn.Linear(D, r, bias=False), "f_b_proj": nn.Linear(r, H * K, bias=False), **gate,
             "A_log": nn.Parameter(torch.zeros(H) if cfg.gate_lower_bound is not None
                                   else torch.empty(H).uniform_(1, 16).log()),
             "dt_bias": nn.Parameter(_inverse_softplus(_log_uniform(H * K, 1e-3, 1e-1)))}
@@ -406,10 +408,18 @@ def _sigmoid_low_rank_output_gate(store, x_BTD: Tensor) -> Tensor:
     return gate.view(B, T, store.cfg.n_value_heads, store.cfg.head_v_dim)
 
 
-_KDA = dict(op=kda, params=_kda_rule_params, beta=_beta,
-            output_gate=_sigmoid_low_rank_output_gate, fla="kda")
-KDA_SOFTPLUS_GATE = Rule(**_KDA, log_decay=_kda_log_decay_softplus)
-KDA_BOUNDED_GATE = Rule(**_KDA, log_decay=_kda_log_decay_bounded)
+def _sigmoid_full_rank_output_gate(store, x_BTD: Tensor) -> Tensor:
+    """Kimi K3 (``use_full_rank_gate``): sigmoid(W_g x), W_g [HV*V, D], [B, T, HV, V]."""
+    B, T, _ = x_BTD.shape
+    gate = torch.sigmoid(at_least_fp32(store.g_proj(x_BTD)))
+    return gate.view(B, T, store.cfg.n_value_heads, store.cfg.head_v_dim)
+
+
+_KDA = dict(op=kda, params=_kda_rule_params, beta=_beta, fla="kda")
+KDA_SOFTPLUS_GATE = Rule(**_KDA, output_gate=_sigmoid_low_rank_output_gate, log_decay=_kda_log_decay_softplus)
+KDA_BOUNDED_GATE = Rule(**_KDA, output_gate=_sigmoid_low_rank_output_gate, log_decay=_kda_log_decay_bounded)
+KDA_SOFTPLUS_FULL_GATE = Rule(**_KDA, output_gate=_sigmoid_full_rank_output_gate, log_decay=_kda_log_decay_softplus)
+KDA_BOUNDED_FULL_GATE = Rule(**_KDA, output_gate=_sigmoid_full_rank_output_gate, log_decay=_kda_log_decay_bounded)
 
 
 @register("kda")
@@ -418,6 +428,7 @@ class KDAConfig(_RecurrentConfig):
     beta_max: float = 1.0
     gate_rank: int | None = None      # rank of the forget and output gates; None = head_k_dim (Kimi)
     gate_lower_bound: float | None = -5.0  # Kimi K3's published bound; None = Kimi Linear's softplus gate
+    full_rank_output_gate: bool = False    # Kimi K3's use_full_rank_gate: sigmoid(W_g x), W_g [H*V, D]
 
     CARD_ORDER = 150
     CARD = Card(
@@ -438,8 +449,11 @@ class KDAConfig(_RecurrentConfig):
                    f"must be < 0 (a log retention) or None, got {self.gate_lower_bound}")
 
     def rule(self) -> Rule:
+        if self.full_rank_output_gate:
+            return KDA_SOFTPLUS_FULL_GATE if self.gate_lower_bound is None else KDA_BOUNDED_FULL_GATE
         return KDA_SOFTPLUS_GATE if self.gate_lower_bound is None else KDA_BOUNDED_GATE
 
     def _extra_params(self) -> int:
         D, H, K, V, r = self.d_model, self.n_heads, self.head_k_dim, self.head_v_dim, self.gate_rank
-        return D * H + D * r + r * H * K + H * K + H + D * r + r * H * V
+        output_gate = D * H * V if self.full_rank_output_gate else D * r + r * H * V
+        return D * H + D * r + r * H * K + H * K + H + output_gate

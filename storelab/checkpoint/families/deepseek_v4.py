@@ -9,7 +9,7 @@ first layers, and clamped SwiGLU experts.
 | blocks.i.depth_token / depth_channel.{weight,bias,scale} | layers.i.hc_attn_{fn,base,scale} / hc_ffn_{...} |
 | blocks.i.norm_token / norm_channel     | layers.i.attn_norm / ffn_norm                    |
 | blocks.i.token.q_a, q_a_norm, q_b      | layers.i.attn.wq_a, q_norm, wq_b                 |
-| blocks.i.token.kv_proj, kv_norm        | layers.i.attn.wkv, norm                          |
+| blocks.i.token.kv_proj, kv_norm        | layers.i.attn.wkv, norm (the release: kv_norm)   |
 | blocks.i.token.o_a [g, r, H*C/g], o_b  | layers.i.attn.wo_a [g*r, H*C/g], wo_b            |
 | blocks.i.token.sinks                   | layers.i.attn.attn_sink                          |
 | blocks.i.token.pooler.{kv,score,bias,norm} | layers.i.attn.compressor.{wkv,wgate,ape,norm} (ape re-laid per series) |
@@ -167,7 +167,7 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
         for ours, theirs in (("q_a", "wq_a"), ("q_b", "wq_b"), ("kv_proj", "wkv"), ("o_b", "wo_b")):
             linear(tab, f"{o}.{ours}", f"{a}.{theirs}")
         tab[f"{o}.q_a_norm.weight"] = copy(f"{a}.q_norm.weight")
-        tab[f"{o}.kv_norm.weight"] = copy(f"{a}.norm.weight")
+        tab[f"{o}.kv_norm.weight"] = copy(either(names, f"{a}.norm.weight", f"{a}.kv_norm.weight"))  # release: kv_norm
         g, r = tok.o_groups, tok.o_lora
         tab[f"{o}.o_a"] = Src((f"{a}.wo_a.weight",), lambda w, g=g, r=r: w.reshape(g, r, -1), "[g*r, .] -> [g, r, .]")
         tab[f"{o}.sinks"] = copy(f"{a}.attn_sink")

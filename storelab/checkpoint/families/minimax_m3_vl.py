@@ -17,7 +17,12 @@ and projector of the VL checkpoint are left out.
 | norm.weight, lm_head.weight            | 1 + model.norm.weight, lm_head.weight            |
 
 The release's own names (``language_model.model.`` prefix, ``block_sparse_moe``, per-expert
-``w1/w3/w2``, ``index_*``) are read as well as transformers'.
+``w1/w3/w2``, ``index_*``) are read as well as transformers'. The published MiniMax-M3 config is
+the ``minimax_m3_vl`` wrapper (remote code ``configuration_minimax_m3_vl``; its text fields under
+``text_config``, the MSA settings under ``sparse_attention_config``); a text-only ``minimax_m3``
+config (the same fields at the top level, or under ``text_config``) is read the same way. The
+vision tower, projector and patch merger are not built: ``vision_params`` counts them apart from
+``vision_config`` and the model's notes say how many.
 Every RMSNorm of MiniMax-M3 stores its scale as an offset from one (Gemma's form): we add 1.
 The experts, shared expert and dense MLPs use a clamped SwiGLU with ``swiglu_alpha`` and
 ``up + 1`` (gpt-oss's unit): their ``ffn``/``moe`` configs say ``activation="clamped_swiglu"``
@@ -35,7 +40,7 @@ from storelab.checkpoint.families._family import Family, fixed
 from storelab.checkpoint.table import copy
 
 NAME = "minimax_m3_vl"
-MODEL_TYPES = ("minimax_m3_vl", "minimax_m3_vl_text")
+MODEL_TYPES = ("minimax_m3_vl", "minimax_m3_vl_text", "minimax_m3")
 IGNORED = (r"^model\.vision_tower\.", r"^model\.multi_modal_projector\.", r"^vision_tower\.",
            r"^multi_modal_projector\.", r"^patch_merge_mlp\.", r"rotary_emb\.", r"\.mtp\.")
 LEGACY = {"index_n_heads": "sparse_num_index_heads", "index_head_dim": "sparse_index_dim",
@@ -44,7 +49,8 @@ LEGACY = {"index_n_heads": "sparse_num_index_heads", "index_head_dim": "sparse_i
 
 
 def text_config(hf: dict) -> dict:
-    t = dict(hf.get("text_config") or {}) if hf.get("model_type") == "minimax_m3_vl" else dict(hf)
+    wrapped = hf.get("model_type") == "minimax_m3_vl" or ("hidden_size" not in hf and hf.get("text_config"))
+    t = dict(hf.get("text_config") or {}) if wrapped else dict(hf)
     sparse = t.get("sparse_attention_config") or {}
     for flat, legacy in LEGACY.items():
         if flat not in t and legacy in sparse:
@@ -60,6 +66,26 @@ def text_config(hf: dict) -> dict:
     return t
 
 
+def vision_params(hf: dict) -> int:
+    """Parameters of the vision tower, projector and patch merger (not built), from the config; 0 without
+    ``vision_config``. The CLIP-like tower (``hidden_size`` H, ``intermediate_size`` I, ``num_hidden_layers``):
+    per layer q, k, v, out ``[H, H]`` and a two-matrix MLP, each with a bias, and two LayerNorms (weight and
+    bias); a patch embedding ``[H, num_channels, temporal_patch_size, patch, patch]`` (no bias) and one
+    LayerNorm before the layers (rotary positions: no table). The projector ``[P, H]``, ``[P, P]`` and the
+    patch merger ``[P, P * spatial_merge_size^2]``, ``[P, P]``, with biases (P ``projector_hidden_size``)."""
+    v = hf.get("vision_config")
+    if not v:
+        return 0
+    H, I, L = field(v, "hidden_size"), field(v, "intermediate_size"), field(v, "num_hidden_layers")
+    merge = v.get("img_token_compression_config") or hf.get("img_token_compression_config") or {}
+    tp, sm = merge.get("temporal_patch_size", 1), merge.get("spatial_merge_size", 1)
+    P = field(hf, "projector_hidden_size", field(v, "projection_dim"))
+    bias = 1 if hf.get("multimodal_projector_bias", True) else 0
+    layer = 4 * (H * H + H) + (H * I + I) + (I * H + H) + 4 * H
+    tower = L * layer + H * field(v, "num_channels", 3) * tp * field(v, "patch_size") ** 2 + 2 * H
+    return tower + (P * H + P * P + 2 * P * bias) + (P * P * sm * sm + P * P + 2 * P)
+
+
 def to_config(hf: dict):
     from storelab.models.config import LayerConfig
     from storelab.stores.attention import AttentionConfig
@@ -72,7 +98,9 @@ def to_config(hf: dict):
     D, H, G = field(t, "hidden_size"), field(t, "num_attention_heads"), field(t, "num_key_value_heads")
     K = field(t, "head_dim", D // H)
     eps = field(t, "rms_norm_eps", 1e-6)
-    theta, partial = rope(field(t, "rope_parameters", {}))
+    # transformers' rope_parameters, or the release's flat rope_theta / partial_rotary_factor
+    theta, partial = rope(t.get("rope_parameters") or {k: t[k] for k in ("rope_theta", "partial_rotary_factor")
+                                                        if t.get(k) is not None})
     attn = dict(d_model=D, n_heads=H, n_kv_heads=G, head_dim=K, partial_rotary=partial, rope_theta=theta,
                 qk_norm=True, norm_eps=eps)
     unit = dict(activation="clamped_swiglu", swiglu_alpha=float(field(t, "swiglu_alpha", 1.702)),
@@ -101,8 +129,13 @@ def to_config(hf: dict):
                                 norm_topk_prob=True, routed_scaling=float(field(t, "routed_scaling_factor", 1.0)),
                                 n_shared=1 if S else 0, d_shared=S or None, **unit)
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
-    return model_config(hf, t, name="minimax-m3", title="MiniMax-M3 text (checkpoint)", d_model=D, layers=layers,
-                        norm_eps=eps)
+    cfg = model_config(hf, t, name="minimax-m3", title="MiniMax-M3 text (checkpoint)", d_model=D, layers=layers,
+                       norm_eps=eps)
+    vision = vision_params(hf)
+    if vision:
+        cfg.notes = (f"vision tower, projector and patch merger (vision_config; not built, counted apart): "
+                     f"{vision:,} parameters")
+    return cfg
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:
