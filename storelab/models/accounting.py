@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from storelab.models.config import ModelConfig
+from storelab.models.config import NORM_PLACES, ModelConfig
 
 FORMATS = ("bf16", "fp8", "fp4")
 
@@ -69,7 +69,8 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
     engram_rows = 0
     E = cfg.encoder_layers
     for i, lay in enumerate(cfg.layers):
-        layer_stored = layer_active = norms_per_layer if lay.channel is not None else D
+        per_sublayer = NORM_PLACES[lay.norms] * D
+        layer_stored = layer_active = per_sublayer * (2 if lay.channel is not None else 1)
         for slot, st in lay.stores().items():
             pc = st.num_params()
             layer_stored += pc.stored
@@ -85,7 +86,7 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
             prefill += layer_active
         elif E and i == E:
             prefill += lay.token.num_params().active + D
-    parts["norms"] = (sum(1 if lay.channel is None else 2 for lay in cfg.layers) + 1) * D
+    parts["norms"] = (sum(NORM_PLACES[lay.norms] * (1 if lay.channel is None else 2) for lay in cfg.layers) + 1) * D
     ds, da = _depth_params(cfg)
     stored += ds
     active += da

@@ -63,6 +63,9 @@ from storelab.stores.base import StoreConfig
 SLOTS = ("token", "channel", "depth")
 OPTIONAL_SLOTS = ("lookup",)  # Engram beside the token mixer (V4.1-Flash layers 1 and 14)
 MAY_BE_EMPTY = ("lookup", "channel")  # slots a layer may leave empty (a Mamba layer has no channel mixer)
+# where a block normalises around a mixer f (x the stream): "pre" x + f(norm(x)) (Llama and most);
+# "post" x + norm(f(x)) (OLMo 2, arXiv 2501.00656; EXAONE 4); "sandwich" x + norm2(f(norm1(x))) (Gemma 2 / 3)
+NORM_PLACES = {"pre": 1, "post": 1, "sandwich": 2}  # RMSNorms per sublayer
 INHERITED = ("d_model", "vocab_size")  # store fields that default to the model's value
 LAYER_INDEX = "layer_index"  # filled per layer: the layer's position among those using the store
 
@@ -92,6 +95,7 @@ class LayerConfig:
     token: Any
     channel: Any = None                 # None: no channel sublayer (a Mamba layer)
     depth: Any
+    norms: str = "pre"                  # where the block's RMSNorms sit around each mixer (NORM_PLACES)
     lookup: Any = None                  # optional Engram, read beside the token mixer
     cache_owner: int | None = None      # read this layer's cache instead of keeping one
     selection_owner: int | None = None  # reuse this layer's selection of entries
@@ -101,6 +105,8 @@ class LayerConfig:
         return {s: getattr(self, s) for s in ("lookup", "token", "channel") if getattr(self, s) is not None}
 
     def __post_init__(self):
+        if self.norms not in NORM_PLACES:
+            raise ValueError(f"norms: must be one of {', '.join(NORM_PLACES)}, got {self.norms!r}")
         for slot in SLOTS + OPTIONAL_SLOTS:
             cfg = getattr(self, slot)
             if cfg is None and slot in MAY_BE_EMPTY:
@@ -124,6 +130,9 @@ class ModelConfig:
     context: int = 0                  # longest context the publisher supports (0: unstated)
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
+    embed_scale: float = 1.0          # the embedding times this (Gemma: sqrt(d_model), in the activations' dtype)
+    logit_scale: float = 1.0          # the logits times this (Cohere's logit_scale)
+    logit_softcap: float | None = None  # cap * tanh(logits / cap) (Gemma 2's final_logit_softcapping)
     encoder_layers: int = 0           # V4.1-Flash: the first N layers form the causal encoder
     decoder_tail: int = 0             # prompt tokens that also pass through the decoder layers
     published: Published | None = None
@@ -138,6 +147,14 @@ class ModelConfig:
                 raise ValueError(f"{n}: must be a positive integer, got {v!r}")
         if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
             raise ValueError(f"norm_eps: must be a number > 0, got {self.norm_eps!r}")
+        for n in ("embed_scale", "logit_scale"):
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{n}: must be a number > 0, got {v!r}")
+        if self.logit_softcap is not None and (isinstance(self.logit_softcap, bool) or
+                                               not isinstance(self.logit_softcap, (int, float)) or
+                                               not self.logit_softcap > 0):
+            raise ValueError(f"logit_softcap: must be None or a number > 0, got {self.logit_softcap!r}")
         for n in ("context", "encoder_layers", "decoder_tail"):
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -198,6 +215,10 @@ class ModelConfig:
         Three steps: the top-level facts; the assignments, one ``[[layers]]`` entry per (slot,
         store name) or (owner key, owner) with the layers that use it; the store tables, each
         without what it inherits from the model or what equals its default."""
+        odd = next((i for i, lay in enumerate(self.layers) if lay.channel is None or lay.norms != "pre"), None)
+        if odd is not None:
+            raise ValueError(f"layer {odd}: a layer without a channel mixer or with norms {self.layers[odd].norms!r} "
+                             "has no compact file form yet (storelab save writes the model whole)")
         names = _StoreNames(getattr(self, "_store_names", []))  # the file's own names, when it came from one
         groups = self._assignments(names)
         return {**self._top_level(), "stores": self._store_tables(names),

@@ -89,8 +89,12 @@ class Block(nn.Module):
         self.index = index
         self.token = cfg.token.build()
         self.channel = cfg.channel.build() if cfg.channel is not None else None  # None: no channel sublayer
+        self.norms = cfg.norms  # "pre": x + f(norm(x)); "post": x + norm(f(x)); "sandwich": x + norm2(f(norm1(x)))
         self.norm_token = RMSNorm(d_model, eps)
         self.norm_channel = RMSNorm(d_model, eps) if cfg.channel is not None else None
+        if cfg.norms == "sandwich":
+            self.post_norm_token = RMSNorm(d_model, eps)
+            self.post_norm_channel = RMSNorm(d_model, eps) if cfg.channel is not None else None
         self.depth_token = cfg.depth.build(sublayer=2 * index, n_sublayers=n_sublayers)
         self.depth_channel = cfg.depth.build(sublayer=2 * index + 1, n_sublayers=n_sublayers)
         self.lookup = cfg.lookup.build() if cfg.lookup is not None else None
@@ -107,7 +111,9 @@ class Block(nn.Module):
             e_BTD, state.lookup = self.lookup(self.norm_lookup(x_BTD), state.lookup, token_ids=token_ids_BT)
             x_BTD = x_BTD + e_BTD
         handed = {} if shared is None else {"shared": shared}
-        y_BTD, state.token = self.token(self.norm_token(x_BTD), state.token, token_ids=token_ids_BT, **handed)
+        y_BTD, state.token = self.token(self._pre(self.norm_token, x_BTD), state.token, token_ids=token_ids_BT,
+                                        **handed)
+        y_BTD = self._post(self.norm_token, "post_norm_token", y_BTD)
         ds = self.depth_token.write(ds, y_BTD if e_BTD is None else y_BTD + e_BTD)
         if keep_from:
             ds, token_ids_BT = _slice_time(ds, keep_from), token_ids_BT[:, keep_from:]
@@ -116,9 +122,22 @@ class Block(nn.Module):
         if self.channel is None:
             return ds, state
         x_BTD = self.depth_channel.read(ds)
-        y_BTD, state.channel = self.channel(self.norm_channel(x_BTD), state.channel, token_ids=token_ids_BT)
-        ds = self.depth_channel.write(ds, y_BTD)
+        y_BTD, state.channel = self.channel(self._pre(self.norm_channel, x_BTD), state.channel,
+                                            token_ids=token_ids_BT)
+        ds = self.depth_channel.write(ds, self._post(self.norm_channel, "post_norm_channel", y_BTD))
         return ds, state
+
+    def _pre(self, norm: nn.Module, x_BTD: Tensor) -> Tensor:
+        """The mixer's input: normalised, except where the block normalises after ("post")."""
+        return x_BTD if self.norms == "post" else norm(x_BTD)
+
+    def _post(self, norm: nn.Module, sandwich: str, y_BTD: Tensor) -> Tensor:
+        """The mixer's output as the stream receives it."""
+        if self.norms == "post":
+            return norm(y_BTD)
+        if self.norms == "sandwich":
+            return getattr(self, sandwich)(y_BTD)
+        return y_BTD
 
 
 class Model(nn.Module):
@@ -203,7 +222,10 @@ class Model(nn.Module):
         if len(cache) != len(self.blocks):
             raise ValueError(f"cache: expected {len(self.blocks)} layer states, got {len(cache)}")
         E = self.cfg.encoder_layers
-        ds = self.blocks[0].depth_token.init(self.embed(token_ids_BT))
+        e_BTD = self.embed(token_ids_BT)
+        if self.cfg.embed_scale != 1.0:  # Gemma: sqrt(d_model), rounded to the activations' dtype as it does
+            e_BTD = e_BTD * torch.tensor(self.cfg.embed_scale, dtype=e_BTD.dtype)
+        ds = self.blocks[0].depth_token.init(e_BTD)
         if not E:
             ds = self._run(range(len(self.blocks)), ds, cache, token_ids_BT)
         else:
@@ -215,7 +237,15 @@ class Model(nn.Module):
         h_BTD = self.depth_head(ds)
         if keep_logits:
             h_BTD = h_BTD[:, -keep_logits:]
-        return self.lm_head(self.norm(h_BTD)), cache
+        return self._logits(self.lm_head(self.norm(h_BTD))), cache
+
+    def _logits(self, z_BTV: Tensor) -> Tensor:
+        """Cohere's logit scale and Gemma 2's soft cap, where the config has them."""
+        if self.cfg.logit_scale != 1.0:
+            z_BTV = z_BTV * self.cfg.logit_scale
+        if self.cfg.logit_softcap is not None:
+            z_BTV = torch.tanh(z_BTV / self.cfg.logit_softcap) * self.cfg.logit_softcap
+        return z_BTV
 
     def _encoder_to_decoder(self, ds, cache, ids_BT, decode_from):
         """The first decoder layer writes its cache for every token from the encoder's

@@ -14,6 +14,8 @@ nonlinearity decides how much the other keys' overlaps interfere with a recall:
 * ``gelu``    x Phi(x), the exact (erf) form (Hendrycks and Gimpel, arXiv 1606.08415);
 * ``swiglu``  silu(W_gate x) * (W_up x), a gated unit (Shazeer, arXiv 2002.05202); with
               ``swiglu_limit`` both halves are clipped first (gate <= limit, |up| <= limit);
+* ``geglu_tanh`` gelu_tanh(W_gate x) * (W_up x), GeGLU (Shazeer, arXiv 2002.05202) with the tanh
+              approximation of GELU (Gemma's ``gelu_pytorch_tanh``);
 * ``clamped_swiglu``  gpt-oss's unit (arXiv 2508.10925; MiniMax-M3's MLPs and experts):
               g sigmoid(swiglu_alpha g) (u + swiglu_up_shift) of the halves clipped as above.
 
@@ -89,13 +91,17 @@ def _swiglu(gate: Tensor, up: Tensor, cfg) -> Tensor:
     return swiglu(gate, up, limit=cfg.swiglu_limit)
 
 
+def _geglu_tanh(gate: Tensor, up: Tensor, cfg) -> Tensor:
+    return F.gelu(gate, approximate="tanh") * up
+
+
 def _clamped_swiglu(gate: Tensor, up: Tensor, cfg) -> Tensor:
     return clamped_swiglu(gate, up, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit, up_shift=cfg.swiglu_up_shift)
 
 
 ACTIVATIONS: dict[str, Pointwise | Gated] = {
     "relu": Pointwise(_relu), "relu2": Pointwise(_relu2), "power": Pointwise(_power), "gelu": Pointwise(_gelu),
-    "swiglu": Gated(_swiglu), "clamped_swiglu": Gated(_clamped_swiglu),
+    "swiglu": Gated(_swiglu), "clamped_swiglu": Gated(_clamped_swiglu), "geglu_tanh": Gated(_geglu_tanh),
 }
 SWIGLU_ALPHA, SWIGLU_UP_SHIFT = 1.702, 1.0  # gpt-oss's clamped_swiglu
 

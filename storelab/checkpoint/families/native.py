@@ -32,7 +32,8 @@ def config_to_json(cfg) -> dict[str, Any]:
     top = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("layers", "published")}
     top["published"] = dataclasses.asdict(cfg.published) if cfg.published is not None else None
     top["layers"] = [{**{s: (getattr(lay, s).to_dict() if getattr(lay, s) is not None else None) for s in SLOTS},
-                      "cache_owner": lay.cache_owner, "selection_owner": lay.selection_owner} for lay in cfg.layers]
+                      "cache_owner": lay.cache_owner, "selection_owner": lay.selection_owner, "norms": lay.norms}
+                     for lay in cfg.layers]
     return top
 
 
@@ -56,8 +57,11 @@ def config_from_json(m: dict[str, Any]):
     layers = []
     for i, lay in enumerate(m["layers"]):
         slots = {s: _store(lay[s], f"model.layers[{i}].{s}") for s in SLOTS if lay.get(s) is not None}
-        layers.append(LayerConfig(**slots, cache_owner=lay.get("cache_owner"),
-                                  selection_owner=lay.get("selection_owner")))
+        try:
+            layers.append(LayerConfig(**slots, cache_owner=lay.get("cache_owner"),
+                                      selection_owner=lay.get("selection_owner"), norms=lay.get("norms", "pre")))
+        except ValueError as e:
+            raise CheckpointError(f"config.json: model.layers[{i}]: {e}") from None
     top = {k: v for k, v in m.items() if k not in ("layers", "published")}
     pub = Published(**m["published"]) if m.get("published") else None
     return ModelConfig(**top, layers=layers, published=pub)
