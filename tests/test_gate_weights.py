@@ -17,6 +17,7 @@ from storelab.probes.forgetting import channel_mixing, forgetting, rest_log_deca
 from storelab.probes.gate_weights import gate_spectra, gate_tensors
 from storelab.tasks import make_task
 from tests.test_checkpoint import tiny_hf
+from tests.test_probes import unchecked  # noqa: F401  (a fixture: these untrained models' summaries, unchecked)
 
 # large experts: the gates are a few hundred bytes of several MB
 BIG_EXPERTS = {"kimi_linear": dict(moe_intermediate_size=1024, num_experts=8),
@@ -39,7 +40,7 @@ def folder(tmp_path_factory):
 
 @pytest.mark.parametrize("model_type,dtype", [("kimi_linear", torch.float32), ("qwen3_next", torch.float32),
                                               ("qwen3_5_text", torch.bfloat16)])
-def test_reads_only_headers_and_gates_and_matches_the_loaded_model(model_type, dtype, folder):
+def test_reads_only_headers_and_gates_and_matches_the_loaded_model(model_type, dtype, folder, unchecked):
     d = folder(model_type, dtype)
     gates, io = gate_tensors(d)
     assert io["bytes_read"] <= io["header_bytes"] + io["gate_bytes"]
@@ -97,7 +98,7 @@ def test_weights_only_command(folder, tmp_path):
     assert bad.exit_code == 2 and "only the forgetting probe" in bad.output
 
 
-def test_planted_gates_give_a_known_share_of_mixing_heads(folder, tmp_path):
+def test_planted_gates_give_a_known_share_of_mixing_heads(folder, tmp_path, unchecked):
     """Kimi Linear's KDA gate at x = 0 is g_k = -exp(A_log) softplus(dt_bias_k). With A_log = 0, a
     channel with dt_bias = 5 keeps exp(-5) a token (a thousandth within 64 tokens), one with -10 keeps
     all but 5e-5. Heads 0 and 2 of every KDA layer get one fast channel among slow ones (they mix),
