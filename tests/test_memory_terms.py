@@ -48,7 +48,10 @@ def run(*args: str, ok: bool = True):
 
 
 def memory_json(*args: str) -> list[dict]:
-    return json.loads(run("memory", *args, "--json").stdout)
+    """The records of ``storelab memory --json`` (docs/memory.schema.json), one per model."""
+    doc = json.loads(run("memory", *args, "--json").stdout)
+    assert doc["schema_version"] == 2
+    return doc["models"]
 
 
 @pytest.fixture
@@ -59,14 +62,14 @@ def qwen36(tmp_path):
 
 
 def test_qwen36_27b_matches_llama_cpp_log(qwen36):
-    recs = memory_json("--checkpoint", str(qwen36), "--cache-dtype", "f16", "--context", "262144", "--batch", "4")
-    tot = recs[-1]
-    assert tot["layer"] == "total" and tot["batch"] == 4
+    (rec,) = memory_json("--checkpoint", str(qwen36), "--cache-dtype", "f16", "--context", "262144", "--batch", "4")
+    tot = rec["total"]
+    assert rec["batch"] == 4
     assert tot["bytes_per_token"] * 262144 == 16384 * MIB                 # llama.cpp: KV f16, 262,144 cells
     assert tot["bytes_per_sequence"] == 149.625 * MIB                     # fp32 R + S per sequence
     assert 4 * tot["bytes_per_sequence"] == 598.5 * MIB                   # 4 sequences
     assert tot["total_bytes"] == 4 * 16384 * MIB + 598.5 * MIB
-    rows = recs[:-1]
+    rows = rec["layers"]
     att = [r for r in rows if r["kind"] == "attention"]
     gdn = [r for r in rows if r["kind"] == "gated_deltanet"]
     assert [r["layer"] for r in att] == list(range(3, 64, 4)) and len(gdn) == 48
@@ -76,17 +79,17 @@ def test_qwen36_27b_matches_llama_cpp_log(qwen36):
 
 def test_config_json_file_and_text_layout_agree(qwen36, tmp_path):
     text = write(tmp_path / "text", QWEN36_TEXT)
-    a = memory_json("--checkpoint", str(qwen36 / "config.json"), "--context", "1000")[-1]
-    b = memory_json("--checkpoint", str(text), "--context", "1000")[-1]
+    a = memory_json("--checkpoint", str(qwen36 / "config.json"), "--context", "1000")[0]["total"]
+    b = memory_json("--checkpoint", str(text), "--context", "1000")[0]["total"]
     assert (a["bytes_per_token"], a["bytes_per_sequence"]) == (b["bytes_per_token"], b["bytes_per_sequence"])
     assert a["bytes_per_token"] == 16 * 4 * 256 * 2 * 2                  # bf16 with no flags
 
 
 def test_state_dtype_and_llama_cpp_block_formats(qwen36):
     base = ("--checkpoint", str(qwen36), "--context", "4096")
-    bf16 = memory_json(*base, "--state-dtype", "bf16")[-1]
+    bf16 = memory_json(*base, "--state-dtype", "bf16")[0]["total"]
     assert bf16["bytes_per_sequence"] == 149.625 * MIB / 2
-    per_token = {f: memory_json(*base, "--cache-dtype", f)[-1]["bytes_per_token"] for f in ("f32", "q8_0", "q4_0", "fp8")}
+    per_token = {f: memory_json(*base, "--cache-dtype", f)[0]["total"]["bytes_per_token"] for f in ("f32", "q8_0", "q4_0", "fp8")}
     kv = 16 * 4 * 256 * 2                                                  # numbers per token
     assert per_token == {"f32": 4 * kv, "q8_0": kv / 32 * 34, "q4_0": kv / 32 * 18, "fp8": kv}
 
@@ -102,7 +105,7 @@ def test_qwen36_readable_at_80_columns(qwen36):
 
 def test_deepseek_v4_pro_matches_vllm(tmp_path):
     folder = write(tmp_path / "DeepSeek-V4-Pro", V4_PRO)
-    tot = memory_json("--checkpoint", str(folder), "--cache-dtype", "bf16", "--context", str(1 << 20))[-1]
+    tot = memory_json("--checkpoint", str(folder), "--cache-dtype", "bf16", "--context", str(1 << 20))[0]["total"]
     # 30 CSA layers: a 1,024-byte entry and a 256-byte index key per 4 tokens; 31 HCA: 1,024 per 128
     assert tot["bytes_per_token"] == 30 * (1024 + 256) / 4 + 31 * 1024 / 128
     assert round(tot["bytes_per_token"] * (1 << 20) / GIB, 2) == 9.62      # vLLM: 9.62 GiB per sequence
@@ -112,23 +115,24 @@ def test_deepseek_v4_pro_matches_vllm(tmp_path):
 
 
 def test_zoo_models_default_to_published_formats():
-    flash = memory_json("deepseek-v4.1-flash", "--context", "1000000")[-1]
-    assert flash["cache_dtype"] == "published" and flash["cache_bytes_per_token"] == 890   # no flags
-    pro = memory_json("deepseek-v4-pro", "--context", "1000000")[-1]
+    flash = memory_json("deepseek-v4.1-flash", "--context", "1000000")[0]
+    assert flash["cache_format"] == "published" and flash["total"]["cache_bytes_per_token"] == 890   # no flags
+    pro = memory_json("deepseek-v4-pro", "--context", "1000000")[0]["total"]
     assert pro["cache_bytes_per_token"] == 30 * 584 / 4 + 31 * 584 / 128                 # fp8 mixed entries
     assert pro["bytes_per_token"] == pro["cache_bytes_per_token"] + 30 * 132 / 4         # fp8 index keys
 
 
 def test_budget_gives_the_longest_context_per_batch(qwen36):
-    tot = memory_json("--checkpoint", str(qwen36), "--budget", "24GiB", "--weights-dtype", "q4_0",
-                      "--cache-dtype", "f16")[-1]
-    room = 24 * GIB - tot["weights_bytes"]
-    assert tot["weights_bytes"] == pytest.approx(tot["stored_params"] * 18 / 32, abs=1)
-    for f in tot["longest_context"]:
+    (rec,) = memory_json("--checkpoint", str(qwen36), "--budget", "24GiB", "--weights-dtype", "q4_0",
+                         "--cache-dtype", "f16")
+    tot, bud = rec["total"], rec["budget"]
+    room = 24 * GIB - bud["weights_bytes"]
+    assert bud["weights_bytes"] == pytest.approx(bud["stored_params"] * 18 / 32, abs=1)
+    for f in bud["longest_context"]:
         b, L = f["batch"], f["context"]
         if f["fits"]:
-            assert b * (tot["bytes_per_token"] * L + tot["bytes_per_sequence"]) <= room
-            assert b * (tot["bytes_per_token"] * (L + 1) + tot["bytes_per_sequence"]) > room
+            assert b * (tot["bytes_per_token"] * L + tot["bytes_per_sequence_full"]) <= room
+            assert b * (tot["bytes_per_token"] * (L + 1) + tot["bytes_per_sequence_full"]) > room
     assert longest_contexts(0, 10, budget=100, weights=50, batches=[1])[0]["context"] is None   # nothing grows
     assert longest_contexts(5, 10, budget=100, weights=200, batches=[1])[0]["fits"] is False
 
@@ -234,7 +238,7 @@ def test_every_family_from_its_config_alone(model_type, tmp_path):
     hf = json.loads((tmp_path / "config.json").read_text())
     cfg = read_model_config(tmp_path)
     assert cfg.layers == family_for(hf).to_config(hf).layers
-    tot = memory_json("--checkpoint", str(tmp_path), "--context", "4096")[-1]
+    tot = memory_json("--checkpoint", str(tmp_path), "--context", "4096")[0]["total"]
     assert tot["layers"] == cfg.n_layers and tot["bytes_per_token"] > 0
     assert tot["total_bytes"] == tot["bytes_per_token"] * 4096 + tot["bytes_per_sequence"]
     assert json.loads(run("models", "--checkpoint", str(tmp_path), "--json").stdout)[0]["params"]["stored"] > 0

@@ -49,10 +49,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Per layer and model at context L: bytes per token and per sequence, entries kept and read."""
         from storelab.commands.models import load_configs
-        from storelab.models.accounting import count_params, memory_report
-        from storelab.models.memory_terms import (cache_dtype as read_cache, longest_contexts, parse_size,
-                                                  state_dtype as read_state, weight_bytes,
+        from storelab.models.accounting import count_params
+        from storelab.models.memory_terms import (cache_dtype as read_cache, parse_size, state_dtype as read_state,
                                                   weights_dtype as read_weights)
+        from storelab.report.memory_json import budget_record, memory_document, memory_record
 
         try:
             cache = read_cache(cache_dtype if cache_dtype is not None else dtype)
@@ -76,16 +76,11 @@ def register(app: typer.Typer) -> None:
             reports = []
             for cfg in cfgs:
                 L = context or cfg.context or 1_000_000
-                recs = memory_report(cfg, L, dtype=cache or "bf16", cache_dtype=cache, state_dtype=state, batch=batch)
-                tot = recs[-1]
+                rec = memory_record(cfg, L, cache=cache, state=state, batch=batch)
                 if room is not None:
-                    stored = count_params(cfg).stored
-                    w = weight_bytes(stored, wdt)
-                    tot.update(budget_bytes=room, weights_dtype=wdt, weights_bytes=w, stored_params=stored,
-                               longest_context=longest_contexts(tot["bytes_per_token"], tot["bytes_per_sequence"],
-                                                                budget=room, weights=w,
-                                                                batches=sorted({*BATCHES, batch})))
-                reports.append((cfg, recs))
+                    rec["budget"] = budget_record(rec["total"], budget=room, weights_format=wdt,
+                                                  stored=count_params(cfg).stored, batches=sorted({*BATCHES, batch}))
+                reports.append((cfg, rec))
         except ValueError as e:  # CheckpointError is one
             _fail(str(e))
         if plot:
@@ -104,22 +99,18 @@ def register(app: typer.Typer) -> None:
             if not json_:
                 return
         if json_:
-            emit_json([r for _, recs in reports for r in recs])
+            emit_json(memory_document([rec for _, rec in reports]))
             return
         _print(reports)
 
 
 def _print(reports) -> None:
-    from storelab.models.accounting import count_params
     from storelab.report.memory_text import budget_text, model_text
 
-    for k, (cfg, recs) in enumerate(reports):
-        tot = recs[-1]
-        lines = model_text(cfg, recs[:-1], tot)
-        if "longest_context" in tot:
-            lines += budget_text(cfg, tot, tot["longest_context"], budget=tot["budget_bytes"],
-                                 weights=tot["weights_bytes"], weights_dtype=tot["weights_dtype"],
-                                 stored=count_params(cfg).stored)
+    for k, (cfg, rec) in enumerate(reports):
+        lines = model_text(cfg, rec)
+        if "budget" in rec:
+            lines += budget_text(cfg, rec["budget"])
         if k:
             console.print("")
         for line in lines:

@@ -24,6 +24,9 @@ def load_configs(config: list[Path] | None, tiny: bool, names: list[str] | None 
     from storelab.models.config import load_model
     from storelab.zoo import load_zoo, zoo_names
 
+    if tiny and not names and (config or checkpoint):
+        raise ValueError(f"--tiny: picks the tiny version of a zoo model; it does nothing to "
+                         f"{'--config' if config else '--checkpoint'} (leave it out, or name a zoo model)")
     out = [load_model(p) for p in config or []] + [read_model_config(p) for p in checkpoint or []]
     if names or not out:
         out = [load_zoo(n, tiny=tiny) for n in (names or zoo_names())] + out

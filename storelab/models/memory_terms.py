@@ -86,24 +86,41 @@ def _format_of(st, cache: str | None) -> str:
     return cache or st.published_cache_format() or "bf16"
 
 
-def layer_terms(cfg: ModelConfig, *, cache: str | None = None, state: str = "fp32") -> list[dict[str, Any]]:
+def filled(st, context: int) -> float:
+    """The share of a store's fixed part held at ``context`` tokens (window rings and open pools fill
+    with the first tokens; a recurrent state is whole from the first): its footprint at ``context`` less
+    the per-token term, over the per-sequence term, in fp32 (the share does not depend on the format).
+    Exact once ``context`` is past the windows and a multiple of the pooling strides."""
+    ref = st.memory_terms(cache="fp32", state="fp32")
+    if not ref.per_sequence:
+        return 1.0
+    fixed = st.footprint(context, dtype="fp32").state_bytes - ref.per_token * context
+    return min(max(fixed / ref.per_sequence, 0.0), 1.0)
+
+
+def layer_terms(cfg: ModelConfig, *, cache: str | None = None, state: str = "fp32",
+                context: int | None = None) -> list[dict[str, Any]]:
     """One row per layer: bytes per token and per sequence of every store it holds, and the cache
-    format each was taken in."""
+    format each was taken in. ``bytes_per_sequence_full`` is the fixed part at its fullest;
+    ``bytes_per_sequence`` is the same, or (given a ``context``) what of it is held at that context."""
     rows = []
     for i, lay in enumerate(cfg.layers):
-        tok = per_seq = glob = 0.0
+        tok = per_seq = full = glob = 0.0
         fmts, token_fmt = [], ""
         for slot, st in lay.stores().items():
             if slot == "token" and not cfg.owns_cache(i):
                 continue
             fmt = _format_of(st, cache)
             t = st.memory_terms(cache=fmt, state=state)
-            tok, per_seq, glob = tok + t.per_token, per_seq + t.per_sequence, glob + t.cache_per_token
+            share = filled(st, context) if context is not None and t.per_sequence else 1.0
+            tok, glob = tok + t.per_token, glob + t.cache_per_token
+            per_seq, full = per_seq + t.per_sequence * share, full + t.per_sequence
             if t.per_token or t.per_sequence:
                 fmts.append(state if st.RECURRENT else fmt)
                 token_fmt = fmts[-1] if slot == "token" else token_fmt
         rows.append({"layer": i, "kind": lay.token.KIND, "bytes_per_token": tok, "bytes_per_sequence": per_seq,
-                     "cache_bytes_per_token": glob, "formats": sorted(set(fmts)), "token_format": token_fmt})
+                     "bytes_per_sequence_full": full, "cache_bytes_per_token": glob, "formats": sorted(set(fmts)),
+                     "token_format": token_fmt})
     return rows
 
 

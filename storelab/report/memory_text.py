@@ -61,9 +61,8 @@ def layers_text(idx: list[int], n_layers: int, width: int = 32) -> str:
     idx = sorted(idx)
     head = f"{len(idx)} of {n_layers}: "
     body = _pattern(idx, n_layers)
-    if not body and n_layers > 3:  # the pattern broken only by the last layer (Kimi K3's layer 93)
-        last = idx[-1] == n_layers - 1
-        body = _pattern(idx[:-1] if last else idx, n_layers - 1)
+    if not body and n_layers > 3 and idx[-1] == n_layers - 1:  # a pattern broken only by the last layer
+        body = _pattern(idx[:-1], n_layers - 1)                   # (Kimi K3's layer 93)
         body = body and body + " and the last"
     if not body or len(head + body) > width:
         body = _fit(_runs(idx), width - len(head))
@@ -97,12 +96,13 @@ def gib_mib(n: float) -> str:
     return f"{human_bytes(n)} ({human_bytes(n, unit='MiB')})" if n >= GIB else human_bytes(n)
 
 
-def model_text(cfg, rows: list[dict[str, Any]], tot: dict[str, Any]) -> list[str]:
-    """The lines for one model: its stores, the two terms, totals at L for the batch."""
-    L, B = tot["context"], tot["batch"]
-    caches = "the publisher's formats" if tot["cache_dtype"] == "published" else shown(tot["cache_dtype"])
+def model_text(cfg, rec: dict[str, Any]) -> list[str]:
+    """The lines for one model (a ``storelab.report.memory_json`` record): its stores, the two terms at
+    L (the fixed part as held at L), totals at L for the batch."""
+    L, B, rows, tot = rec["context"], rec["batch"], rec["layers"], rec["total"]
+    caches = "the publisher's formats" if rec["cache_format"] == "published" else shown(rec["cache_format"])
     out = [f"{cfg.title or cfg.name}: {cfg.n_layers} layers, L = {L:,} tokens, batch {B}",
-           f"caches in {caches}, recurrent states in {shown(tot['state_dtype'])}", "",
+           f"caches in {caches}, recurrent states in {shown(rec['state_format'])}", "",
            _row(["store", "layers", "fmt", "per token", "per sequence"])]
     shared = False
     for g in _groups(rows):
@@ -117,17 +117,28 @@ def model_text(cfg, rows: list[dict[str, Any]], tot: dict[str, Any]) -> list[str
     if tot["cache_bytes_per_token"] != tot["bytes_per_token"]:
         out.append(f"of the per-token bytes, the global cache: {per_token_text(tot['cache_bytes_per_token'])}; "
                    f"index keys: {per_token_text(tot['bytes_per_token'] - tot['cache_bytes_per_token'])}")
+    if tot["bytes_per_sequence"] < tot["bytes_per_sequence_full"]:
+        out.append(f"per sequence: as held at L; at its fullest {human_bytes(tot['bytes_per_sequence_full'])}")
     grow, fixed = B * tot["bytes_per_token"] * L, B * tot["bytes_per_sequence"]
     out += ["", f"at L = {L:,} for {B} sequence{'s' if B > 1 else ''}:",
             f"  growing with L   {gib_mib(grow)}", f"  fixed            {gib_mib(fixed)}",
-            f"  total            {gib_mib(grow + fixed)}"]
+            f"  total            {gib_mib(tot['total_bytes'])}"]
     return out
 
 
-def budget_text(cfg, tot: dict[str, Any], fits: list[dict[str, Any]], *, budget: int, weights: int,
-                weights_dtype: str, stored: int) -> list[str]:
+def params_text(n: int) -> str:
+    """A parameter count people read: "1.23B", "45.6M", "7,936" (never "0.00B")."""
+    if n >= 1e9:
+        return f"{n / 1e9:,.2f}B"
+    return f"{n / 1e6:,.3g}M" if n >= 1e6 else f"{n:,}"
+
+
+def budget_text(cfg, b: dict[str, Any]) -> list[str]:
+    """What fits in the budget (a ``budget_record``), per batch size."""
+    fits, budget, weights = b["longest_context"], b["budget_bytes"], b["weights_bytes"]
     out = ["", f"budget {human_bytes(budget)}, weights {human_bytes(weights)} "
-               f"({stored / 1e9:,.2f}B parameters in {shown(weights_dtype)}):", "  batch  longest context"]
+               f"({params_text(b['stored_params'])} parameters in {shown(b['weights_format'])}):",
+           "  batch  longest context"]
     for f in fits:
         if not f["fits"] and weights > budget:
             out[-1] = "  the weights alone exceed it: no context fits"
