@@ -7,7 +7,8 @@ Full attention (Vaswani et al., arXiv 1706.03762) with the devices today's layer
 * rotary positions (Su et al., arXiv 2104.09864) on the first ``partial_rotary * head_dim``
   channels of each query/key head (Qwen3-Next 0.25, MiMo 0.334; 0 = no positions at all,
   as in Kimi K3's attention);
-* ``qk_norm``: an RMSNorm (arXiv 1910.07467) over each query and key head before RoPE;
+* ``qk_norm``: an RMSNorm (arXiv 1910.07467) over each query and key head before RoPE
+  (``qk_norm_scope = "all"``: over all heads' channels at once, as OLMo 2 and MiniMax-M2 do);
 * ``gate``: the per-channel sigmoid output gate of Qwen3-Next (Qiu et al., arXiv 2505.06708):
   ``q_proj`` emits, per head, ``head_dim`` query channels followed by ``v_head_dim`` gate
   channels (the layout of transformers' ``Qwen3NextAttention``), and each head's output is
@@ -92,6 +93,8 @@ class AttentionConfig(StoreConfig):
     rope_theta: float = 10000.0
     gate: bool = False                   # Qwen3-Next per-channel sigmoid output gate
     qk_norm: bool = False                # RMSNorm on each query/key head
+    qk_norm_scope: str = "head"          # "head": one K-wide norm shared by the heads (Qwen3, Gemma 3); "all": one
+                                         # norm over all heads' channels at once, H*K and G*K wide (OLMo 2, MiniMax-M2)
     sink: bool = False                   # learned attention-sink logit per head
     logn: bool = False                   # Qwen LogN scaling of the logits
     logn_base: int = 4096
@@ -134,6 +137,8 @@ class AttentionConfig(StoreConfig):
         self.check(self.logn_base > 1, "logn_base", f"must be > 1, got {self.logn_base}")
         self.check(self.attn_scale is None or self.attn_scale > 0, "attn_scale", f"must be > 0, got {self.attn_scale}")
         self.check(self.kernel in KERNELS, "kernel", f"must be one of {tuple(KERNELS)}, got {self.kernel!r}")
+        self.check(self.qk_norm_scope in ("head", "all"), "qk_norm_scope",
+                   f"must be 'head' or 'all', got {self.qk_norm_scope!r}")
         self.check(isinstance(self.floor_scale, int) and self.floor_scale > 0, "floor_scale",
                    f"must be an int > 0, got {self.floor_scale!r}")
         self.check(self.attn_temperature_scale >= 0, "attn_temperature_scale",
@@ -176,7 +181,7 @@ class AttentionConfig(StoreConfig):
         if self.out_bias:
             n += D
         if self.qk_norm:
-            n += 2 * K
+            n += 2 * K if self.qk_norm_scope == "head" else (H + G) * K
         if self.sink:
             n += H
         return ParamCount(n, n)
@@ -222,8 +227,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(D, G * K, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(D, G * V, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(H * V, D, bias=cfg.out_bias)
-        self.q_norm = RMSNorm(K, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(K, cfg.norm_eps) if cfg.qk_norm else None
+        whole = cfg.qk_norm_scope == "all"
+        self.q_norm = RMSNorm(H * K if whole else K, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(G * K if whole else K, cfg.norm_eps) if cfg.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(H)) if cfg.sink else None
         self.kernel = KERNELS[cfg.kernel]
 
@@ -242,7 +248,10 @@ class Attention(nn.Module):
         v_BTGV = self.v_proj(x_BTD).view(B, T, G, V)
         if c.value_scale != 1.0:
             v_BTGV = v_BTGV * c.value_scale
-        if self.q_norm is not None:
+        if self.q_norm is not None and c.qk_norm_scope == "all":  # over the whole projection
+            q_BTHK = self.q_norm(q_BTHK.flatten(2)).view(B, T, H, K)
+            k_BTGK = self.k_norm(k_BTGK.flatten(2)).view(B, T, G, K)
+        elif self.q_norm is not None:
             q_BTHK, k_BTGK = self.q_norm(q_BTHK), self.k_norm(k_BTGK)
         rope = dict(rotary_dim=c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved)
         q_BTHK, k_BTGK = apply_rope(q_BTHK, positions_T, **rope), apply_rope(k_BTGK, positions_T, **rope)
