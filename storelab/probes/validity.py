@@ -34,6 +34,9 @@ forgetting,     next-token accuracy on the probe's own inputs     the task's ``c
 mhc             (the task's scored tokens, or the documents')     (documents: 1 / vocabulary)
 ==============  ================================================  =================================
 
+The thresholds are read when a check runs, so a caller may state others (tests pass every check by
+setting them out of reach, to read the arithmetic under it on untrained models).
+
 The weights-only forgetting estimate (``gate_weights``) runs no model and so has no answer to
 check; the report reads it as measured only where the same model's forgetting probe on text is.
 """
@@ -41,6 +44,7 @@ check; the report reads it as measured only where the same model's forgetting pr
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 __all__ = ["MARGIN", "MIN_SHIFT", "MEASURED", "NOT_LEARNED", "NO_EFFECT", "Validity", "learned", "swap_effect",
            "all_of", "next_token_accuracy"]
@@ -62,8 +66,8 @@ class Validity:
     valid: bool
     verdict: str                                   # MEASURED, NOT_LEARNED or NO_EFFECT
     reason: str                                    # the figures beside the thresholds, in words
-    figures: dict[str, float] = field(default_factory=dict)
-    thresholds: dict[str, float] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)      # accuracy, chance, shift (by part: ``all_of``)
+    thresholds: dict[str, Any] = field(default_factory=dict)   # margin, min_accuracy, min_shift (the same)
 
     def as_dict(self) -> dict:
         return asdict(self)
