@@ -2,12 +2,12 @@
 
 For each token x_t (d_inner = H * P channels, G groups sharing B and C, N the state width):
 
-  z, xBC, dt_raw = W_in x_t                                  (one projection: [d_inner, d_inner + 2 G N, H])
+  z, xBC, dt_raw = W_in x_t                                    (one projection: [d_inner, d_inner + 2 G N, H])
   x, B, C        = SiLU(short causal conv_W(xBC) + b_conv)     (tail of W-1 inputs kept between calls)
-  dt             = clamp(softplus(dt_raw + dt_bias), dt_limit), A = -exp(A_log)      (per head)
+  dt             = clamp(softplus(dt_raw + dt_bias), dt_limit)  (per head; A = -exp(A_log))
   S_t            = exp(dt A) S_{t-1} + dt x_t B_t^T             (S [P, N] per head; storelab.ops.ssd)
   o_t            = S_t C_t + D x_t
-  y_t            = W_out RMSNorm_groups(o_t * SiLU(z_t)) * w    (the gate before the norm, as in Mamba-2)
+  y_t            = W_out (w * RMSNorm_groups(o_t * SiLU(z_t)))  (the gate before the norm, as in Mamba-2)
 
 The norm (``norm``) is transformers' ``MambaRMSNormGated``: an RMS over each group of d_inner / G channels
 ("group"), or over all d_inner ("full"), or none, the output then o * SiLU(z) (Falcon-H1's
@@ -45,10 +45,11 @@ C = d_inner + 2 G N conv channels, E = 2 d_inner + 2 G N + H):
   norm_weight   norm.weight          [d_inner]           d_inner  (norm "group" or "full")
   out_proj      out_proj.weight      [D, d_inner]        d_inner D (+ D: out_proj.bias, use_bias)
 
+In all D E + C W + 3 H + d_inner + d_inner D, plus the biases where configured (``num_params``).
 in_proj's rows are in transformers' order [z, x, B, C, dt]; conv channels [x, B, C].
 
 State per layer, whatever the context L: H matrices P x N in fp32 plus the conv tail of W - 1 inputs of
-C channels in the entry dtype, H P N 4 + (W - 1) C bytes bytes (``storelab.state.RecurrentState``:
+C channels in the entry dtype, 4 H P N + (W - 1) C e bytes, e the entry's bytes (``storelab.state.RecurrentState``:
 ``S`` [B, H, P, N], transformers' ``ssm_state``; ``conv`` [B, W-1, C], its ``conv_state`` [B, C, W] without the
 oldest column). Reading costs 2 H P N flops per token (S C_t).
 
