@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.test_bad_inputs import refused, run, snapshot, wide_console  # noqa: F401 (an autouse fixture)
+from tests.test_bad_inputs import BASE, refused, run, snapshot, wide_console  # noqa: F401 (an autouse fixture)
 
 FAST = settings(max_examples=8, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -359,3 +359,75 @@ def test_run_bytes_grow_with_every_size(tokens, more, batch, chunk):
     assert run_bytes(cfg, tokens=tokens + more, batch=batch, chunk=chunk) > at
     assert run_bytes(cfg, tokens=tokens, batch=batch + 1, chunk=chunk) > at
     assert run_bytes(cfg, tokens=tokens, batch=batch, chunk=None) >= at
+
+
+# -- 6. output a user misreads (the memory JSON: tests/test_memory_schema.py) ---------------------------
+@FAST
+@given(top_k=st.integers(1, 10**6), extra=st.sampled_from([(), ("--temperature", "0"), ("--temperature", "0.0")]))
+def test_top_k_with_greedy_decoding_is_an_error(top_k, extra):
+    refused("generate", "kimi-k3", "--tiny", "--top-k", top_k, *extra, says=("--top-k", "--temperature"))
+
+
+@FAST
+@given(command=st.sampled_from(["memory", "models", "generate", "save"]), source=st.sampled_from(["config", "checkpoint"]))
+def test_tiny_with_a_file_or_a_checkpoint_is_an_error(tmp_path_factory, small_save, command, source):
+    root = tmp_path_factory.mktemp("tiny")
+    model_file = root / "m.toml"
+    model_file.write_text(BASE.format(n=2))
+    before = _tree(root)
+    where = small_save if source == "checkpoint" else model_file
+    if command == "save":
+        args = ("save", where, root / "out", f"--{source}", "--tiny")
+    else:
+        args = (command, f"--{source}", where, "--tiny")
+    refused(*args, says=("--tiny", f"--{source}"))
+    assert _tree(root) == before and not (root / "out").exists()
+
+
+@FAST
+@given(n=st.integers(2, 100), data=st.data())
+def test_layer_lists_say_only_what_holds(n, data):
+    from storelab.report.memory_text import layers_text
+
+    idx = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
+    text = layers_text(idx, n)
+    count, body = text.split(": ", 1)
+    assert count == f"{len(idx)} of {n}"
+    if "and the last" in body:
+        assert idx[-1] == n - 1
+    if body == "all":
+        assert idx == list(range(n))
+    if body.startswith("all and the last"):
+        assert idx == list(range(n))
+    assert layers_text([0, 1, 2], 4) != "3 of 4: all and the last"
+
+
+@FAST
+@given(n=st.integers(0, 10**13))
+def test_parameter_counts_are_never_shown_as_zero(n):
+    from storelab.report.memory_text import params_text
+
+    text = params_text(n)
+    assert (text != "0" if n else text == "0") and not text.startswith("0.00")
+
+
+def test_save_export_train_and_models_count_parameters_the_same(trained, tmp_path):
+    from storelab.models.accounting import count_params
+    from storelab.train.loop import load_trained
+
+    code, out = run("models", "kimi-k3", "--tiny", "--json")
+    (rec,) = json.loads(out)
+    code, out = run("save", "kimi-k3", tmp_path / "s", "--tiny", "--json")
+    assert code == 0 and json.loads(out)["parameters"] == rec["params"]["stored"]
+    code, out = run("export", trained, tmp_path / "e", "--json")
+    model, _, _ = load_trained(trained)
+    assert code == 0 and json.loads(out)["parameters"] == count_params(model.cfg).stored
+
+
+def test_the_selection_probe_names_every_kind_that_selects():
+    from storelab.stores.base import REGISTRY
+
+    out = refused("probe", "selection", "--model", "tiny-kimi-k3", "--n", "2", says=("selection layer",))
+    for kind in (k for k, c in REGISTRY.items() if c.SELECTS):
+        assert kind in out, kind
+    assert "csa" in out

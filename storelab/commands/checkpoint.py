@@ -47,7 +47,9 @@ def save_model(source: str, out: Path, *, tiny: bool = False, config: bool = Fal
         torch.manual_seed(seed)
         model = Model(cfg).eval().to(target)
     files = save(model, out, max_shard_bytes=max_shard_bytes, force=force)
-    n_params = sum(p.numel() for p in model.parameters())
+    from storelab.models.accounting import count_params
+
+    n_params = count_params(model.cfg).stored  # every learned number, as storelab models counts them
     return {"model": model.cfg.name, "source": source, "out": str(out), "layers": model.cfg.n_layers,
             "mix": model.cfg.mix(), "parameters": n_params,
             "adapters": [a["kind"] for a in adapters_of(model.cfg)],
@@ -73,6 +75,9 @@ def register(app: typer.Typer) -> None:
         """Write a model as config.json + safetensors (our names), loadable with storelab.load."""
         if config and checkpoint:
             opt.fail("--config and --checkpoint: give at most one")
+        if tiny and (config or checkpoint):
+            opt.fail(f"--tiny: picks the tiny version of a zoo model; it does nothing to "
+                     f"{'--config' if config else '--checkpoint'} (leave it out)")
         with opt.user_errors():
             res = save_model(model, out, tiny=tiny, config=config, checkpoint=checkpoint, seed=seed, dtype=dtype,
                              max_shard_bytes=max(1, int(max_shard_mb * 2**20)), force=force)

@@ -23,6 +23,7 @@ def export_run(run: str | Path, out: str | Path, *, dtype: str | None = None, fo
     from storelab.checkpoint import save
     from storelab.checkpoint.loader import resolve_dtype
     from storelab.checkpoint.saver import FILES
+    from storelab.models.accounting import count_params
     from storelab.outputs import check_folder, folder_kind
     from storelab.train.loop import load_trained
 
@@ -34,7 +35,7 @@ def export_run(run: str | Path, out: str | Path, *, dtype: str | None = None, fo
         model = model.to(resolve_dtype(dtype, {}))
     files = save(model, out, force=force)
     return {"run": str(run), "out": str(out), "step": meta["step"], "model": model.cfg.name, "task": task.NAME,
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters": count_params(model.cfg).stored,  # as storelab models counts them
             "files": [{"name": f.name, "bytes": f.stat().st_size} for f in files]}
 
 

@@ -146,6 +146,12 @@ def register(app: typer.Typer) -> None:
         with opt.user_errors():
             if chat and prompt is None:
                 raise ValueError("--chat: wraps a --prompt in the chat template; give --prompt TEXT")
+            if top_k and temperature == 0:
+                raise ValueError(f"--top-k: {top_k} samples among the k most likely, but --temperature 0 decodes "
+                                 f"greedily (the top-k changes nothing): give --temperature > 0, or leave --top-k out")
+            if tiny and model is None:
+                raise ValueError(f"--tiny: picks the tiny version of a zoo model; it does nothing to "
+                                 f"{'--checkpoint' if checkpoint is not None else '--config'} (leave it out)")
             if prompt is not None and checkpoint is None:
                 raise ValueError("--prompt: text needs a tokenizer: give --checkpoint FOLDER (with tokenizer.json)")
             if prompt is not None:

@@ -74,6 +74,7 @@ def register(app: typer.Typer) -> None:
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Train a model on a synthetic task (AdamW, warm-up + cosine, clipping, checkpoints, resume)."""
+        from storelab.models.accounting import count_params
         from storelab.train.checkpoint import CHECKPOINT
         from storelab.train.distributed import Dist
         from storelab.train.loop import TrainConfig, train as run
@@ -95,13 +96,14 @@ def register(app: typer.Typer) -> None:
                "steps": res.step, "resumed_from": res.resumed_from, "final_loss": res.final_loss,
                "eval": res.eval, "test": res.test, "chance": res.task.chance(), "seconds": res.seconds,
                "processes": dist.world, "parallel": res.parallel, "out": str(out) if out else None,
-               "params": sum(p.numel() for p in res.model.parameters())}
+               "params": count_params(res.model_config).stored, "vocab_size": res.model_config.vocab_size}
         dist.close()
         if json_:
             emit_json(rec)
             dist.exit()
             return
-        rows = [["model", f"{rec['model']} ({rec['mix']}, {rec['params']:,} parameters)"],
+        rows = [["model", f"{rec['model']} ({rec['mix']}, {rec['params']:,} parameters at the task's vocabulary "
+                          f"of {rec['vocab_size']:,})"],
                 ["task", f"{rec['task']} ({size})"], ["steps", f"{res.step} (resumed from {res.resumed_from})"],
                 ["final training loss", res.final_loss], ["processes", f"{dist.world} ({res.parallel})"], ["seconds", res.seconds],
                 ["chance accuracy", rec["chance"]]]

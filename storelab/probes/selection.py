@@ -96,7 +96,10 @@ def selection(model, task=None, *, inputs=None, n: int = 8, seed: int = 0) -> di
     model.eval()
     layers = selection_layers(model)
     if not layers:
-        raise ValueError("model: has no selection layer (msa, dsa or hierarchical)")
+        from storelab.stores.base import REGISTRY  # the configs say which kinds select, not a list here
+
+        kinds = ", ".join(sorted(k for k, c in REGISTRY.items() if c.SELECTS))
+        raise ValueError(f"model: has no selection layer (the kinds that select: {kinds})")
     if inputs is None:
         inputs = task.sample(n, seed).inputs
     xs: dict[int, torch.Tensor] = {}

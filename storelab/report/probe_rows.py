@@ -89,7 +89,7 @@ def probe_rows(name: str, r: dict) -> list[list]:
     if name == "mhc":
         ess = {"identity_first_half": e["identity_first_half"], "identity_second_half": e["identity_second_half"],
                "average_first_half": e["average"], "average_second_half": e["average"]}
-        base = [["perplexity, as trained", r["base_perplexity"], ""]] if "base_perplexity" in r else []
+        base = [["perplexity, no condition applied", r["base_perplexity"], ""]] if "base_perplexity" in r else []
         return check_rows(r) + learned_rows + base + [
             [f"perplexity change, {k.replace('_', ' ')}", cell(c["perplexity_change"], v), ess.get(k, "")]
             for k, c in r["conditions"].items()]

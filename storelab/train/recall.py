@@ -101,8 +101,9 @@ def run_recall(bench: RecallBench, *, progress: bool = False) -> list[dict]:
                     from storelab.console import err_console
 
                     x = rows[-1]
+                    took = f"{x['seconds']:,.1f} s" if x["seconds"] >= 1 else f"{x['seconds'] * 1000:,.0f} ms"
                     err_console.print(f"recall {model:>15} d={width:<4} pairs={pairs:<3} state={x['state_bytes']:>8} "
-                                      f"acc={x['acc']:.3f} ({x['seconds']:.0f} s)")
+                                      f"acc={x['acc']:.3f} ({took})")
     return rows
 
 
