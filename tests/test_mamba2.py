@@ -8,9 +8,12 @@ protocol and accounting, and transformers' Mamba2Mixer and NemotronHMamba2Mixer 
 * the store: chunked prefill then token steps equal one pass, and the chunked store equals the recurrent
   one in value and in every parameter's gradient; ``footprint`` and ``memory_terms`` equal the state's
   measured bytes; ``num_params`` the module's; configs refused with the field named;
-* the oracles (fp32, 1e-5): outputs of a tiny transformers ``mamba2`` model's mixer and of
-  ``nemotron_h``'s (its dt clamp at time_step_min taking effect), our final state against the cache's
-  ``ssm_state`` / ``conv_state`` after a prefill, and one decoding step after it.
+* the oracles (fp32, 1e-5): outputs of the mixers of tiny transformers models, ``mamba2``, ``nemotron_h``
+  (its dt clamp at time_step_min taking effect), ``bamba`` (with biases), ``granitemoehybrid`` and
+  ``zamba2``, each built whole; our final state against the cache's ``ssm_state`` / ``conv_state`` after a
+  prefill, and one decoding step after it where the family's step agrees (it does not clamp dt);
+* a hybrid model of mamba2 layers: prefill then decoding equal to one pass, bytes, gradients, save / load;
+  ``storelab bench mamba2 --quick`` runs and its gradients agree with transformers'.
 """
 
 from __future__ import annotations
@@ -237,17 +240,19 @@ def _unit_scale_(hf, seed=1):
                 p.copy_(torch.randn(p.shape, generator=g))
 
 
-def _ours_from(hf, *, d_model, d_state, n_groups, chunk_size, dt_limit, eps):
-    """Our store with the mixer's weights, through the module docstring's table."""
+def _ours_from(hf, *, d_model, chunk_size):
+    """Our store with the mixer's weights and settings, through the module docstring's table."""
     cfg = build_store(dict(kind="mamba2", d_model=d_model, n_heads=hf.num_heads, head_dim=hf.head_dim,
-                           d_state=d_state, n_groups=n_groups, conv_kernel=hf.conv_kernel_size,
-                           chunk_size=chunk_size, norm_eps=eps, use_conv_bias=hf.conv1d.bias is not None,
-                           use_bias=hf.in_proj.bias is not None, dt_limit=tuple(dt_limit)))
+                           d_state=hf.ssm_state_size, n_groups=hf.n_groups, conv_kernel=hf.conv_kernel_size,
+                           chunk_size=chunk_size, norm_eps=hf.norm.variance_epsilon,
+                           use_conv_bias=hf.conv1d.bias is not None, use_bias=hf.in_proj.bias is not None,
+                           dt_limit=tuple(hf.time_step_limit)))
     ours = cfg.build()
-    table = {"in_proj.weight": hf.in_proj.weight, "conv_weight": hf.conv1d.weight.squeeze(1),
-             "conv_bias": hf.conv1d.bias, "dt_bias": hf.dt_bias, "A_log": hf.A_log, "D": hf.D,
-             "norm_weight": hf.norm.weight, "out_proj.weight": hf.out_proj.weight}
-    ours.load_state_dict(table)
+    table = {"in_proj.weight": hf.in_proj.weight, "in_proj.bias": hf.in_proj.bias,
+             "conv_weight": hf.conv1d.weight.squeeze(1), "conv_bias": hf.conv1d.bias, "dt_bias": hf.dt_bias,
+             "A_log": hf.A_log, "D": hf.D, "norm_weight": hf.norm.weight, "out_proj.weight": hf.out_proj.weight,
+             "out_proj.bias": hf.out_proj.bias}
+    ours.load_state_dict({k: v for k, v in table.items() if v is not None})   # strict: every one of ours filled
     return ours
 
 
@@ -284,9 +289,7 @@ def test_store_matches_transformers_mamba2_mixer():
     hf = model.backbone.layers[0].mixer
     assert type(hf).__name__ == "Mamba2Mixer"
     _unit_scale_(hf)
-    c = model.config
-    ours = _ours_from(hf, d_model=32, d_state=16, n_groups=2, chunk_size=8, dt_limit=c.time_step_limit,
-                      eps=c.layer_norm_epsilon)
+    ours = _ours_from(hf, d_model=32, chunk_size=8)
     ids = torch.randint(0, 64, (2, 37), generator=torch.Generator().manual_seed(0))
     _check_against(model, hf, ours, ids, ids[:, :1], "mamba2", cache_name="cache_params")
 
@@ -300,8 +303,7 @@ def test_store_matches_nemotron_h_mamba2_mixer():
     assert type(hf).__name__ == "NemotronHMamba2Mixer"
     _unit_scale_(hf, seed=2)
     assert hf.time_step_limit == (0.05, math.inf)
-    ours = _ours_from(hf, d_model=32, d_state=8, n_groups=2, chunk_size=16, dt_limit=hf.time_step_limit,
-                      eps=model.config.layer_norm_epsilon)
+    ours = _ours_from(hf, d_model=32, chunk_size=16)
     ids = torch.randint(0, 64, (2, 23), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():                                   # the clamp takes effect on some tokens
         x = _mixer_input(model, hf, ids)[0]
@@ -309,6 +311,32 @@ def test_store_matches_nemotron_h_mamba2_mixer():
     assert (raw < 0.05).any() and (raw > 0.05).any()
     # no decoding step here: transformers' one-token step does not clamp dt (ours does, as its prefill does)
     _check_against(model, hf, ours, ids, None, "nemotron_h")
+
+
+SIBLINGS = {  # the same mixer in other families: settings, the mixer's class; layer 0 is the mixer's
+    "bamba": (dict(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=2,
+                   mamba_d_conv=3, mamba_chunk_size=16, mamba_conv_bias=True, mamba_proj_bias=True),
+              "BambaMixer"),
+    "granitemoehybrid": (dict(layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=16,
+                              mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=16,
+                              num_local_experts=0), "GraniteMoeHybridMambaLayer"),
+    "zamba2": (dict(layers_block_type=["mamba", "hybrid"], n_mamba_heads=8, mamba_headdim=8, mamba_d_state=8,
+                    mamba_ngroups=2, mamba_d_conv=3, chunk_size=16, time_step_min=0.05), "Zamba2MambaMixer"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(SIBLINGS))
+def test_store_matches_the_mamba2_mixers_of_other_families(family):
+    settings, cls = SIBLINGS[family]
+    model = tiny_hf_model(family, hidden_size=32, num_hidden_layers=2, intermediate_size=48, vocab_size=64,
+                          num_attention_heads=2, num_key_value_heads=2, **settings)
+    hf = model.model.layers[0].mamba
+    assert type(hf).__name__ == cls
+    _unit_scale_(hf, seed=3)
+    ours = _ours_from(hf, d_model=32, chunk_size=8)
+    ids = torch.randint(0, 64, (2, 29), generator=torch.Generator().manual_seed(2))
+    clamped = hf.time_step_limit[0] > 0                     # (their one-token step does not clamp dt)
+    _check_against(model, hf, ours, ids, None if clamped else ids[:, :1], family)
 
 
 def test_bench_mamba2_quick_runs_and_agrees_with_transformers():

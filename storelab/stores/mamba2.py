@@ -19,9 +19,9 @@ Which transformers mixers it reproduces, from their config fields:
   dt_limit = ``time_step_limit``). Tested on the same weights (tests/test_mamba2.py).
 * ``nemotron_h`` (``NemotronHMamba2Mixer``): the same, with dt_limit = (time_step_min, inf). Tested.
 * ``bamba`` (``BambaMixer``), ``granitemoehybrid`` (``GraniteMoeHybridMambaLayer``): the same mixer under
-  ``mamba_*`` names (eps = rms_norm_eps, dt_limit = time_step_limit).
+  ``mamba_*`` names (eps = rms_norm_eps, dt_limit = time_step_limit). Tested.
 * ``zamba2`` (``Zamba2MambaMixer``): the same with conv bias always, norm_eps 1e-5, dt_limit =
-  (time_step_min, inf), in_proj / out_proj bias = ``add_bias_linear``.
+  (time_step_min, inf), in_proj / out_proj bias = ``add_bias_linear``. Tested.
 * ``falcon_h1`` (``FalconH1Mixer``): the mixer's own fields fit (norm "none" or "group",
   ``mamba_norm_before_gate``, ``mamba_d_ssm`` = n_heads * head_dim), but its muP multipliers
   (``ssm_in_multiplier``, the per-section ``ssm_multipliers`` on in_proj's output) are not fields here: a
