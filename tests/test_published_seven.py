@@ -48,7 +48,8 @@ def test_the_cli_reads_the_published_config(name, command):
     r = CliRunner().invoke(app, [command, "--checkpoint", str(CONFIGS / f"{name}.json"), "--json"])
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
-    assert data and (data[0].get("name") or data[0].get("model")) == name
+    rows = data["models"] if isinstance(data, dict) else data   # memory's document keeps its rows under "models"
+    assert {row.get("name") or row.get("model") for row in rows} == {name}
 
 
 @pytest.mark.parametrize("name", sorted(ESSAY))
@@ -112,15 +113,33 @@ def test_kimi_k3_reads_its_published_fields():
     assert cfg.layers[0].channel.d_ff == 33792 and cfg.context == 1_048_576
 
 
-def test_kimi_k3_weights_are_refused_by_name():
+def test_kimi_k3_running_is_refused_by_name():
     """SiTU-GLU has no storelab activation: the config is read for accounting, the weights are not loaded."""
     from storelab.checkpoint.families import family_for
     from storelab.checkpoint.shards import CheckpointError
 
     hf, _ = read_hf_config(CONFIGS / "Kimi-K3.json")
     fam = family_for(hf)
+    fam.to_config(hf)  # accounted
     with pytest.raises(CheckpointError, match="hidden_act: 'situ'"):
-        fam.table(hf, fam.to_config(hf), set())
+        fam.runs(hf)
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V4-Flash", "DeepSeek-V4-Pro"])
+def test_v4_releases_yarn_is_accounted_and_refused_for_running(name):
+    """The releases put YaRN on the compressed layers' RoPE (rope_scaling); storelab's compressed stores run
+    plain RoPE: the config is accounted, and loading it to run is refused naming the field."""
+    from storelab.checkpoint.families import family_for
+    from storelab.checkpoint.shards import CheckpointError
+
+    hf, _ = read_hf_config(CONFIGS / f"{name}.json")
+    fam = family_for(hf)
+    assert fam.to_config(hf).layers[-1].token.rope_theta == hf["compress_rope_theta"]
+    with pytest.raises(CheckpointError, match="rope_scaling.type: 'yarn' is not supported"):
+        fam.runs(hf)
+    plain = {k: v for k, v in hf.items() if k != "rope_scaling"}
+    fam.runs(plain)
+    assert fam.to_config(plain) == fam.to_config(hf)
 
 
 def test_kda_full_rank_output_gate_is_the_low_rank_one_at_full_rank():

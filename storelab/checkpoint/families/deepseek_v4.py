@@ -20,11 +20,13 @@ first layers, and clamped SwiGLU experts.
 
 Layers with compress rate 0 (``sliding_attention``) are ``v4_window`` stores: the same
 projections, sinks and output, over the window alone, with the plain "main" RoPE at
-``rope_theta`` (``rope_parameters.main``); they have no compressor tensors. YaRN on the
-compressed RoPE is refused when given as ``rope_parameters``; the released configs' legacy
-``rope_scaling`` (YaRN, factor 16 from 65,536 tokens) is read as plain RoPE at
-``compress_rope_theta``, as before (storelab.stores.compressed says so). The MTP layers
-(``mtp.*``, ``layers.<n>``, the extra ``compress_ratios`` entry) are ignored.
+``rope_theta`` (``rope_parameters.main``); they have no compressor tensors. The released
+configs put YaRN (factor 16 from 65,536 tokens) on the compressed layers' RoPE
+(``rope_scaling``, or ``rope_parameters.compress`` in transformers' form), which storelab's
+compressed stores do not implement: such a config is accounted (``storelab models / memory
+--checkpoint``) with plain RoPE at ``compress_rope_theta``, and ``runs`` refuses to load it
+for running, naming the field. The MTP layers (``mtp.*``, ``layers.<n>``, the extra
+``compress_ratios`` entry) are ignored.
 """
 
 from __future__ import annotations
@@ -73,6 +75,28 @@ def normalized(hf: dict) -> dict:
     return hf
 
 
+def _compress_rope(hf: dict) -> dict:
+    """The compressed layers' rope parameters: transformers' ``rope_parameters.compress``, or the release's
+    ``compress_rope_theta`` with its top-level scaling (``rope_scaling``; ``rope_parameters`` flat)."""
+    rp = field(hf, "rope_parameters", {}) or {}
+    if isinstance(rp.get("compress"), dict):
+        return rp["compress"]
+    scaling = hf.get("rope_scaling") or {k: v for k, v in rp.items() if k != "main"}
+    return {**{k: v for k, v in scaling.items() if k != "rope_theta"},
+            "rope_theta": field(hf, "compress_rope_theta", 160000.0),
+            "partial_rotary_factor": normalized(hf)["partial_rotary_factor"]}
+
+
+def runs(hf: dict) -> None:
+    """A config whose compressed layers scale their RoPE (the releases' YaRN) is accounted, not run."""
+    compress = _compress_rope(hf)
+    kind = compress.get("rope_type", compress.get("type", "default"))
+    if kind != "default":
+        where = "rope_scaling.type" if hf.get("rope_scaling") else "rope_parameters.compress.rope_type"
+        raise unsupported(where, kind, "the compressed layers' RoPE scaling is not implemented: this config is "
+                          "accounted (storelab models / memory --checkpoint), not run")
+
+
 def to_config(hf: dict):
     from storelab.models.config import LayerConfig
     from storelab.stores.compressed import CSAConfig, HCAConfig
@@ -85,11 +109,10 @@ def to_config(hf: dict):
     n, D = field(hf, "num_hidden_layers"), field(hf, "hidden_size")
     if field(hf, "attention_bias", False) or field(hf, "mlp_bias", False):
         raise unsupported("attention_bias", True, "DeepSeek-V4's projections have no biases")
+    compress = _compress_rope(hf)
+    theta, partial = rope({k: v for k, v in compress.items() if k not in ("rope_type", "type")},
+                          where="rope_parameters.compress")  # its scaling: accounted, refused by runs()
     rp = field(hf, "rope_parameters", {}) or {}
-    compress = rp.get("compress") or {**{k: v for k, v in rp.items() if k != "main"},
-                                      "rope_theta": field(hf, "compress_rope_theta", 160000.0),
-                                      "partial_rotary_factor": hf["partial_rotary_factor"]}
-    theta, partial = rope(compress, where="rope_parameters.compress")
     C = field(hf, "head_dim")
     eps = field(hf, "rms_norm_eps", 1e-6)
     rates = field(hf, "compress_rates")
@@ -189,4 +212,4 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
-FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=ignored)
+FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=ignored, runs=runs)

@@ -30,7 +30,7 @@ down-projection and RMSNorm, ``latent_moe_use_norm``), ``attn_res_block_size`` (
 groups of that many layers, one query and norm per sublayer: ``attnres``) and
 ``moe_router_activation_func``. Its ``hidden_act`` "situ" (SiTU-GLU, ``activation_situ_beta``,
 ``activation_situ_linear_beta``) has no storelab activation: the units are SwiGLU of the same
-shapes, so the accounting is exact but the weights are not loaded (``table`` refuses them).
+shapes, so the accounting is exact but the weights are not loaded (``runs`` refuses them).
 The vision tower and projector (``vision_config``: MoonViT blocks, patch merger) are not
 built; ``vision_params`` counts them apart, from the config, and the model's notes say how many.
 """
@@ -167,10 +167,14 @@ def to_config(hf: dict):
     return cfg
 
 
-def table(hf: dict, cfg, names: set[str]) -> dict:
+def runs(hf: dict) -> None:
+    """Kimi K3's SiTU-GLU has no storelab activation: its config is accounted, not run."""
     if text_config(hf).get("hidden_act") == "situ":
         raise unsupported("hidden_act", "situ", "SiTU-GLU has no storelab activation: Kimi K3 is read for "
                           "accounting only (storelab models / memory --checkpoint), its weights are not loaded")
+
+
+def table(hf: dict, cfg, names: set[str]) -> dict:
     tab: dict = {}
     base_entries(tab, cfg)
     for i, lay in enumerate(cfg.layers):
@@ -199,4 +203,5 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
-FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=fixed(*IGNORED))
+FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=fixed(*IGNORED),
+                runs=runs)
