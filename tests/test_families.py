@@ -21,6 +21,12 @@ MOE = dict(moe_intermediate_size=32, num_experts_per_tok=2)
 # model_type -> tiny settings (published field names; windows short enough to fill in a test)
 TINY = {
     "llama": dict(COMMON, head_dim=16, attention_bias=True),
+    # Llama 3.1's scaling with a short pretraining length, so that positions 0-20 reach the scaled frequencies
+    "llama3_rope": dict(COMMON, head_dim=16, rope_parameters=dict(
+        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=16)),
+    "yarn_rope": dict(COMMON, head_dim=16, rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                                original_max_position_embeddings=16)),
     "mistral": dict(COMMON, head_dim=16, sliding_window=6),
     "qwen2": dict(COMMON, use_sliding_window=True, sliding_window=6, max_window_layers=2),
     "qwen2_moe": dict(COMMON, **MOE, num_experts=4, shared_expert_intermediate_size=48, decoder_sparse_step=2,
@@ -33,11 +39,21 @@ TINY = {
     "deepseek_v3": dict(COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
                         qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
                         topk_group=1, first_k_dense_replace=1, n_shared_experts=1, moe_intermediate_size=32),
+    # DeepSeek-V3's published rope: YaRN with mscale = mscale_all_dim (the logits' scale times mscale^2)
+    "deepseek_v3_yarn": dict(COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                             qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+                             topk_group=1, first_k_dense_replace=1, n_shared_experts=1, moe_intermediate_size=32,
+                             rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, mscale=1.0,
+                                                  mscale_all_dim=1.0, beta_fast=32, beta_slow=1,
+                                                  original_max_position_embeddings=16)),
     "deepseek_v32": dict(COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
                          qk_nope_head_dim=16, v_head_dim=16, index_topk=8, index_head_dim=16, index_n_heads=8,
                          n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
                          n_shared_experts=1, moe_intermediate_size=32),
 }
+
+
+TYPE = {"llama3_rope": "llama", "yarn_rope": "qwen3", "deepseek_v3_yarn": "deepseek_v3"}  # entries of TINY that are another setting of a family
 
 
 def tiny_hf(model_type: str):
@@ -46,7 +62,7 @@ def tiny_hf(model_type: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = AutoConfig.for_model(model_type, **TINY[model_type])
+    cfg = AutoConfig.for_model(TYPE.get(model_type, model_type), **TINY[model_type])
     hf = AutoModelForCausalLM.from_config(cfg).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():

@@ -19,6 +19,8 @@ Full attention (Vaswani et al., arXiv 1706.03762) with the devices today's layer
   multiplied by ``max(1, log(p + 1) / log(logn_base))`` -- 1 up to ``logn_base`` tokens, then
   growing as the log of the context, which keeps the softmax sharp as competitors accumulate;
 * ``value_scale``: a constant on the values (MiMo's ``attention_value_scale``);
+* ``softcap``: each scaled score s read as c tanh(s / c) (Gemma 2's ``attn_logit_softcapping``, arXiv
+  2408.00118); such a store reads through the reference kernel (``storelab.ops.attention.softcapped``);
 * Llama 4's devices (Meta, 2025; transformers' ``Llama4TextAttention``), all off by default:
   ``rope_interleaved`` pairs channel 2i with 2i+1 (Llama 4's rotation of complex pairs) instead of
   i with i + R/2; ``qk_l2_norm`` divides each query and key head by its root mean square after RoPE
@@ -60,9 +62,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from storelab.ops.attention import KERNELS, window_mask
+from storelab.ops.attention import KERNELS, softcapped, window_mask
 from storelab.ops.norm import RMSNorm, rms_norm
-from storelab.ops.rope import apply_rope
+from storelab.ops.rope import apply_rope, check_scaling
 from storelab.state import KVCache, WindowCache
 from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
 
@@ -93,6 +95,7 @@ class AttentionConfig(StoreConfig):
     rope_theta: float = 10000.0
     gate: bool = False                   # Qwen3-Next per-channel sigmoid output gate
     qk_norm: bool = False                # RMSNorm on each query/key head
+    rope_scaling: dict | None = None     # a published rope_scaling (linear, llama3, yarn: storelab.ops.rope.SCALINGS)
     qk_norm_scope: str = "head"          # "head": one K-wide norm shared by the heads (Qwen3, Gemma 3); "all": one
                                          # norm over all heads' channels at once, H*K and G*K wide (OLMo 2, MiniMax-M2)
     sink: bool = False                   # learned attention-sink logit per head
@@ -100,6 +103,7 @@ class AttentionConfig(StoreConfig):
     logn_base: int = 4096
     attn_scale: float | None = None      # None = head_dim ** -0.5
     value_scale: float = 1.0             # MiMo's attention_value_scale
+    softcap: float | None = None         # Gemma 2: scores capped as c tanh(s / c) (reference kernel)
     qkv_bias: bool = False
     out_bias: bool = False
     norm_eps: float = 1e-6
@@ -137,6 +141,9 @@ class AttentionConfig(StoreConfig):
         self.check(self.logn_base > 1, "logn_base", f"must be > 1, got {self.logn_base}")
         self.check(self.attn_scale is None or self.attn_scale > 0, "attn_scale", f"must be > 0, got {self.attn_scale}")
         self.check(self.kernel in KERNELS, "kernel", f"must be one of {tuple(KERNELS)}, got {self.kernel!r}")
+        self.check(self.softcap is None or (not isinstance(self.softcap, bool) and self.softcap > 0), "softcap",
+                   f"must be None or a number > 0, got {self.softcap!r}")
+        check_scaling(self.rope_scaling)
         self.check(self.qk_norm_scope in ("head", "all"), "qk_norm_scope",
                    f"must be 'head' or 'all', got {self.qk_norm_scope!r}")
         self.check(isinstance(self.floor_scale, int) and self.floor_scale > 0, "floor_scale",
@@ -231,7 +238,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(H * K if whole else K, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(G * K if whole else K, cfg.norm_eps) if cfg.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(H)) if cfg.sink else None
-        self.kernel = KERNELS[cfg.kernel]
+        self.kernel = KERNELS[cfg.kernel] if cfg.softcap is None else softcapped(cfg.softcap)
 
     def project(self, x_BTD: Tensor, positions_T: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Queries (LogN already applied), keys and values with positions, and the output gate."""
@@ -253,7 +260,7 @@ class Attention(nn.Module):
             k_BTGK = self.k_norm(k_BTGK.flatten(2)).view(B, T, G, K)
         elif self.q_norm is not None:
             q_BTHK, k_BTGK = self.q_norm(q_BTHK), self.k_norm(k_BTGK)
-        rope = dict(rotary_dim=c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved)
+        rope = dict(rotary_dim=c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved, scaling=c.rope_scaling)
         q_BTHK, k_BTGK = apply_rope(q_BTHK, positions_T, **rope), apply_rope(k_BTGK, positions_T, **rope)
         if c.qk_l2_norm:  # after RoPE, no weight (Llama4TextL2Norm)
             q_BTHK, k_BTGK = rms_norm(q_BTHK, eps=c.norm_eps), rms_norm(k_BTGK, eps=c.norm_eps)

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from storelab.ops.attention import attend, attend_causal, attend_causal_blocks
 from storelab.ops.norm import RMSNorm
-from storelab.ops.rope import apply_rope
+from storelab.ops.rope import apply_rope, check_scaling
 from storelab.state import State, append_rows, joined_rows
 from storelab.stores.base import (TOKEN, DTYPE_BYTES, Card, Footprint, MemoryTerms, ParamCount, StoreConfig, check_input,
                                   register)
@@ -130,6 +130,7 @@ class LatentFields(StoreConfig):
     q_lora_rank: int | None = None       # None: direct query projection
     rope_theta: float = 10000.0
     rope_interleaved: bool = True        # DeepSeek pairs channels (2i, 2i+1)
+    rope_scaling: dict | None = None     # a published rope_scaling (DeepSeek-V3's yarn: storelab.ops.rope.SCALINGS)
     use_rope: bool = True                # False: Kimi K3 (rope slot kept, never rotated)
     output_gate: bool = False            # sigmoid gate per output channel (Kimi K3)
     softmax_scale: float | None = None   # None: (N + R)^-1/2; give YaRN's mscale^2 folded in here
@@ -145,6 +146,7 @@ class LatentFields(StoreConfig):
         self.check(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank",
                    f"must be None or > 0, got {self.q_lora_rank}")
         self.check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
+        check_scaling(self.rope_scaling)
         self.check(self.softmax_scale is None or self.softmax_scale > 0, "softmax_scale",
                    f"must be None or > 0, got {self.softmax_scale}")
 
@@ -271,7 +273,7 @@ class MLA(nn.Module):
         if not c.use_rope:
             return x_BTHR
         return apply_rope(x_BTHR, positions_T, rotary_dim=c.qk_rope_head_dim, theta=c.rope_theta,
-                          interleaved=c.rope_interleaved)
+                          interleaved=c.rope_interleaved, scaling=c.rope_scaling)
 
     def project(self, x_BTD: Tensor, positions_T: Tensor) -> Projection:
         c = self.cfg

@@ -201,6 +201,7 @@ class Rope:
     theta: float
     partial: float
     kind: str = "default"   # rope_type: default, llama3, yarn, linear, dynamic, ...
+    scaling: dict | None = None  # the published scaling's keys, original_max_position_embeddings filled in
 
 
 def rope_of(t: Fields, layer_type: str = FULL, *, partial: float = 1.0, theta: float = 10000.0) -> Rope:
@@ -216,7 +217,14 @@ def rope_of(t: Fields, layer_type: str = FULL, *, partial: float = 1.0, theta: f
     kind = sc.str("rope_type", "type", default="default")
     th = rp.float("rope_theta", default=t.float("rope_theta", default=theta))
     pr = rp.float("partial_rotary_factor", default=t.float("partial_rotary_factor", default=partial))
-    return Rope(theta=th, partial=pr, kind=kind)
+    scaling = None
+    if kind != "default":  # as transformers: the pretraining length defaults to max_position_embeddings
+        scaling = {k: v for k, v in sc.d.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        scaling["rope_type"] = kind
+        if scaling.get("original_max_position_embeddings") is None:
+            scaling["original_max_position_embeddings"] = t.int("original_max_position_embeddings",
+                                                                "max_position_embeddings", default=None)
+    return Rope(theta=th, partial=pr, kind=kind, scaling=scaling)
 
 
 # -- the declaration --------------------------------------------------------------------------------------
@@ -281,7 +289,8 @@ def _attention(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: float):
         partial = partial if uses else 0.0
     common = dict(d_model=D, n_heads=H, n_kv_heads=G, head_dim=K, partial_rotary=partial, rope_theta=rp.theta,
                   qk_norm=decl.qk_norm, qkv_bias=_bias(t, decl.qkv_bias), out_bias=_bias(t, decl.o_bias),
-                  sink=kind in decl.sink_on, norm_eps=eps)
+                  sink=kind in decl.sink_on, norm_eps=eps,
+                  rope_scaling=rp.scaling if rp.kind in RUNS_ROPE[1:] else None)  # others: refused by runs()
     if kind == FULL:
         return AttentionConfig(**common)
     if kind == SLIDING:
@@ -398,7 +407,7 @@ def _channel_entries(tab: dict, pre: str, i: int, ch, names: set[str]) -> None:
         linear(tab, f"{c}.shared_gate", f"{m}.shared_expert_gate")
 
 
-RUNS_ROPE = ("default",)
+RUNS_ROPE = ("default", "linear", "llama3", "yarn")  # storelab.ops.rope.SCALINGS
 
 
 def runs(decl: Decl, hf: dict) -> None:
@@ -409,8 +418,8 @@ def runs(decl: Decl, hf: dict) -> None:
         rp = rope_of(t, kind)
         if rp.kind not in RUNS_ROPE:
             key = "rope_scaling" if t.has("rope_scaling") else "rope_parameters"
-            raise t._err(f"{key}.rope_type", f"{rp.kind!r}: storelab's attention runs plain RoPE only "
-                                             f"(accounting reads it; loading weights does not)")
+            raise t._err(f"{key}.rope_type", f"{rp.kind!r}: storelab's attention runs {', '.join(RUNS_ROPE)} "
+                                             f"only (accounting reads it; loading weights does not)")
 
 
 def family(decl: Decl) -> Family:

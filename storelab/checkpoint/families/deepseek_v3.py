@@ -13,7 +13,9 @@ accounting; running needs plain RoPE (``Family.runs``).
 """
 
 from storelab.checkpoint.families._common import mla_entries
-from storelab.checkpoint.families._reader import Decl, family, rope_of
+import math
+
+from storelab.checkpoint.families._reader import RUNS_ROPE, Decl, family, rope_of
 
 
 def mla(t, i, kind, decl, D, eps):
@@ -21,11 +23,17 @@ def mla(t, i, kind, decl, D, eps):
 
     if t.bool("attention_bias", default=False):
         raise t._err("attention_bias", "true is not supported (storelab's MLA projections have no biases)")
+    rp = rope_of(t)
+    nope, rope = t.int("qk_nope_head_dim"), t.int("qk_rope_head_dim")
+    scale = None
+    if rp.scaling is not None and rp.scaling.get("mscale_all_dim"):  # YaRN: the logits' scale times mscale^2
+        m = 0.1 * rp.scaling["mscale_all_dim"] * math.log(rp.scaling["factor"]) + 1.0 if rp.scaling["factor"] > 1 else 1.0
+        scale = (nope + rope) ** -0.5 * m * m
     return MLAConfig(d_model=D, n_heads=t.int("num_attention_heads", minimum=1),
-                     kv_lora_rank=t.int("kv_lora_rank", minimum=1), qk_nope_head_dim=t.int("qk_nope_head_dim"),
-                     qk_rope_head_dim=t.int("qk_rope_head_dim"), v_head_dim=t.int("v_head_dim", minimum=1),
-                     q_lora_rank=t.int("q_lora_rank", default=None, minimum=1), rope_theta=rope_of(t).theta,
-                     rope_interleaved=t.bool("rope_interleave", default=True), norm_eps=eps)
+                     kv_lora_rank=t.int("kv_lora_rank", minimum=1), qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+                     v_head_dim=t.int("v_head_dim", minimum=1), q_lora_rank=t.int("q_lora_rank", default=None, minimum=1),
+                     rope_theta=rp.theta, rope_scaling=rp.scaling if rp.kind in RUNS_ROPE[1:] else None,
+                     softmax_scale=scale, rope_interleaved=t.bool("rope_interleave", default=True), norm_eps=eps)
 
 
 def mla_table(tab, o, a, tok, names):
