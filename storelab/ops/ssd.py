@@ -254,7 +254,7 @@ def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *, D: Tensor | N
     S = (x.new_zeros(b, H, P, B.shape[3]) if initial_state is None else initial_state.to(cdt))
     if T == 0:
         y = x
-    elif mode == "recurrent":
+    elif mode == "recurrent" or T == 1:  # one token: the step is the whole algorithm
         y, S = _recurrent(x, dt, A, B, C, S)
     else:
         y, S = _ChunkedSSD.apply(x, dt, A, B, C, S, min(chunk_size, T))
