@@ -194,7 +194,12 @@ def _check_kind(folder: Path, kind: str, files: Iterable[str], *, force: bool, o
     have = folder_kind(folder)
     if force or have == "empty":
         return folder
-    if have == kind == "run":  # the next checkpoint removes every step folder but its own
+    if have == kind == "run":  # the next checkpoint replaces the pointer and removes every step folder but its own
+        for name in ("checkpoint.json", "config.json"):
+            p = folder / name
+            if p.is_symlink() or (p.exists() and not p.is_file()):
+                raise OutputError(f"{option}: {p} is not a file this command wrote (a link or a folder): "
+                                  f"refusing to replace it (move it, or --force)")
         theirs = sorted(p.name for p in folder.glob("step-*") if not is_step_folder(p))
         if theirs:
             raise OutputError(f"{option}: {folder / theirs[0]} holds files this command did not write, and the "

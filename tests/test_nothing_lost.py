@@ -431,3 +431,29 @@ def test_the_selection_probe_names_every_kind_that_selects():
     for kind in (k for k, c in REGISTRY.items() if c.SELECTS):
         assert kind in out, kind
     assert "csa" in out
+
+
+@FAST
+@given(name=st.sampled_from(["checkpoint.json", "config.json", "step-00000002"]), how=st.sampled_from(["link", "folder"]))
+def test_a_run_s_pointer_or_step_folder_replaced_by_a_link_or_a_folder_is_refused(tmp_path_factory, trained, name,
+                                                                                   how):
+    root = tmp_path_factory.mktemp("link")
+    d = root / "run"
+    shutil.copytree(trained, d)
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("keep me")
+    target = d / name
+    if target.is_dir():
+        shutil.rmtree(target)
+    else:
+        target.unlink()
+    if how == "link":
+        target.symlink_to(elsewhere, target_is_directory=True)
+    else:
+        target.mkdir()
+        (target / "mine.txt").write_text("mine")
+    before = _tree(root)
+    out = refused("train", *RESUME, "--out", d, says=(str(d),))
+    assert name in out
+    assert _tree(root) == before and (elsewhere / "keep.txt").read_text() == "keep me"

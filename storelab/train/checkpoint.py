@@ -240,7 +240,8 @@ def check_pointer(meta: dict[str, Any], file: Path) -> None:
                              f"{meta['step']}, inside the run), got {meta['folder']!r}")
         step = file.parent / want
         if step.is_symlink() or not step.is_dir():
-            raise ValueError(f"checkpoint: {step}, the step folder {file} points to, is missing (or not a folder)")
+            raise ValueError(f"checkpoint: {step}, the step folder {file} points to, is missing, a link or not a "
+                             f"folder")
         if not (step / ".metadata").is_file():
             raise ValueError(f"checkpoint: {step / '.metadata'} is missing: the step folder {file} points to "
                              f"is incomplete")
