@@ -7,7 +7,8 @@ the machine's fp32 matrix-product rate measured in the same run (see storelab/be
 tens of minutes at its full sizes and is not part of ``all``. ``dist`` (``storelab.bench.dist``:
 bytes per process and step time of a ~50M-parameter model under DDP and FSDP2 on two torchrun
 processes) is not part of ``all`` either, nor is ``mamba2`` (``storelab.bench.mamba2``: the SSD op and the
-Mamba-2 mixer, forward + backward, against transformers' torch path).
+Mamba-2 mixer, forward + backward, against transformers' torch path), nor ``families`` (``storelab.bench.families``:
+a tiny Nemotron-H's training step against transformers' same model, B = 4, T = 512 and 2,048).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import typer
 from storelab import options as opt
 from storelab.console import console, emit_json, table
 
-WHICH = ("gdn", "kda", "mamba2", "decode", "prefill", "train", "dist", "all")
+WHICH = ("gdn", "kda", "mamba2", "families", "decode", "prefill", "train", "dist", "all")
 
 # full sizes (the issue's targets) and quick sizes (smoke checks)
 FULL = {
@@ -37,6 +38,7 @@ FULL = {
     "train": dict(ops=dict(T=4096, H=8, K=64, repeats=10, budget_s=120.0),
                   step=dict(B=4, T=2048, repeats=3, budget_s=120.0), memory_lengths=(4096, 16384)),
     "mamba2": dict(T=4096, H=8, P=64, N=64, D=256, repeats=10, budget_s=120.0),
+    "families": dict(lengths=(512, 2048), B=4, repeats=3, budget_s=120.0),
 }
 # `all` reads 4,096-token prompts (memory and speed in one run per model); the target
 # lengths (131,072 and 16,384) take many minutes: `storelab bench prefill` runs them
@@ -48,6 +50,7 @@ QUICK = {
     "train": dict(ops=dict(T=256, H=2, K=16, repeats=1), step=dict(B=1, T=64, repeats=1),
                   memory_lengths=(128, 512)),
     "mamba2": dict(T=128, H=2, P=8, N=8, D=16, repeats=1),
+    "families": dict(lengths=(64,), B=1, repeats=1, quick=True),
 }
 
 
@@ -90,6 +93,13 @@ def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, 
             if repeats:
                 kw["repeats"] = repeats
             out[name] = bench_mamba2(**kw)
+        elif name == "families":
+            from storelab.bench.families import bench_families
+
+            kw = dict(sizes["families"])
+            if repeats:
+                kw["repeats"] = repeats
+            out[name] = bench_families(**kw)
         elif name == "dist":
             from storelab.bench.dist import bench_dist
 
@@ -201,7 +211,17 @@ def print_mamba2(r: dict[str, Any]) -> None:
                         ["", "ours ms", "peer ms", "speedup", "max |dgrad|", "GFLOP/s", "of matmul", "peer"], rows))
 
 
+def print_families(r: dict[str, Any]) -> None:
+    """``storelab bench families``: a hybrid family's training step against transformers' same tiny model."""
+    rows = [[o["family"], o["B"], o["T"], o["ours_ms"], o["peer_ms"], o["speedup"], _ok(o["meets_target"]),
+             float(f"{o['logits_rel_diff']:.2g}")] for o in r["rows"]]
+    console.print(table("families: one training step (forward, loss, backward), fp32, same weights",
+                        ["family", "B", "T", "ours ms", "transformers ms", "speedup", ">= 2x", "logits diff"], rows))
+
+
 def print_tables(res: dict[str, Any]) -> None:
+    if "families" in res:
+        print_families(res["families"])
     if "dist" in res:
         print_dist(res["dist"])
     if "mamba2" in res:
@@ -279,8 +299,8 @@ def failed(res: dict[str, Any]) -> list[dict[str, Any]]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
-        which: str = typer.Argument("all", help="gdn, kda, mamba2, decode, prefill, train, dist or all (all but "
-                                    "mamba2, train and dist)."),
+        which: str = typer.Argument("all", help="gdn, kda, mamba2, families, decode, prefill, train, dist or all "
+                                    "(all but mamba2, families, train and dist)."),
         quick: bool = typer.Option(False, "--quick", help="Tiny sizes: a smoke check in seconds, not figures."),
         repeats: int = opt.count(0, "--repeats", zero=True, help="Timed rounds (0: the bench's default)."),
         models: list[str] = typer.Option(None, "--model", help="prefill, train: zoo models to run "
