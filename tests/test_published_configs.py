@@ -35,7 +35,7 @@ PUBLISHED = {
 
 # what storelab does not read yet, and the word its refusal must name
 NOT_YET = {
-    "gemma-2-9b": "gemma2", "gemma-3-1b-it": "gemma3_text", "gemma-4-26B-A4B": "gemma4",
+    "gemma-4-26B-A4B": "gemma4",
     "gpt-oss-20b": "gpt_oss", "gpt-oss-120b": "gpt_oss", "MiniMax-M2.7": "minimax_m2",
 }
 

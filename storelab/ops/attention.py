@@ -38,6 +38,7 @@ A store takes its kernel once, at construction, from ``KERNELS`` by its config's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -48,7 +49,7 @@ from storelab.ops._inputs import float_tensors
 from storelab.ops.precision import at_least_fp32, compute_dtype
 
 __all__ = ["attend", "attend_causal", "attend_causal_blocks", "attend_causal_reference", "attend_lse", "merge_parts",
-           "attend_reference", "causal_mask", "window_mask", "Kernel", "KERNELS"]
+           "attend_reference", "causal_mask", "window_mask", "Kernel", "KERNELS", "softcapped"]
 
 KEY_BLOCK = 8192
 FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # (out, lse); in every torch we pin
@@ -69,8 +70,9 @@ def window_mask(T: int, L: int, window: int, device=None) -> Tensor:
 
 
 def attend_reference(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float, mask_TL: Tensor | None = None,
-                     sinks_H: Tensor | None = None) -> Tensor:
-    """The plain form: materialise the [T, L] scores, softmax with the sink in the denominator."""
+                     sinks_H: Tensor | None = None, softcap: float | None = None) -> Tensor:
+    """The plain form: materialise the [T, L] scores, softmax with the sink in the denominator.
+    ``softcap`` c: each scaled score s becomes c tanh(s / c) before the mask (Gemma 2's soft cap)."""
     float_tensors("attend_reference", q=q_BTHK, k=k_BLGK, v=v_BLGV, sinks_H=sinks_H)
     B, T, H, K = q_BTHK.shape
     G = k_BLGK.shape[2]
@@ -84,6 +86,8 @@ def attend_reference(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: f
     if logits.dtype not in (torch.float32, torch.float64):      # softmax in at least fp32
         logits = logits.float()
     logits = logits * scale
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     if mask_TL is not None:
         logits = logits.masked_fill(~mask_TL, float("-inf"))
     if sinks_H is not None:
@@ -188,11 +192,12 @@ def _causal_sdpa(q_BTHK: Tensor, k_BTGK: Tensor, v_BTGV: Tensor, *, scale: float
 
 
 def attend_causal_reference(q_BTHK: Tensor, k_BLGK: Tensor, v_BLGV: Tensor, *, scale: float,
-                            sinks_H: Tensor | None = None, v_dim: int | None = None) -> Tensor:
+                            sinks_H: Tensor | None = None, v_dim: int | None = None,
+                            softcap: float | None = None) -> Tensor:
     """``attend_causal`` in the plain form: the [T, L] causal mask and every score materialised."""
     T, K, L = q_BTHK.shape[1], q_BTHK.shape[-1], k_BLGK.shape[1]
     o_BTHV = attend_reference(q_BTHK, k_BLGK[..., :K], v_BLGV, scale=scale, mask_TL=causal_mask(T, L, q_BTHK.device),
-                              sinks_H=sinks_H)
+                              sinks_H=sinks_H, softcap=softcap)
     return o_BTHV if v_dim is None else o_BTHV[..., :v_dim]
 
 
@@ -305,3 +310,10 @@ class Kernel:
 
 KERNELS = {"fused": Kernel(causal=attend_causal, masked=attend),
            "reference": Kernel(causal=attend_causal_reference, masked=attend_reference)}
+
+
+def softcapped(cap: float) -> Kernel:
+    """The reference kernel with each scaled score s read as cap tanh(s / cap) (Gemma 2's
+    ``attn_logit_softcapping``; torch's fused kernels have no such hook, so a capped store reads in the
+    plain form)."""
+    return Kernel(causal=partial(attend_causal_reference, softcap=cap), masked=partial(attend_reference, softcap=cap))

@@ -1,0 +1,208 @@
+"""Gemma 2 (arXiv 2408.00118; ``gemma2``) and Gemma 3 (arXiv 2503.19786; ``gemma3_text``, and the
+``gemma3`` image-text wrapper whose text model sits under ``text_config``): GQA attention alternating
+sliding-window (local) and full (global) layers, GeGLU-tanh feed-forwards, and Gemma's own habits:
+
+* sandwich norms (``LayerConfig.norms = "sandwich"``): x + norm2(f(norm1(x))) around both mixers;
+* every RMSNorm stores w and applies (1 + w) (the table's ``plus_one``), the q/k norms included;
+* the embedding times sqrt(hidden_size), rounded to fp32 and then to the activations' dtype as
+  ``Gemma2TextScaledWordEmbedding`` does; tied embeddings;
+* attention logits scaled by ``query_pre_attn_scalar`` ** -0.5, not head_dim ** -0.5;
+* Gemma 2: ``attn_logit_softcapping`` c (each scaled score s read as c tanh(s / c): the attention
+  store's ``softcap``) and ``final_logit_softcapping`` (the model's ``logit_softcap``); the layers
+  alternate local and global, the first local (transformers' fixed pattern of 2);
+* Gemma 3: per-head q/k RMSNorms; five local layers to one global (``sliding_window_pattern``, 6);
+  the local layers rotate with ``rope_local_base_freq`` (10,000), the global ones with ``rope_theta``
+  (1,000,000) and ``rope_scaling`` (Gemma 3 4B and up: linear, factor 8; storelab reads it for
+  accounting and refuses to run it). ``rope_parameters`` per layer type (transformers v5) say the same.
+
+A field given as null keeps transformers' meaning: ``attn_logit_softcapping: null`` is no cap (Gemma 3's
+default), absent is the family's default (Gemma 2: 50 and 30). ``sliding_window`` counts the query
+itself, so our ``window`` is one less (``WindowConfig``). The bidirectional variant
+(``use_bidirectional_attention``, EmbeddingGemma) is not a causal LM and is refused naming the field.
+
+Gemma 4 (``gemma4``, ``gemma4_text``) is refused naming the first field storelab has no store for
+(``Gemma4TextAttention`` keys doubling as values under ``attention_k_eq_v``, the MoE block beside the
+dense MLP under ``enable_moe_block``, per-layer inputs, shared KV layers); every Gemma 4 layer also has a
+weightless value norm and a saved ``layer_scalar``, which no store here says, so even its accounting
+could not be exact.
+
+Names (transformers' ``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM``; the wrapper's text model is saved under
+``language_model.model.``, as Google's Gemma 3 files and transformers 5's ``save_pretrained`` write it, or
+``model.language_model.``; ``a`` = ``model.layers.i``; norms ``(1 + w)``):
+
+| ours                            | transformers                                 |
+|---------------------------------|----------------------------------------------|
+| blocks.i.norm_token             | a.input_layernorm                            |
+| blocks.i.post_norm_token        | a.post_attention_layernorm                   |
+| blocks.i.norm_channel           | a.pre_feedforward_layernorm                  |
+| blocks.i.post_norm_channel      | a.post_feedforward_layernorm                 |
+| blocks.i.token.{q,k,v,o}_proj   | a.self_attn.{q,k,v,o}_proj                   |
+| blocks.i.token.q_norm / k_norm  | a.self_attn.q_norm / k_norm (Gemma 3)        |
+| blocks.i.channel.{gate,up,down}_proj | a.mlp.{gate,up,down}_proj               |
+| norm.weight                     | model.norm.weight                            |
+
+The vision tower and projector of the wrapper (``vision_tower.``, ``multi_modal_projector.``, with or
+without ``model.`` before them) are ignored when loading and are no part of the text model's count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+
+from storelab.checkpoint.families._common import base_entries, gated_mlp, layer_prefix, linear, norm
+from storelab.checkpoint.families._family import Family, fixed
+from storelab.checkpoint.families._reader import FULL, SLIDING, Fields, text_fields, tied
+
+GEMMA2, GEMMA3 = ("gemma2",), ("gemma3_text", "gemma3")
+GEMMA4 = ("gemma4", "gemma4_text")
+ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh"}
+# what each generation assumes when its config says nothing (transformers' Gemma2Config / Gemma3TextConfig)
+DEFAULTS = {
+    "gemma2": dict(pattern=2, attn_softcap=50.0, final_softcap=30.0, theta=10000.0, local_theta=None),
+    "gemma3": dict(pattern=6, attn_softcap=None, final_softcap=None, theta=1_000_000.0, local_theta=10000.0),
+}
+
+
+def _generation(hf: dict) -> str:
+    mt = Fields(hf).str("model_type")
+    return "gemma2" if mt in GEMMA2 else "gemma4" if mt in GEMMA4 else "gemma3"
+
+
+def _nullable(t: Fields, key: str, default: float | None) -> float | None:
+    """A float that may be null on purpose (no soft cap): absent -> ``default``, null -> None."""
+    if key not in t.d:
+        return default
+    return None if t.d[key] is None else t.float(key)
+
+
+def gemma_types(t: Fields, n: int, pattern: int) -> list[str]:
+    """``layer_types``; else every ``pattern``-th layer global, the rest local (Gemma 3's pattern is
+    ``sliding_window_pattern``, Gemma 2's always 2)."""
+    if t.has("layer_types"):
+        types = t.list("layer_types", n=n)
+    else:
+        types = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)]
+    for i, x in enumerate(types):
+        if x not in (FULL, SLIDING):
+            raise t._err(f"layer_types[{i}]", f"{x!r} is not a Gemma layer type ({FULL}, {SLIDING})")
+    return types
+
+
+def gemma_rope(t: Fields, kind: str, gen: str) -> tuple[float, str, str]:
+    """(theta, rope_type, the field that says the type) of a layer type: ``rope_parameters[kind]`` (v5),
+    else ``rope_theta`` / ``rope_scaling`` for global layers and ``rope_local_base_freq`` for Gemma 3's
+    local ones (whose rotation transformers never scales)."""
+    d = DEFAULTS[gen]
+    if t.has("rope_parameters"):
+        rp = t.sub("rope_parameters")
+        if isinstance(rp.d.get(kind), dict):
+            rp = rp.sub(kind)
+        theta = d["local_theta"] if kind == SLIDING and d["local_theta"] else d["theta"]
+        return rp.float("rope_theta", default=theta), rp.str("rope_type", default="default"), rp.prefix + "rope_type"
+    if kind == SLIDING and d["local_theta"] is not None:
+        return t.float("rope_local_base_freq", default=d["local_theta"]), "default", "rope_local_base_freq"
+    kind_ = t.sub("rope_scaling").str("rope_type", "type", default="default") if t.has("rope_scaling") else "default"
+    return t.float("rope_theta", default=d["theta"]), kind_, "rope_scaling.rope_type"
+
+
+def gemma_attention(t: Fields, i: int, kind: str, gen: str, D: int, eps: float):
+    from storelab.stores.attention import AttentionConfig, WindowConfig
+
+    H = t.int("num_attention_heads", minimum=1)
+    bias = t.bool("attention_bias", default=False)
+    theta, _, _ = gemma_rope(t, kind, gen)
+    common = dict(d_model=D, n_heads=H, n_kv_heads=t.int("num_key_value_heads", default=H, minimum=1),
+                  head_dim=t.int("head_dim", default=256, minimum=1), rope_theta=theta, qk_norm=gen == "gemma3",
+                  qkv_bias=bias, out_bias=bias, norm_eps=eps,
+                  attn_scale=t.float("query_pre_attn_scalar", default=256.0) ** -0.5,
+                  softcap=_nullable(t, "attn_logit_softcapping", DEFAULTS[gen]["attn_softcap"]))
+    if kind == FULL:
+        return AttentionConfig(**common)
+    return WindowConfig(window=t.int("sliding_window", default=4096, minimum=2) - 1, **common)
+
+
+def gemma_refuse_4(t: Fields) -> None:
+    """Gemma 4: the first field naming a device storelab has no store for."""
+    for key, on in (("attention_k_eq_v", t.bool("attention_k_eq_v", default=False)),
+                    ("enable_moe_block", t.bool("enable_moe_block", default=False)),
+                    ("hidden_size_per_layer_input", t.int("hidden_size_per_layer_input", default=0) > 0),
+                    ("num_kv_shared_layers", t.int("num_kv_shared_layers", default=0) > 0)):
+        if on:
+            raise t._err(key, f"{json.dumps(t.d[key])} is not supported (model_type {t.d.get('model_type')!r}: storelab has "
+                              "no store for Gemma 4's layers yet)")
+    raise t._err("model_type", f"{t.d.get('model_type')!r} is not supported (Gemma 4's weightless value norm and "
+                               "saved layer_scalar have no store in storelab yet)")
+
+
+def to_config(hf: dict):
+    from storelab.checkpoint.families._common import model_config
+    from storelab.models.config import LayerConfig
+    from storelab.stores.depth import ResidualConfig
+    from storelab.stores.ffn import FFNConfig
+
+    gen = _generation(hf)
+    t = text_fields(hf)
+    if gen == "gemma4":
+        gemma_refuse_4(t)
+    if t.bool("use_bidirectional_attention", default=False):
+        raise t._err("use_bidirectional_attention", "true is not supported (a bidirectional encoder, not a causal LM)")
+    D = t.int("hidden_size", minimum=1)
+    n = t.int("num_hidden_layers", minimum=1)
+    eps = t.float("rms_norm_eps", default=1e-6)
+    act = t.str("hidden_activation", "hidden_act", default="gelu_pytorch_tanh")
+    if act not in ACTIVATIONS:
+        key = t.key("hidden_activation", "hidden_act")
+        raise t._err(key, f"{act!r} is not supported (storelab's Gemma MLP is GeGLU with tanh GELU, "
+                          f"gelu_pytorch_tanh)")
+    pattern = DEFAULTS[gen]["pattern"] if gen == "gemma2" else t.int("sliding_window_pattern", default=6, minimum=1)
+    types = gemma_types(t, n, pattern)
+    channel = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", minimum=1), activation=ACTIVATIONS[act])
+    layers = [LayerConfig(token=gemma_attention(t, i, types[i], gen, D, eps), channel=channel,
+                          depth=ResidualConfig(d_model=D), norms="sandwich") for i in range(n)]
+    title = {"gemma2": "Gemma 2 (checkpoint)", "gemma3": "Gemma 3 (checkpoint)"}[gen]
+    cfg = model_config(hf, t.d, name=gen, title=title, d_model=D, layers=layers, norm_eps=eps,
+                       context=t.int("max_position_embeddings", default=0))
+    # sqrt(D) as transformers holds it: a float32 tensor, cast to the activations' dtype at the call
+    scale = float(torch.tensor(D ** 0.5, dtype=torch.float32))
+    return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, default=True), vocab_size=t.int("vocab_size", minimum=1),
+                               embed_scale=scale,
+                               logit_softcap=_nullable(t, "final_logit_softcapping", DEFAULTS[gen]["final_softcap"]))
+
+
+def runs(hf: dict) -> None:
+    """Loading needs plain RoPE on every layer type (Gemma 3 4B and up scale the global layers')."""
+    gen = _generation(hf)
+    t = text_fields(hf)
+    for kind in (SLIDING, FULL):
+        _, rope_type, key = gemma_rope(t, kind, gen)
+        if rope_type != "default":
+            raise t._err(key, f"{rope_type!r}: storelab's attention runs plain RoPE only (accounting reads it; "
+                              f"loading weights does not)")
+
+
+def table(hf: dict, cfg, names: set[str]) -> dict:
+    pre, head = layer_prefix(names, extra=(("language_model.model.", "language_model.lm_head.weight"),))
+    tab: dict = {}
+    base_entries(tab, cfg, prefix=pre, head=head, offset=True)
+    for i, lay in enumerate(cfg.layers):
+        a, b, tok = f"{pre}layers.{i}", f"blocks.{i}", lay.token
+        tab[f"{b}.post_norm_token.weight"] = norm(f"{a}.post_attention_layernorm.weight", True)
+        tab[f"{b}.norm_channel.weight"] = norm(f"{a}.pre_feedforward_layernorm.weight", True)
+        tab[f"{b}.post_norm_channel.weight"] = norm(f"{a}.post_feedforward_layernorm.weight", True)
+        for p in ("q_proj", "k_proj", "v_proj"):
+            linear(tab, f"{b}.token.{p}", f"{a}.self_attn.{p}", bias=tok.qkv_bias)
+        linear(tab, f"{b}.token.o_proj", f"{a}.self_attn.o_proj", bias=tok.out_bias)
+        if tok.qk_norm:
+            tab[f"{b}.token.q_norm.weight"] = norm(f"{a}.self_attn.q_norm.weight", True)
+            tab[f"{b}.token.k_norm.weight"] = norm(f"{a}.self_attn.k_norm.weight", True)
+        c = f"{b}.channel"
+        gated_mlp(tab, (f"{c}.gate_proj", f"{c}.up_proj", f"{c}.down_proj"), f"{a}.mlp", names, lay.channel.d_ff)
+    return tab
+
+
+FAMILY = Family(name="gemma", model_types=GEMMA2 + GEMMA3 + GEMMA4, to_config=to_config, table=table,
+                ignored=fixed(r"rotary_emb\.", r"^(model\.)?vision_tower\.", r"^(model\.)?multi_modal_projector\."),
+                runs=runs)
