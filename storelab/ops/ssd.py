@@ -51,6 +51,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from storelab.ops.precision import compute_dtype
 
@@ -176,6 +177,7 @@ class _ChunkedSSD(torch.autograd.Function):
         return y_BnLGRP.reshape(b, -1, H, P)[:, :T], S_BGRPN.reshape(b, H, P, N)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy_BTHP, dS_BHPN):
         x, dt, A, B, C, S0 = ctx.saved_tensors                                         # chunk layout (see forward)
         b, n, L, G, R, P = x.shape
