@@ -41,9 +41,12 @@ QUICK = {"nemotron_h": dict(TINY["nemotron_h"], hidden_size=64, intermediate_siz
 def build_pair(model_type: str, settings: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(ours, transformers') on the same weights, both in training mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from storelab.checkpoint import load
 
+    hf_logging.set_verbosity_error()  # its notes on absent CUDA kernels and its progress bars: not our output
+    hf_logging.disable_progress_bar()
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings))
     with tempfile.TemporaryDirectory() as d:
