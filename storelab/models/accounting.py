@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from storelab.models.config import NORM_PLACES, ModelConfig
+from storelab.models.config import ModelConfig
 
 FORMATS = ("bf16", "fp8", "fp4")
 
@@ -61,7 +61,6 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
     D, V = cfg.d_model, cfg.vocab_size
     emb = V * D
     head = 0 if cfg.tie_embeddings else V * D
-    norms_per_layer = 2 * D  # the block's two RMSNorms (one when the layer has no channel mixer)
     parts = {"embedding": emb, "lm_head": head, "final_norm": D}
     stored = emb + head + D
     active = emb + head + D
@@ -69,8 +68,7 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
     engram_rows = 0
     E = cfg.encoder_layers
     for i, lay in enumerate(cfg.layers):
-        per_sublayer = NORM_PLACES[lay.norms] * D
-        layer_stored = layer_active = per_sublayer * (2 if lay.channel is not None else 1)
+        layer_stored = layer_active = lay.n_norms() * D
         for slot, st in lay.stores().items():
             pc = st.num_params()
             layer_stored += pc.stored
@@ -78,15 +76,15 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
             parts[slot + ":" + st.KIND] = parts.get(slot + ":" + st.KIND, 0) + pc.stored
             if slot == "lookup":
                 engram_rows += st.table_params()
-                layer_stored += norms_per_layer // 2  # its own RMSNorm in the block
-                layer_active += norms_per_layer // 2
+                layer_stored += D  # its own RMSNorm in the block
+                layer_active += D
         stored += layer_stored
         active += layer_active
         if E and i < E:
             prefill += layer_active
         elif E and i == E:
             prefill += lay.token.num_params().active + D
-    parts["norms"] = (sum(NORM_PLACES[lay.norms] * (1 if lay.channel is None else 2) for lay in cfg.layers) + 1) * D
+    parts["norms"] = (sum(lay.n_norms() for lay in cfg.layers) + 1) * D
     ds, da = _depth_params(cfg)
     stored += ds
     active += da

@@ -64,8 +64,13 @@ SLOTS = ("token", "channel", "depth")
 OPTIONAL_SLOTS = ("lookup",)  # Engram beside the token mixer (V4.1-Flash layers 1 and 14)
 MAY_BE_EMPTY = ("lookup", "channel")  # slots a layer may leave empty (a Mamba layer has no channel mixer)
 # where a block normalises around a mixer f (x the stream): "pre" x + f(norm(x)) (Llama and most);
-# "post" x + norm(f(x)) (OLMo 2, arXiv 2501.00656; EXAONE 4); "sandwich" x + norm2(f(norm1(x))) (Gemma 2 / 3)
-NORM_PLACES = {"pre": 1, "post": 1, "sandwich": 2}  # RMSNorms per sublayer
+# "post" x + norm(f(x)) (OLMo 2, arXiv 2501.00656; EXAONE 4); "sandwich" x + norm2(f(norm1(x))) (Gemma 2 / 3);
+# "parallel" x + f(norm(x)) + g(norm(x)): one norm, read by the token mixer f and the channel mixer g (Cohere's
+# Command R / R7B / A, GPT-J)
+NORM_PLACES = {"pre": 1, "post": 1, "sandwich": 2, "parallel": 1}  # norms per sublayer ("parallel": per layer)
+# what each of the block's norms (and the final one) computes: "rms" x / rms(x) * w (arXiv 1910.07467);
+# "layer" (x - mean(x)) / std(x) * w, a LayerNorm without bias (arXiv 1607.06450; Cohere)
+NORM_KINDS = ("rms", "layer")
 INHERITED = ("d_model", "vocab_size")  # store fields that default to the model's value
 LAYER_INDEX = "layer_index"  # filled per layer: the layer's position among those using the store
 
@@ -95,7 +100,7 @@ class LayerConfig:
     token: Any
     channel: Any = None                 # None: no channel sublayer (a Mamba layer)
     depth: Any
-    norms: str = "pre"                  # where the block's RMSNorms sit around each mixer (NORM_PLACES)
+    norms: str = "pre"                  # where the block's norms sit around each mixer (NORM_PLACES)
     lookup: Any = None                  # optional Engram, read beside the token mixer
     cache_owner: int | None = None      # read this layer's cache instead of keeping one
     selection_owner: int | None = None  # reuse this layer's selection of entries
@@ -104,9 +109,17 @@ class LayerConfig:
         """The slots that hold a store, in block order."""
         return {s: getattr(self, s) for s in ("lookup", "token", "channel") if getattr(self, s) is not None}
 
+    def n_norms(self) -> int:
+        """The block's d_model-wide norms around its mixers (an Engram lookup's own norm not counted)."""
+        if self.norms == "parallel":
+            return 1
+        return NORM_PLACES[self.norms] * (1 if self.channel is None else 2)
+
     def __post_init__(self):
         if self.norms not in NORM_PLACES:
             raise ValueError(f"norms: must be one of {', '.join(NORM_PLACES)}, got {self.norms!r}")
+        if self.norms == "parallel" and self.channel is None:
+            raise ValueError("norms: 'parallel' needs a channel mixer beside the token mixer (channel is None)")
         for slot in SLOTS + OPTIONAL_SLOTS:
             cfg = getattr(self, slot)
             if cfg is None and slot in MAY_BE_EMPTY:
@@ -129,6 +142,7 @@ class ModelConfig:
     title: str = ""
     context: int = 0                  # longest context the publisher supports (0: unstated)
     norm_eps: float = 1e-6
+    norm_kind: str = "rms"            # the block norms' and the final norm's kind (NORM_KINDS)
     tie_embeddings: bool = False
     embed_scale: float = 1.0          # the embedding times this (Gemma: sqrt(d_model), in the activations' dtype)
     logit_scale: float = 1.0          # the logits times this (Cohere's logit_scale)
@@ -147,6 +161,8 @@ class ModelConfig:
                 raise ValueError(f"{n}: must be a positive integer, got {v!r}")
         if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
             raise ValueError(f"norm_eps: must be a number > 0, got {self.norm_eps!r}")
+        if self.norm_kind not in NORM_KINDS:
+            raise ValueError(f"norm_kind: must be one of {', '.join(NORM_KINDS)}, got {self.norm_kind!r}")
         for n in ("embed_scale", "logit_scale"):
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
@@ -216,6 +232,9 @@ class ModelConfig:
         store name) or (owner key, owner) with the layers that use it; the store tables, each
         without what it inherits from the model or what equals its default."""
         odd = next((i for i, lay in enumerate(self.layers) if lay.channel is None or lay.norms != "pre"), None)
+        if self.norm_kind != "rms":
+            raise ValueError(f"norm_kind: {self.norm_kind!r} has no compact file form yet (storelab save writes the "
+                             "model whole)")
         if odd is not None:
             raise ValueError(f"layer {odd}: a layer without a channel mixer or with norms {self.layers[odd].norms!r} "
                              "has no compact file form yet (storelab save writes the model whole)")

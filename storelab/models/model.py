@@ -10,6 +10,11 @@ where ``ds`` is the depth state: the residual stream (``residual``), four stream
 arXiv 2603.15031). The depth config builds one mixer per sublayer (two per layer)
 and a head that turns the final depth state back into one vector.
 
+``LayerConfig.norms`` moves the norms: after each mixer ("post"), on both sides ("sandwich"),
+or one norm whose output both mixers read ("parallel": the channel sublayer skips its read,
+``x + f(n(x)) + g(n(x))`` for the residual). ``ModelConfig.norm_kind`` makes them RMSNorms or
+bias-free LayerNorms.
+
 The model's cache is a list of per-layer states (``LayerState``: the token
 mixer's and the channel mixer's, e.g. an Engram's last token ids). Prefilling
 a chunk and decoding one token are the same call, ``model(ids, cache)``.
@@ -59,8 +64,10 @@ import torch
 from torch import Tensor, nn
 
 from storelab.models.config import LayerConfig, ModelConfig
-from storelab.ops.norm import RMSNorm
+from storelab.ops.norm import LayerNorm, RMSNorm
 from storelab.state import State, upcoming, upcoming_tokens
+
+NORMS = {"rms": RMSNorm, "layer": LayerNorm}  # ModelConfig.norm_kind -> the block and final norms' module
 
 
 @dataclass
@@ -84,21 +91,25 @@ class LayerState:
 class Block(nn.Module):
     """normalize -> mix tokens -> combine; normalize -> mix channels -> combine."""
 
-    def __init__(self, cfg: LayerConfig, index: int, n_sublayers: int, d_model: int, eps: float):
+    def __init__(self, cfg: LayerConfig, index: int, n_sublayers: int, d_model: int, eps: float,
+                 norm_kind: str = "rms"):
         super().__init__()
+        Norm = NORMS[norm_kind]
         self.index = index
         self.token = cfg.token.build()
         self.channel = cfg.channel.build() if cfg.channel is not None else None  # None: no channel sublayer
-        self.norms = cfg.norms  # "pre": x + f(norm(x)); "post": x + norm(f(x)); "sandwich": x + norm2(f(norm1(x)))
-        self.norm_token = RMSNorm(d_model, eps)
-        self.norm_channel = RMSNorm(d_model, eps) if cfg.channel is not None else None
+        # "pre": x + f(norm(x)); "post": x + norm(f(x)); "sandwich": x + norm2(f(norm1(x)));
+        # "parallel": x + f(norm(x)) + g(norm(x)), norm_token the one norm
+        self.norms = cfg.norms
+        self.norm_token = Norm(d_model, eps)
+        self.norm_channel = Norm(d_model, eps) if cfg.channel is not None and cfg.norms != "parallel" else None
         if cfg.norms == "sandwich":
-            self.post_norm_token = RMSNorm(d_model, eps)
-            self.post_norm_channel = RMSNorm(d_model, eps) if cfg.channel is not None else None
+            self.post_norm_token = Norm(d_model, eps)
+            self.post_norm_channel = Norm(d_model, eps) if cfg.channel is not None else None
         self.depth_token = cfg.depth.build(sublayer=2 * index, n_sublayers=n_sublayers)
         self.depth_channel = cfg.depth.build(sublayer=2 * index + 1, n_sublayers=n_sublayers)
         self.lookup = cfg.lookup.build() if cfg.lookup is not None else None
-        self.norm_lookup = RMSNorm(d_model, eps) if cfg.lookup is not None else None
+        self.norm_lookup = Norm(d_model, eps) if cfg.lookup is not None else None
 
     def forward(self, ds: Any, state: LayerState, token_ids_BT: Tensor, shared: State | None = None,
                 keep_from: int = 0):
@@ -111,19 +122,20 @@ class Block(nn.Module):
             e_BTD, state.lookup = self.lookup(self.norm_lookup(x_BTD), state.lookup, token_ids=token_ids_BT)
             x_BTD = x_BTD + e_BTD
         handed = {} if shared is None else {"shared": shared}
-        y_BTD, state.token = self.token(self._pre(self.norm_token, x_BTD), state.token, token_ids=token_ids_BT,
-                                        **handed)
+        u_BTD = self._pre(self.norm_token, x_BTD)
+        y_BTD, state.token = self.token(u_BTD, state.token, token_ids=token_ids_BT, **handed)
         y_BTD = self._post(self.norm_token, "post_norm_token", y_BTD)
         ds = self.depth_token.write(ds, y_BTD if e_BTD is None else y_BTD + e_BTD)
         if keep_from:
             ds, token_ids_BT = _slice_time(ds, keep_from), token_ids_BT[:, keep_from:]
+            u_BTD = u_BTD[:, keep_from:]
             if token_ids_BT.shape[1] == 0:
                 return None, state
         if self.channel is None:
             return ds, state
-        x_BTD = self.depth_channel.read(ds)
-        y_BTD, state.channel = self.channel(self._pre(self.norm_channel, x_BTD), state.channel,
-                                            token_ids=token_ids_BT)
+        if self.norms != "parallel":  # "parallel": the channel mixer reads what the token mixer read
+            u_BTD = self._pre(self.norm_channel, self.depth_channel.read(ds))
+        y_BTD, state.channel = self.channel(u_BTD, state.channel, token_ids=token_ids_BT)
         ds = self.depth_channel.write(ds, self._post(self.norm_channel, "post_norm_channel", y_BTD))
         return ds, state
 
@@ -148,9 +160,10 @@ class Model(nn.Module):
         self.cfg = cfg
         n_sub = 2 * cfg.n_layers
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(lay, i, n_sub, cfg.d_model, cfg.norm_eps) for i, lay in enumerate(cfg.layers))
+        self.blocks = nn.ModuleList(Block(lay, i, n_sub, cfg.d_model, cfg.norm_eps, cfg.norm_kind)
+                                    for i, lay in enumerate(cfg.layers))
         self.depth_head = cfg.layers[0].depth.build_head(n_sublayers=n_sub)
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.norm = NORMS[cfg.norm_kind](cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight

@@ -1,4 +1,5 @@
-"""RMSNorm (Zhang and Sennrich, arXiv 1910.07467) and L2 normalisation."""
+"""RMSNorm (Zhang and Sennrich, arXiv 1910.07467), a LayerNorm without bias (Ba et al., arXiv 1607.06450;
+Cohere's) and L2 normalisation."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from torch import Tensor, nn
 
 from storelab.ops.precision import at_least_fp32
 
-__all__ = ["rms_norm", "l2_norm", "RMSNorm"]
+__all__ = ["rms_norm", "layer_norm", "l2_norm", "RMSNorm", "LayerNorm"]
 
 
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
@@ -15,6 +16,17 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
     dt = x.dtype
     xf = at_least_fp32(x)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * at_least_fp32(weight)
+    return y.to(dt)
+
+
+def layer_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """(x - mean(x)) / sqrt(var(x) + eps) * weight, no bias (Cohere's LayerNorm); at least fp32, cast back."""
+    dt = x.dtype
+    xf = at_least_fp32(x)
+    xc = xf - xf.mean(-1, keepdim=True)
+    y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
         y = y * at_least_fp32(weight)
     return y.to(dt)
@@ -33,3 +45,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+
+class LayerNorm(nn.Module):
+    """A LayerNorm with a weight and no bias: D parameters, as an RMSNorm."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return layer_norm(x, self.weight, self.eps)

@@ -61,6 +61,15 @@ def base_entries(tab: dict, cfg, *, prefix: str = "model.", head: str = "lm_head
         tab[f"blocks.{i}.norm_channel.weight"] = norm(f"{prefix}layers.{i}.post_attention_layernorm.weight", offset)
 
 
+def post_norm_entries(tab: dict, cfg, *, prefix: str = "model.") -> None:
+    """The block norms of a post-norm decoder (``LayerConfig.norms = "post"``, x + norm(f(x)): OLMo 2,
+    EXAONE 4): ``post_attention_layernorm`` after the attention, ``post_feedforward_layernorm`` after
+    the MLP; they replace ``base_entries``' per-layer norms."""
+    for i in range(cfg.n_layers):
+        tab[f"blocks.{i}.norm_token.weight"] = copy(f"{prefix}layers.{i}.post_attention_layernorm.weight")
+        tab[f"blocks.{i}.norm_channel.weight"] = copy(f"{prefix}layers.{i}.post_feedforward_layernorm.weight")
+
+
 def experts(tab: dict, ours: str, theirs: str, names: set[str], n_experts: int) -> None:
     """Routed experts as our 3-D ``gate_up [E, 2I, D]`` and ``down [E, D, I]``: copied when the
     checkpoint stores them so (transformers' layout), stacked from per-expert matrices otherwise

@@ -1,0 +1,81 @@
+"""OLMo 2 (AllenAI, arXiv 2501.00656; ``olmo2``) and OLMo 3 (``olmo3``): Llama's decoder with the norms
+moved after each mixer and a norm over the whole query and key projections.
+
+* post norms (``LayerConfig.norms = "post"``): x + norm(f(x)) around the attention and the MLP, no
+  norm before either (``post_attention_layernorm``, ``post_feedforward_layernorm``), RMSNorms;
+* one RMSNorm over all heads' query channels (H*K wide) and one over the keys' (G*K), applied to the
+  projections before they are split into heads and rotated (``qk_norm_scope = "all"``);
+* a SwiGLU MLP, no biases (``attention_bias`` false in the published files), untied embeddings;
+* OLMo 3 only: sliding-window layers by ``layer_types`` (three sliding, the fourth full, when the file
+  gives a ``sliding_window`` without them: ``Olmo3Config``'s default), each layer type with its own
+  rope (``rope_parameters`` per type in v5 files). A v4 file's ``rope_scaling`` (YaRN in OLMo 3 7B /
+  32B) belongs to the full-attention layers only: the sliding ones rotate plainly, as
+  ``Olmo3Config.convert_rope_params_to_dict`` reads it.
+
+transformers' defaults where a file says nothing: ``rms_norm_eps`` 1e-5; ``rope_theta`` 10,000
+(OLMo 2) and 500,000 (OLMo 3). Parameters per layer: the attention's D*(H + 2G)*K + H*K*D and its two
+norms (H + G)*K, the MLP's 3*D*I, two d_model norms; the state is the attention's keys and values
+(a window's W of them on the sliding layers).
+
+Names (transformers' ``Olmo2ForCausalLM`` / ``Olmo3ForCausalLM``; ``a`` = ``model.layers.i``):
+
+| ours                                 | transformers                          |
+|--------------------------------------|---------------------------------------|
+| blocks.i.norm_token                  | a.post_attention_layernorm            |
+| blocks.i.norm_channel                | a.post_feedforward_layernorm          |
+| blocks.i.token.{q,k,v,o}_proj        | a.self_attn.{q,k,v,o}_proj            |
+| blocks.i.token.q_norm / k_norm       | a.self_attn.q_norm / k_norm (H*K, G*K) |
+| blocks.i.channel.{gate,up,down}_proj | a.mlp.{gate,up,down}_proj             |
+| norm.weight                          | model.norm.weight                     |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from storelab.checkpoint.families import _reader
+from storelab.checkpoint.families._common import layer_prefix, post_norm_entries
+from storelab.checkpoint.families._family import Family
+from storelab.checkpoint.families._reader import SLIDING, Decl, Fields, _attention
+
+__all__ = ["FAMILY", "post_layers"]
+
+
+def olmo_attention(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: float):
+    """The shared reader's attention with the q/k norms over the whole projections; a v4 file's
+    ``rope_scaling`` kept off the sliding layers."""
+    a = dataclasses.replace(_attention(t, i, kind, decl, D, eps), qk_norm_scope="all")
+    if kind == SLIDING and t.has("rope_scaling") and not t.has("rope_parameters"):
+        a = dataclasses.replace(a, rope_scaling=None)
+    return a
+
+
+DECLS = {
+    "olmo2": Decl(name="olmo2", model_types=("olmo2",), title="OLMo 2 (checkpoint)", qk_norm=True, eps=1e-5,
+                  token=olmo_attention),
+    "olmo3": Decl(name="olmo3", model_types=("olmo3",), title="OLMo 3 (checkpoint)", qk_norm=True, eps=1e-5,
+                  every=4, theta=500000.0, token=olmo_attention),
+}
+
+
+def post_layers(cfg):
+    """The model with every layer's norms after its mixers (``norms = "post"``)."""
+    return dataclasses.replace(cfg, layers=[dataclasses.replace(lay, norms="post") for lay in cfg.layers])
+
+
+def _decl(hf: dict) -> Decl:
+    return DECLS[Fields(hf).str("model_type")]
+
+
+def to_config(hf: dict):
+    return post_layers(_reader.to_config(_decl(hf), hf))
+
+
+def table(hf: dict, cfg, names: set[str]) -> dict:
+    tab = _reader.table(_decl(hf), hf, cfg, names)
+    post_norm_entries(tab, cfg, prefix=layer_prefix(names)[0])
+    return tab
+
+
+FAMILY = Family(name="olmo2", model_types=tuple(DECLS), to_config=to_config, table=table,
+                ignored=lambda hf: _decl(hf).ignored, runs=lambda hf: _reader.runs(_decl(hf), hf))

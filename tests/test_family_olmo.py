@@ -1,0 +1,150 @@
+"""The OLMo 2 / OLMo 3 family (``storelab/checkpoint/families/olmo2.py``) against transformers 5.23's tiny
+``olmo2`` and ``olmo3`` models saved with ``save_pretrained``: the config read (post norms, q/k norms over
+the whole projections, OLMo 3's windows and per-type rope), logits equal in fp32 (1e-5 of the logits'
+scale) and bf16 (5 %), chunked prefill + steps equal to one pass, transformers' cache bytes after a prefill
+(windows filled and not), parameters from config.json alone equal to the saved tensors; a v4 file's YaRN
+kept off the sliding layers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from storelab.checkpoint import load
+from storelab.checkpoint.config_only import read_model_config
+from tests.helpers import assert_close
+from tests.test_families import cache_bytes, ids_of
+
+COMMON = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+              intermediate_size=96, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512)
+# olmo3: the sliding and full layers rotate with different thetas, so that a layer given the other's shows
+TINY = {
+    "olmo2": dict(COMMON, rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+    "olmo3": dict(COMMON, sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2,
+                  rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=100.0),
+                                   "full_attention": dict(rope_type="default", rope_theta=10000.0)}),
+}
+
+
+def tiny_hf(model_type: str):
+    """A tiny random transformers model; its norms (ones) perturbed so that a wrong mapping shows in the logits."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **TINY[model_type])).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for t in hf.state_dict().values():
+            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
+                t.add_(0.3 * torch.randn(t.shape, generator=g))
+    return hf
+
+
+_BUILT: dict = {}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    def get(model_type: str):
+        if model_type not in _BUILT:
+            hf = tiny_hf(model_type)
+            d = tmp_path_factory.mktemp(model_type)
+            hf.save_pretrained(d)
+            _BUILT[model_type] = (hf, d)
+        return _BUILT[model_type]
+
+    yield get
+    _BUILT.clear()
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_config_read(model_type, saved):
+    """Post norms, whole-projection q/k norms, the windows one less than sliding_window, the thetas per type."""
+    hf, folder = saved(model_type)
+    cfg = read_model_config(folder)
+    assert {lay.norms for lay in cfg.layers} == {"post"} and not cfg.tie_embeddings
+    toks = [lay.token for lay in cfg.layers]
+    assert all(a.qk_norm and a.qk_norm_scope == "all" and a.partial_rotary == 1.0 for a in toks)
+    if model_type == "olmo2":
+        assert [a.KIND for a in toks] == ["attention"] * 4 and {a.rope_theta for a in toks} == {1000.0}
+    else:
+        assert [a.KIND for a in toks] == ["window", "attention"] * 2
+        assert toks[0].window == hf.config.sliding_window - 1
+        assert (toks[0].rope_theta, toks[1].rope_theta) == (100.0, 10000.0)
+    assert cfg.norm_eps == hf.config.rms_norm_eps
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_logits_equal_transformers(model_type, saved):
+    hf, folder = saved(model_type)
+    ours = load(folder)
+    ids = ids_of(21)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        got, _ = ours(ids)
+    tol = 1e-5 * ref.abs().max().item()
+    assert_close(got, ref, atol=tol, what=f"{model_type} logits")
+    # chunked prefill (shorter and longer than the window) then single tokens equal one pass
+    with torch.no_grad():
+        cache, parts = None, []
+        for a, b in ((0, 2), (2, 11), (11, 12), (12, 13), (13, 21)):
+            out, cache = ours(ids[:, a:b], cache)
+            parts.append(out)
+    assert_close(torch.cat(parts, 1), got, atol=tol, what=f"{model_type} chunked")
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_bf16_logits(model_type, saved):
+    hf, folder = saved(model_type)
+    ours = load(folder, dtype="bf16")
+    ids = ids_of(13)
+    with torch.no_grad():
+        ref = hf.to(torch.bfloat16)(ids).logits.float()
+        hf.to(torch.float32)
+        got = ours(ids)[0].float()
+    scale = ref.abs().max().item()
+    err = (got - ref).abs().max().item()
+    assert err <= 0.05 * scale, f"{model_type}: bf16 logits differ by {err:.3e} (scale {scale:.3e})"
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_config_counts_equal_transformers(model_type, saved):
+    """Parameters from config.json alone equal the saved tensors (the q/k norms H*K and G*K wide)."""
+    from storelab.models.accounting import count_params
+
+    hf, folder = saved(model_type)
+    cfg = read_model_config(folder / "config.json")
+    held = {t.data_ptr(): t.numel() for t in hf.state_dict().values() if t.dtype.is_floating_point}
+    assert count_params(cfg).stored == sum(held.values())
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+@pytest.mark.parametrize("T", [4, 6, 17])
+def test_memory_equals_transformers_cache(model_type, T, saved):
+    """``engine="transformers"`` at T tokens (fp32) equals the bytes of transformers' cache after a prefill of T
+    (windows of 6: not filled at 4, filled at 6 and 17)."""
+    from storelab.models.engines import state_bytes
+
+    hf, folder = saved(model_type)
+    cfg = read_model_config(folder)
+    with torch.no_grad():
+        past = hf(ids_of(T), use_cache=True).past_key_values
+    assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == cache_bytes(past)
+
+
+def test_v4_rope_scaling_belongs_to_the_full_layers(tmp_path):
+    """An OLMo 3 file in the v4 form (``rope_theta`` + ``rope_scaling`` YaRN, as OLMo 3 7B publishes it): the
+    full layers carry the scaling, the sliding ones rotate plainly (``Olmo3Config`` reads it so); a file
+    without ``layer_types`` gets three sliding layers to one full."""
+    yarn = dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64, attention_factor=1.2,
+                beta_fast=32, beta_slow=1)
+    hf = dict(COMMON, model_type="olmo3", sliding_window=6, rope_theta=500000.0, rope_scaling=yarn)
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    cfg = read_model_config(tmp_path)
+    toks = [lay.token for lay in cfg.layers]
+    assert [a.KIND for a in toks] == ["window", "window", "window", "attention"]
+    assert [a.rope_scaling is None for a in toks] == [True, True, True, False]
+    assert toks[3].rope_scaling["rope_type"] == "yarn" and {a.rope_theta for a in toks} == {500000.0}
