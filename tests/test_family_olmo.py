@@ -137,14 +137,25 @@ def test_memory_equals_transformers_cache(model_type, T, saved):
 
 def test_v4_rope_scaling_belongs_to_the_full_layers(tmp_path):
     """An OLMo 3 file in the v4 form (``rope_theta`` + ``rope_scaling`` YaRN, as OLMo 3 7B publishes it): the
-    full layers carry the scaling, the sliding ones rotate plainly (``Olmo3Config`` reads it so); a file
+    full layers carry the scaling, the sliding ones rotate plainly (``Olmo3Config`` reads it so), and the
+    logits equal transformers' model built from the same file, past the pretraining length (16); a file
     without ``layer_types`` gets three sliding layers to one full."""
-    yarn = dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64, attention_factor=1.2,
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    yarn = dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=16, attention_factor=1.2,
                 beta_fast=32, beta_slow=1)
-    hf = dict(COMMON, model_type="olmo3", sliding_window=6, rope_theta=500000.0, rope_scaling=yarn)
-    (tmp_path / "config.json").write_text(json.dumps(hf))
+    v4 = dict(COMMON, sliding_window=6, rope_theta=500000.0, rope_scaling=yarn, max_position_embeddings=128)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model("olmo3", **v4)).eval()
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(dict(v4, model_type="olmo3")))  # the file as published
     cfg = read_model_config(tmp_path)
     toks = [lay.token for lay in cfg.layers]
     assert [a.KIND for a in toks] == ["window", "window", "window", "attention"]
     assert [a.rope_scaling is None for a in toks] == [True, True, True, False]
     assert toks[3].rope_scaling["rope_type"] == "yarn" and {a.rope_theta for a in toks} == {500000.0}
+    ids = ids_of(40)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        got, _ = load(tmp_path)(ids)
+    assert_close(got, ref, atol=1e-5 * ref.abs().max().item(), what="olmo3 v4 yarn logits")
