@@ -457,3 +457,14 @@ def test_a_run_s_pointer_or_step_folder_replaced_by_a_link_or_a_folder_is_refuse
     out = refused("train", *RESUME, "--out", d, says=(str(d),))
     assert name in out
     assert _tree(root) == before and (elsewhere / "keep.txt").read_text() == "keep me"
+
+
+@FAST
+@given(seq_len=st.integers(10**5, 10**9), width=st.integers(1, 1024).map(lambda x: 4 * x),
+       vocab=st.integers(64, 10**6))
+def test_recall_sizes_beyond_the_machine_are_refused_before_training(tmp_path_factory, small_machine, seq_len, width,
+                                                                      vocab):
+    out = tmp_path_factory.mktemp("recall") / "r"
+    refused("recall", "--seq-len", seq_len, "--widths", width, "--vocab", vocab, "--pairs", "4", "--steps", "1",
+            "--models", "attention", "--out", out, says=("--seq-len", "--widths", "--vocab"))
+    assert not out.exists()

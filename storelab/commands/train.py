@@ -128,13 +128,21 @@ def register(app: typer.Typer) -> None:
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Recall benchmark (after Zoology's figure): MQAR accuracy against state size per store."""
+        from storelab.models.memory_terms import check_run_fits
         from storelab.outputs import atomic_write, check_folder
+        from storelab.train.models import resolve_model
         from storelab.train.recall import FILES, RecallBench, plot_recall, run_recall
 
         with opt.user_errors():
             bench = RecallBench(models=tuple(m.strip() for m in models.split(",")), widths=widths, pairs=pairs,
                                 steps=steps, seq_len=seq_len, vocab_size=vocab, seed=seed)
             check_folder(out, "recall", FILES, force=force)  # before the benchmark, not after it
+            for m in bench.models:  # the sizes given, held against the machine before any training
+                for w in bench.widths:
+                    tc = bench.config(m, w, max(bench.pairs))
+                    check_run_fits(resolve_model(tc.model, bench.vocab_size, **tc.model_options),
+                                   tokens=2 * bench.seq_len, batch=bench.batch_size, training=True,
+                                   option="--seq-len, --widths, --vocab", instead="give smaller sizes")
             rows = run_recall(bench, progress=not json_)
         atomic_write(out / "recall.json", json.dumps({"bench": bench.to_dict(), "rows": rows}, indent=2) + "\n")
         png = plot_recall(rows, out / "recall.png")

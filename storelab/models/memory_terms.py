@@ -21,7 +21,8 @@ cache is counted once, at its owner.
 Before a run allocates, ``check_run_fits`` holds the sizes a user gave (a context, a batch, a chunk)
 against half this machine's memory, as ``check_fits`` holds a model's weights: ``run_bytes`` is the
 weights (fp32), the cache at the context (fp32), the token ids, and the activations of one call on a
-chunk, ``ACTIVATION_WIDTHS`` vectors of ``d_model`` plus the logits per token: a floor, not a peak.
+chunk, ``ACTIVATION_WIDTHS`` vectors of ``d_model`` plus the logits per token (in training: every
+layer's, and AdamW's moments and the gradients): a floor, not a peak.
 """
 
 from __future__ import annotations
@@ -157,25 +158,28 @@ def longest_contexts(per_token: float, per_sequence: float, *, budget: int, weig
     return out
 
 
-def run_bytes(cfg: ModelConfig, *, tokens: int, batch: int = 1, chunk: int | None = None) -> int:
+def run_bytes(cfg: ModelConfig, *, tokens: int, batch: int = 1, chunk: int | None = None,
+              training: bool = False) -> int:
     """What running ``cfg`` on ``batch`` sequences of ``tokens`` tokens holds at least, in bytes: fp32
     weights, the fp32 cache at ``tokens``, int64 ids, and one call's activations on ``chunk`` tokens
-    (all of them when None)."""
+    (all of them when None); ``training``: every layer's activations (kept for the backward pass),
+    and AdamW's two moments and the gradients beside the weights."""
     from storelab.models.accounting import count_params
 
     step = min(tokens, chunk) if chunk else tokens
     cache = model_terms(cfg, layer_terms(cfg, cache="fp32", state="fp32"), tokens, batch=batch)["total_bytes"]
-    acts = batch * step * (ACTIVATION_WIDTHS * cfg.d_model + cfg.vocab_size) * 4
-    return int(count_params(cfg).stored * 4 + cache + batch * tokens * 8 + acts)
+    layers = cfg.n_layers if training else 1
+    acts = batch * step * (ACTIVATION_WIDTHS * cfg.d_model * layers + cfg.vocab_size) * 4
+    return int(count_params(cfg).stored * 4 * (4 if training else 1) + cache + batch * tokens * 8 + acts)
 
 
 def check_run_fits(cfg: ModelConfig, *, tokens: int, option: str, instead: str, batch: int = 1,
-                   chunk: int | None = None) -> None:
+                   chunk: int | None = None, training: bool = False) -> None:
     """Refuse, before anything is allocated, a run whose ``run_bytes`` exceed half this machine's memory;
     the message names ``option`` (the size the user gave) and says what to run ``instead``."""
     from storelab.models.config import machine_bytes
 
-    need, have = run_bytes(cfg, tokens=tokens, batch=batch, chunk=chunk), machine_bytes()
+    need, have = run_bytes(cfg, tokens=tokens, batch=batch, chunk=chunk, training=training), machine_bytes()
     if have and need > have / 2:
         held = f"{batch:,} x {tokens:,} tokens" if batch > 1 else f"{tokens:,} tokens"
         raise ValueError(f"{option}: {held} of {cfg.name} hold at least {human_bytes(need, unit='GiB')} (weights, "
