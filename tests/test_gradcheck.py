@@ -88,6 +88,7 @@ def cases() -> dict[str, Case]:
         "hca": Case(R["hca"](d_model=D, **CSA_DIMS, pool=2)),
         "v4_window": Case(R["v4_window"](d_model=D, **CSA_DIMS)),  # window 3 < T: older tokens drop out
         "linear_attention": Case(R["linear_attention"](d_model=D, **RECURRENT)),
+        "lightning": Case(R["lightning"](d_model=D, n_heads=2, head_dim=4, chunk_size=4)),  # T = 6: two chunks
         "deltanet": Case(R["deltanet"](d_model=D, **RECURRENT)),
         "gated_deltanet": Case(R["gated_deltanet"](d_model=D, **RECURRENT)),
         "kda": Case(R["kda"](d_model=D, **RECURRENT, gate_rank=4)),
