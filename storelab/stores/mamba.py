@@ -129,6 +129,10 @@ class MambaConfig(StoreConfig):
         return Footprint(context=context, kept=E, read=E, state_bytes=S_bytes + tail_bytes, read_flops=2 * E * N,
                          note="state rows (one of N per channel) per layer; the conv tail is counted in bytes")
 
+    def conv_input_bytes(self, fmt: str) -> float:
+        """One input of the convolution, E channels (transformers' conv state keeps W of them, ours W - 1)."""
+        return self.d_inner * DTYPE_BYTES[fmt]
+
     def memory_terms(self, *, cache: str = "bf16", state: str = "fp32") -> MemoryTerms:
         """Nothing grows with context: the state h [E, N] and the convolution's last W - 1 inputs, both in
         ``state`` (llama.cpp's s and r tensors of its Mamba layers)."""

@@ -152,6 +152,10 @@ class Mamba2Config(StoreConfig):
         return Footprint(context=context, kept=H, read=H, state_bytes=S_bytes + tail_bytes,
                          read_flops=2 * H * P * N, note="matrices per layer; the conv tail is counted in bytes")
 
+    def conv_input_bytes(self, fmt: str) -> float:
+        """One input of the convolution, C channels (transformers' conv state keeps W of them, ours W - 1)."""
+        return self.conv_channels * DTYPE_BYTES[fmt]
+
     def memory_terms(self, *, cache: str = "bf16", state: str = "fp32") -> MemoryTerms:
         """Nothing grows with context: the matrices S [H, P, N] and the convolution's last W - 1 inputs,
         both in ``state`` (llama.cpp's s and r tensors of its Mamba-2 layers)."""

@@ -26,6 +26,9 @@ any expert sees the query. Variants of the seven models:
 * ``latent_dim`` (Kimi K3's Stable LatentMoE, arXiv 2607.24653; NVIDIA's Nemotron-H LatentMoE):
   routed experts compute at a narrower width: z = RMSNorm(W_down x), y = W_up sum_k w_k
   expert_k(z); the router and the shared experts stay at full width.
+* ``scale_input`` (Llama 4, transformers' ``Llama4TextMoe``): the routing weight multiplies the expert's
+  input instead of its output, y = sum_k expert_k(w_k x); with a SwiGLU expert that is another function
+  (silu is not linear). Each (token, expert) slot then runs as a token of its own with weight 1.
 * ``activation``: the unit of the routed and shared experts, one of the gated activations of
   ``storelab.stores.ffn`` taken once at construction: "swiglu" (silu(gate) * up) or
   "clamped_swiglu" (gpt-oss's g sigmoid(alpha g) (u + up_shift), MiniMax-M3; ``swiglu_alpha``,
@@ -92,6 +95,7 @@ class MoEConfig(StoreConfig):
     norm_eps: float = 1e-6           # RMSNorm of the latent
     aux_loss_coef: float | None = None   # None: the family's (1e-4 with router_bias, else 1e-3)
     bias_update_rate: float = 1e-3       # router_bias: DeepSeek-V3's gamma
+    scale_input: bool = False            # Llama 4: y = sum_k expert_k(w_k x), the weight on the expert's input
 
     SLOTS, FAMILY, CARD_ORDER = (CHANNEL,), "experts", 20
     CARD = Card(
@@ -132,6 +136,8 @@ class MoEConfig(StoreConfig):
         self.check(self.aux_loss_coef is None or self.aux_loss_coef >= 0, "aux_loss_coef",
                    f"must be >= 0, got {self.aux_loss_coef!r}")
         self.check(self.bias_update_rate >= 0, "bias_update_rate", f"must be >= 0, got {self.bias_update_rate!r}")
+        self.check(isinstance(self.scale_input, bool), "scale_input",
+                   f"must be true or false, got {self.scale_input!r}")
 
     @property
     def balance_coef(self) -> float:
@@ -239,7 +245,13 @@ class MoE(nn.Module):
 
         act = self.act.unit(cfg)
         z_NW = self.latent_norm(self.latent_down(x_ND)) if cfg.latent_dim is not None else x_ND
+        if cfg.scale_input:  # Llama 4: slot (n, k) reads w_nk z_n, its output summed unweighted
+            N, K = experts_NK.shape
+            z_NW = (z_NW[:, None] * weights_NK[..., None].to(z_NW.dtype)).reshape(N * K, -1)  # [N K, W]
+            experts_NK, weights_NK = experts_NK.reshape(N * K, 1), weights_NK.new_ones(N * K, 1)
         y_NW = grouped_swiglu(z_NW, experts_NK, weights_NK, self.gate_up, self.down, act=act)
+        if cfg.scale_input:
+            y_NW = y_NW.view(N, K, -1).sum(1)
         y_ND = self.latent_up(y_NW) if cfg.latent_dim is not None else y_NW
 
         if cfg.shared_width:
