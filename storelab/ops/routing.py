@@ -23,7 +23,8 @@ Learned routing (a mixture of experts; Shazeer et al., arXiv 1701.06538):
   ``limit`` is given (DeepSeek-V4); ``clamped_swiglu(gate, up, alpha=, limit=, up_shift=)`` is
   gpt-oss's (arXiv 2508.10925; MiniMax-M3's experts and MLPs),
   ``g sigmoid(alpha g) (u + up_shift)`` of the clipped halves: ``swiglu`` at alpha = 1, shift 0.
-* ``grouped_swiglu`` runs the chosen experts on their tokens only: sort the N*K
+* ``grouped_swiglu`` runs the chosen experts (with per-expert biases where given, gpt-oss's)
+  on their tokens only: sort the N*K
   (token, expert) slots by expert, run each expert once on its contiguous slice,
   put the weighted results back in slot order and sum each token's K slots (no
   scatter-add: it is slow on the CPU and not deterministic on the GPU).
@@ -167,12 +168,15 @@ Unit = Callable[[Tensor, Tensor], Tensor]  # act(gate, up) of a gated expert
 
 
 def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up_EFD: Tensor, down_EDI: Tensor,
-                   *, limit: float | None = None, act: Unit | None = None) -> Tensor:
+                   *, limit: float | None = None, act: Unit | None = None, gate_up_bias_EF: Tensor | None = None,
+                   down_bias_ED: Tensor | None = None) -> Tensor:
     """sum_k w_nk * expert_{e_nk}(x_n), each expert run once on its own tokens.
 
     gate_up_EFD is [E, 2I, D] (gate rows first, then up rows), down_EDI is [E, D_out, I]:
     the layout of transformers' 3-D expert tensors. ``act(gate, up)`` is the experts' unit
-    (default: ``swiglu`` clipped at ``limit``).
+    (default: ``swiglu`` clipped at ``limit``). ``gate_up_bias_EF`` [E, 2I] and ``down_bias_ED``
+    [E, D_out] are per-expert biases (gpt-oss's experts), both inside the weighting:
+    w * (W_down act(W_gate_up x + b_gate_up) + b_down).
     """
     act = act if act is not None else partial(swiglu, limit=limit)
     N, K = experts_NK.shape
@@ -185,12 +189,14 @@ def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up
     w_sorted = weights_NK.reshape(-1)[order].to(x_ND.dtype)
     # each expert's tokens as a split and the results joined by one cat: under autograd, slices or slice
     # assignments would each cost a full-size zero-filled gradient (E of them per layer)
+    gu_bias = gate_up_bias_EF.unbind(0) if gate_up_bias_EF is not None else [None] * E
+    dn_bias = down_bias_ED.unbind(0) if down_bias_ED is not None else [None] * E
     outs = []
-    for x_c, w_c, gu_FD, dn_DI in zip(x_sorted.split(counts), w_sorted.split(counts), gate_up_EFD.unbind(0),
-                                      down_EDI.unbind(0)):
+    for x_c, w_c, gu_FD, dn_DI, gu_b, dn_b in zip(x_sorted.split(counts), w_sorted.split(counts),
+                                                  gate_up_EFD.unbind(0), down_EDI.unbind(0), gu_bias, dn_bias):
         if x_c.shape[0]:
-            gate, up = F.linear(x_c, gu_FD).chunk(2, dim=-1)                         # [c, I] each
-            outs.append(F.linear(act(gate, up), dn_DI) * w_c[:, None])
+            gate, up = F.linear(x_c, gu_FD, gu_b).chunk(2, dim=-1)                   # [c, I] each
+            outs.append(F.linear(act(gate, up), dn_DI, dn_b) * w_c[:, None])
     out_sorted = torch.cat(outs) if outs else x_ND.new_zeros(0, D_out)
     # back to slot order (a gather by the inverse permutation, no accumulation), then sum each token's K slots
     inverse = torch.empty_like(order)
@@ -199,12 +205,18 @@ def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up
 
 
 def dense_moe_reference(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up_EFD: Tensor, down_EDI: Tensor,
-                        *, limit: float | None = None, act: Unit | None = None) -> Tensor:
+                        *, limit: float | None = None, act: Unit | None = None, gate_up_bias_EF: Tensor | None = None,
+                        down_bias_ED: Tensor | None = None) -> Tensor:
     """The slow form: every expert on every token, then keep the chosen ones."""
     act = act if act is not None else partial(swiglu, limit=limit)
     E = gate_up_EFD.shape[0]
-    gate, up = torch.einsum("nd,efd->enf", x_ND, gate_up_EFD).chunk(2, dim=-1)    # [E, N, I]
+    gu_ENF = torch.einsum("nd,efd->enf", x_ND, gate_up_EFD)
+    if gate_up_bias_EF is not None:
+        gu_ENF = gu_ENF + gate_up_bias_EF[:, None, :]
+    gate, up = gu_ENF.chunk(2, dim=-1)                                            # [E, N, I]
     out_END = torch.einsum("eni,edi->end", act(gate, up), down_EDI)
+    if down_bias_ED is not None:
+        out_END = out_END + down_bias_ED[:, None, :]
     mix_NE = torch.zeros(x_ND.shape[0], E, dtype=x_ND.dtype, device=x_ND.device)
     mix_NE.scatter_add_(1, experts_NK, weights_NK.to(x_ND.dtype))
     return torch.einsum("ne,end->nd", mix_NE, out_END)

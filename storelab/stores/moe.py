@@ -7,7 +7,9 @@ any expert sees the query. Variants of the seven models:
 * ``router``: "softmax" (Qwen3-Next: softmax over all experts, then top-k), "sigmoid"
   (DeepSeek-V3, arXiv 2412.19437; MiMo, Kimi, GLM) or "sqrtsoftplus" (DeepSeek-V4);
   ``router_bias`` adds the auxiliary-loss-free balancing bias to the scores for the
-  choice only; ``norm_topk_prob`` renormalises the chosen weights; ``routed_scaling``
+  choice only; ``router_logit_bias`` is a learned bias of the router's linear layer, added to
+  the logits before the scores, so it weights as well as chooses (gpt-oss, arXiv 2508.10925);
+  ``norm_topk_prob`` renormalises the chosen weights; ``routed_scaling``
   multiplies them; ``n_group`` / ``topk_group`` limit the choice to the best groups of experts
   (DeepSeek-V2 / V3's node-limited routing).
 * ``routing="hash"`` (DeepSeek-V4's first layers, arXiv 2606.19348): the experts are a fixed table of the
@@ -34,6 +36,8 @@ any expert sees the query. Variants of the seven models:
   "clamped_swiglu" (gpt-oss's g sigmoid(alpha g) (u + up_shift), MiniMax-M3; ``swiglu_alpha``,
   ``swiglu_up_shift``). ``swiglu_limit`` clips both halves first (gate <= limit, |up| <= limit;
   DeepSeek-V4, MiniMax-M3).
+* ``expert_biases``: each routed expert has biases on its gate/up and down projections
+  (gpt-oss): expert_e(x) = W_down act(W_gate_up x + b_gate_up) + b_down, the whole weighted by w.
 
 Experts are 3-D tensors ``gate_up [E, 2I, W]`` and ``down [E, W, I]`` (W = latent_dim or
 d_model), the layout of transformers, so checkpoints copy in. Dispatch sorts the
@@ -43,7 +47,8 @@ Each call emits ``"load"``: the slots per expert, [E], summing to tokens x top_k
 
 Update rule: none while reading; training writes the experts and the router.
 Parameters (W = latent_dim or D, I = d_expert, S = n_shared * d_shared):
-  stored = E D (router) [+ E bias] + 3 E I W [+ 2 D W + W latent] + 3 D S [+ D gate]
+  stored = E D (router) [+ E choice bias] [+ E logit bias] + 3 E I W [+ E (2I + W) expert biases]
+           [+ 2 D W + W latent] + 3 D S [+ D gate]
   active = the same with top_k experts in place of E (the router reads all E rows).
 State per token: none (EmptyState).
 """
@@ -78,7 +83,9 @@ class MoEConfig(StoreConfig):
     d_expert: int
     router: str = "softmax"
     routing: str = "learned"
-    router_bias: bool = False
+    router_bias: bool = False        # DeepSeek-V3's choice bias (a buffer, steers the choice only)
+    router_logit_bias: bool = False  # gpt-oss: the router's linear layer has a learned bias
+    expert_biases: bool = False      # gpt-oss: per-expert biases on gate_up and down
     norm_topk_prob: bool = True
     routed_scaling: float = 1.0
     n_group: int = 1                 # group-limited routing (DeepSeek-V3): experts in n_group groups,
@@ -158,7 +165,9 @@ class MoEConfig(StoreConfig):
     def _counts(self, experts: int) -> int:
         D, W = self.d_model, self.expert_width
         n = self.n_experts * D + (self.n_experts if self.router_bias else 0)   # router (+ choice bias)
+        n += self.n_experts if self.router_logit_bias else 0                   # the router's own bias
         n += 3 * experts * self.d_expert * W                                   # routed experts
+        n += experts * (2 * self.d_expert + W) if self.expert_biases else 0    # their biases
         if self.latent_dim is not None:
             n += 2 * D * W + W                                                 # down, up, RMSNorm
         n += 3 * D * self.shared_width + (D if self.shared_gate else 0)        # shared experts (+ gate)
@@ -185,7 +194,7 @@ class MoE(nn.Module):
         super().__init__()
         self.cfg = cfg
         D, E, I, W = cfg.d_model, cfg.n_experts, cfg.d_expert, cfg.expert_width
-        self.router = nn.Linear(D, E, bias=False)
+        self.router = nn.Linear(D, E, bias=cfg.router_logit_bias)
         if cfg.router_bias:
             # learned outside the gradient (aux-loss-free balancing); steers the choice only
             self.register_buffer("choice_bias", torch.zeros(E))
@@ -193,6 +202,9 @@ class MoE(nn.Module):
             self.register_buffer("table", _default_hash_table(cfg.vocab_size, E, cfg.top_k))
         self.gate_up = nn.Parameter(torch.randn(E, 2 * I, W) * W ** -0.5)
         self.down = nn.Parameter(torch.randn(E, W, I) * I ** -0.5)
+        if cfg.expert_biases:
+            self.gate_up_bias = nn.Parameter(torch.zeros(E, 2 * I))
+            self.down_bias = nn.Parameter(torch.zeros(E, W))
         if cfg.latent_dim is not None:
             self.latent_down = nn.Linear(D, W, bias=False)
             self.latent_norm = RMSNorm(W, eps=cfg.norm_eps)
@@ -249,7 +261,8 @@ class MoE(nn.Module):
             N, K = experts_NK.shape
             z_NW = (z_NW[:, None] * weights_NK[..., None].to(z_NW.dtype)).reshape(N * K, -1)  # [N K, W]
             experts_NK, weights_NK = experts_NK.reshape(N * K, 1), weights_NK.new_ones(N * K, 1)
-        y_NW = grouped_swiglu(z_NW, experts_NK, weights_NK, self.gate_up, self.down, act=act)
+        biases = dict(gate_up_bias_EF=self.gate_up_bias, down_bias_ED=self.down_bias) if cfg.expert_biases else {}
+        y_NW = grouped_swiglu(z_NW, experts_NK, weights_NK, self.gate_up, self.down, act=act, **biases)
         if cfg.scale_input:
             y_NW = y_NW.view(N, K, -1).sum(1)
         y_ND = self.latent_up(y_NW) if cfg.latent_dim is not None else y_NW
