@@ -32,10 +32,14 @@ GEMMA3_TEXT = dict(TEXT, sliding_window_pattern=2, rope_theta=10000.0, rope_loca
 TINY = {
     "gemma2": dict(TEXT, attn_logit_softcapping=2.0, final_logit_softcapping=3.0),
     "gemma3_text": GEMMA3_TEXT,
+    # Gemma 3 4B and up: the global layers' rotation scaled linearly (transformers puts it under full_attention)
+    "gemma3_linear": dict(GEMMA3_TEXT, rope_scaling=dict(rope_type="linear", factor=8.0)),
     "gemma3": dict(text_config=GEMMA3_TEXT, mm_tokens_per_image=4,
                    vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                       num_attention_heads=2, image_size=28, patch_size=14)),
 }
+
+TYPE = {"gemma3_linear": "gemma3_text"}  # entries of TINY that are another setting of a family
 
 
 def tiny_hf(model_type: str):
@@ -44,7 +48,8 @@ def tiny_hf(model_type: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **TINY[model_type])).eval()
+    cfg = AutoConfig.for_model(TYPE.get(model_type, model_type), **TINY[model_type])
+    hf = AutoModelForCausalLM.from_config(cfg).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for t in hf.state_dict().values():
@@ -95,6 +100,9 @@ def test_config_read(model_type, saved):
     else:
         assert (local.softcap, cfg.logit_softcap, local.qk_norm) == (None, None, True)
         assert (local.rope_theta, glob.rope_theta) == (100.0, 10000.0)
+        assert local.rope_scaling is None
+        assert glob.rope_scaling == (dict(rope_type="linear", factor=8.0, original_max_position_embeddings=512)
+                                     if model_type == "gemma3_linear" else None)
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
@@ -238,17 +246,23 @@ def test_published_gemma_3_1b():
     assert count_params(cfg).stored == 999_885_952
 
 
-def test_rope_scaling_read_but_not_run(tmp_path):
-    """Gemma 3 4B and up scale the global layers' rotation (linear, 8): read for accounting, loading refused
-    naming the field; the local layers keep their own theta."""
+def test_rope_scaling_as_published(tmp_path):
+    """Gemma 3 4B and up scale the global layers' rotation (v4 ``rope_scaling``: linear, 8): carried by the global
+    layers only and run (the logits: ``gemma3_linear`` above); a scaling storelab does not compute is read for
+    accounting and refused for running, naming the field."""
     from storelab.checkpoint.families import family_for
 
     hf = json.loads((FIXTURES / "gemma-3-1b-it.json").read_text())
     hf["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}
     (tmp_path / "config.json").write_text(json.dumps(hf))
     cfg = read_model_config(tmp_path)
-    assert cfg.layers[0].token.rope_theta == 10000.0
-    with pytest.raises(CheckpointError, match=r"rope_scaling.rope_type: 'linear'"):
+    assert cfg.layers[0].token.rope_theta == 10000.0 and cfg.layers[0].token.rope_scaling is None
+    assert cfg.layers[5].token.rope_scaling["factor"] == 8.0
+    family_for(hf).runs(hf)
+    hf["rope_scaling"] = {"rope_type": "dynamic", "factor": 8.0}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    assert cfg.layers[5].token.num_params() == read_model_config(tmp_path).layers[5].token.num_params()
+    with pytest.raises(CheckpointError, match=r"rope_scaling.rope_type: 'dynamic'"):
         family_for(hf).runs(hf)
 
 

@@ -12,8 +12,9 @@ sliding-window (local) and full (global) layers, GeGLU-tanh feed-forwards, and G
   alternate local and global, the first local (transformers' fixed pattern of 2);
 * Gemma 3: per-head q/k RMSNorms; five local layers to one global (``sliding_window_pattern``, 6);
   the local layers rotate with ``rope_local_base_freq`` (10,000), the global ones with ``rope_theta``
-  (1,000,000) and ``rope_scaling`` (Gemma 3 4B and up: linear, factor 8; storelab reads it for
-  accounting and refuses to run it). ``rope_parameters`` per layer type (transformers v5) say the same.
+  (1,000,000) and ``rope_scaling`` (Gemma 3 4B and up: linear, factor 8, ``storelab.ops.rope``; a
+  scaling storelab does not compute is read for accounting and refused for running, naming the field).
+  ``rope_parameters`` per layer type (transformers v5) say the same.
 
 A field given as null keeps transformers' meaning: ``attn_logit_softcapping: null`` is no cap (Gemma 3's
 default), absent is the family's default (Gemma 2: 50 and 30). ``sliding_window`` counts the query
@@ -55,6 +56,7 @@ import torch
 from storelab.checkpoint.families._common import base_entries, gated_mlp, layer_prefix, linear, norm
 from storelab.checkpoint.families._family import Family, fixed
 from storelab.checkpoint.families._reader import FULL, SLIDING, Fields, text_fields, tied
+from storelab.ops.rope import SCALINGS
 
 GEMMA2, GEMMA3 = ("gemma2",), ("gemma3_text", "gemma3")
 GEMMA4 = ("gemma4", "gemma4_text")
@@ -91,21 +93,29 @@ def gemma_types(t: Fields, n: int, pattern: int) -> list[str]:
     return types
 
 
-def gemma_rope(t: Fields, kind: str, gen: str) -> tuple[float, str, str]:
-    """(theta, rope_type, the field that says the type) of a layer type: ``rope_parameters[kind]`` (v5),
-    else ``rope_theta`` / ``rope_scaling`` for global layers and ``rope_local_base_freq`` for Gemma 3's
-    local ones (whose rotation transformers never scales)."""
+def gemma_rope(t: Fields, kind: str, gen: str) -> tuple[float, dict | None, str]:
+    """(theta, the scaling as published or None, the field that says its type) of a layer type:
+    ``rope_parameters[kind]`` (v5), else ``rope_theta`` / ``rope_scaling`` for global layers and
+    ``rope_local_base_freq`` for Gemma 3's local ones (whose rotation transformers never scales)."""
     d = DEFAULTS[gen]
     if t.has("rope_parameters"):
         rp = t.sub("rope_parameters")
         if isinstance(rp.d.get(kind), dict):
             rp = rp.sub(kind)
         theta = d["local_theta"] if kind == SLIDING and d["local_theta"] else d["theta"]
-        return rp.float("rope_theta", default=theta), rp.str("rope_type", default="default"), rp.prefix + "rope_type"
+        return rp.float("rope_theta", default=theta), _scaling(rp), rp.prefix + "rope_type"
     if kind == SLIDING and d["local_theta"] is not None:
-        return t.float("rope_local_base_freq", default=d["local_theta"]), "default", "rope_local_base_freq"
-    kind_ = t.sub("rope_scaling").str("rope_type", "type", default="default") if t.has("rope_scaling") else "default"
-    return t.float("rope_theta", default=d["theta"]), kind_, "rope_scaling.rope_type"
+        return t.float("rope_local_base_freq", default=d["local_theta"]), None, "rope_local_base_freq"
+    sc = _scaling(t.sub("rope_scaling")) if t.has("rope_scaling") else None
+    return t.float("rope_theta", default=d["theta"]), sc, "rope_scaling.rope_type"
+
+
+def _scaling(rp: Fields) -> dict | None:
+    """A published scaling's keys (rope_type first named ``type``), None for plain RoPE."""
+    kind = rp.str("rope_type", "type", default="default")
+    if kind == "default":
+        return None
+    return {**{k: v for k, v in rp.d.items() if k not in ("rope_theta", "type")}, "rope_type": kind}
 
 
 def gemma_attention(t: Fields, i: int, kind: str, gen: str, D: int, eps: float):
@@ -113,10 +123,12 @@ def gemma_attention(t: Fields, i: int, kind: str, gen: str, D: int, eps: float):
 
     H = t.int("num_attention_heads", minimum=1)
     bias = t.bool("attention_bias", default=False)
-    theta, _, _ = gemma_rope(t, kind, gen)
+    theta, scaling, _ = gemma_rope(t, kind, gen)
+    if scaling is not None and scaling.get("original_max_position_embeddings") is None:  # as transformers
+        scaling["original_max_position_embeddings"] = t.int("max_position_embeddings", default=None)
     common = dict(d_model=D, n_heads=H, n_kv_heads=t.int("num_key_value_heads", default=H, minimum=1),
                   head_dim=t.int("head_dim", default=256, minimum=1), rope_theta=theta, qk_norm=gen == "gemma3",
-                  qkv_bias=bias, out_bias=bias, norm_eps=eps,
+                  qkv_bias=bias, out_bias=bias, norm_eps=eps, rope_scaling=scaling if _runs(scaling) else None,
                   attn_scale=t.float("query_pre_attn_scalar", default=256.0) ** -0.5,
                   softcap=_nullable(t, "attn_logit_softcapping", DEFAULTS[gen]["attn_softcap"]))
     if kind == FULL:
@@ -172,15 +184,19 @@ def to_config(hf: dict):
                                logit_softcap=_nullable(t, "final_logit_softcapping", DEFAULTS[gen]["final_softcap"]))
 
 
+def _runs(scaling: dict | None) -> bool:
+    return scaling is None or scaling["rope_type"] in SCALINGS
+
+
 def runs(hf: dict) -> None:
-    """Loading needs plain RoPE on every layer type (Gemma 3 4B and up scale the global layers')."""
+    """Loading needs a rope scaling storelab computes (Gemma 3 4B and up scale the global layers' linearly)."""
     gen = _generation(hf)
     t = text_fields(hf)
     for kind in (SLIDING, FULL):
-        _, rope_type, key = gemma_rope(t, kind, gen)
-        if rope_type != "default":
-            raise t._err(key, f"{rope_type!r}: storelab's attention runs plain RoPE only (accounting reads it; "
-                              f"loading weights does not)")
+        _, scaling, key = gemma_rope(t, kind, gen)
+        if not _runs(scaling):
+            raise t._err(key, f"{scaling['rope_type']!r}: storelab's attention runs plain RoPE and "
+                              f"{', '.join(SCALINGS)} (accounting reads it; loading weights does not)")
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:
