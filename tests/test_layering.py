@@ -20,6 +20,7 @@ NEUTRAL = {"allocator", "console", "outputs"}
 NAMES_KINDS = {
     "checkpoint/families": "each family translates the publisher's layer types into our kinds",
     "bench": "each bench names the peer implementation of the kind it times",
+    "commands/bench.py": "the benches' names (gdn, kda, mamba2 are benches of those ops), a command-line vocabulary",
     "report/memory.py": "the essay's own counts per kind (ESSAY_MIX), compared as claims",
     "train/models.py": "the built-in stacks' letters (pattern:KKKA), a command-line vocabulary",
     "train/recall.py": "the recall benchmark's stack names, a command-line vocabulary",
