@@ -152,7 +152,8 @@ def test_save_and_probe_are_never_written_inside_their_input(tmp_path, trained):
 RESUME = ("--model", "attention", "--steps", "3", "--batch-size", "4", "--eval-every", "2", "--checkpoint-every", "2",
           *[a for o in ("d_model=16", "n_layers=1", "n_heads=2", "head_dim=8", "d_ff=16") for a in ("--model-opt", o)])
 WRONG = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**9), st.floats(allow_nan=False), st.text(max_size=8),
-                  st.lists(st.integers(0, 3), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+                  st.lists(st.integers(0, 3), max_size=3),
+                  st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 FIELD_TYPES = {"format": str, "step": int, "folder": str, "train_config": dict, "model_config": dict, "task": dict,
                "world": int, "parallel": str, "schedule": list, "history": list}
 
@@ -369,7 +370,8 @@ def test_top_k_with_greedy_decoding_is_an_error(top_k, extra):
 
 
 @FAST
-@given(command=st.sampled_from(["memory", "models", "generate", "save"]), source=st.sampled_from(["config", "checkpoint"]))
+@given(command=st.sampled_from(["memory", "models", "generate", "save"]),
+       source=st.sampled_from(["config", "checkpoint"]))
 def test_tiny_with_a_file_or_a_checkpoint_is_an_error(tmp_path_factory, small_save, command, source):
     root = tmp_path_factory.mktemp("tiny")
     model_file = root / "m.toml"
@@ -434,7 +436,8 @@ def test_the_selection_probe_names_every_kind_that_selects():
 
 
 @FAST
-@given(name=st.sampled_from(["checkpoint.json", "config.json", "step-00000002"]), how=st.sampled_from(["link", "folder"]))
+@given(name=st.sampled_from(["checkpoint.json", "config.json", "step-00000002"]),
+       how=st.sampled_from(["link", "folder"]))
 def test_a_run_s_pointer_or_step_folder_replaced_by_a_link_or_a_folder_is_refused(tmp_path_factory, trained, name,
                                                                                    how):
     root = tmp_path_factory.mktemp("link")

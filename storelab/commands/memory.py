@@ -5,6 +5,10 @@ Models: zoo names, storelab model files (``--config``) or real checkpoints (``--
 folder or its config.json; no weights needed). Formats: ``--cache-dtype`` for caches (each store's
 published format when not given), ``--state-dtype`` for recurrent states and open pools,
 ``--weights-dtype`` for the weights beside them under ``--budget``.
+
+``--json`` prints one document of ``storelab.report.memory_json`` (docs/memory.schema.json, versioned);
+the text is made from the same records. ``--plot`` writes the figure and a JSON beside it, both checked
+first (``storelab.outputs.check_files``: rewritten only when that JSON says ``memory`` wrote it).
 """
 
 from __future__ import annotations
@@ -18,10 +22,6 @@ from storelab import options as opt
 from storelab.console import console, emit_json, err_console
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
-
-
-def _fail(msg: str) -> None:
-    opt.fail(msg)
 
 
 def register(app: typer.Typer) -> None:
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
                                                   stored=count_params(cfg).stored, batches=sorted({*BATCHES, batch}))
                 reports.append((cfg, rec))
         except ValueError as e:  # CheckpointError is one
-            _fail(str(e))
+            opt.fail(str(e))
         if plot:
             from storelab.outputs import atomic_write
             from storelab.report.memory_plot import plot_memory
@@ -90,11 +90,11 @@ def register(app: typer.Typer) -> None:
             try:
                 png, side = files
                 data = plot_memory(cfgs, png, dtype=cache or "bf16")
-                atomic_write(side, json.dumps({"command": "memory", "dtype": cache or "bf16",
-                                            "models": [c.name for c in cfgs],
-                                            "configs": {c.name: c.to_dict() for c in cfgs}, "series": data}, indent=2) + "\n")
+                side_doc = {"command": "memory", "dtype": cache or "bf16", "models": [c.name for c in cfgs],
+                            "configs": {c.name: c.to_dict() for c in cfgs}, "series": data}
+                atomic_write(side, json.dumps(side_doc, indent=2) + "\n")
             except (ValueError, OSError) as e:
-                _fail(str(e))
+                opt.fail(str(e))
             (err_console if json_ else console).print(f"wrote {png} and {side}", highlight=False, soft_wrap=True)
             if not json_:
                 return

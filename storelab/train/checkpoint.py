@@ -259,13 +259,13 @@ def check_pointer(meta: dict[str, Any], file: Path) -> None:
                 if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                     raise ValueError(f"checkpoint: {file}: field 'schedule'[{i}].{key} must be an integer >= 0, "
                                      f"got {json.dumps(v)}")
-    tc = meta["train_config"]
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    for what, check in (("train_config", lambda: TrainConfig(**{k: v for k, v in tc.items() if k in known})),
-                        ("model_config", lambda: ModelConfig.from_dict(meta["model_config"], source=str(file))),
-                        ("task", lambda: _task(make_task, meta["task"]))):
-        if what == "train_config" and set(tc) - known:
-            raise ValueError(f"checkpoint: {file}: field 'train_config' has an unknown key {sorted(set(tc) - known)[0]!r}")
+    unknown = sorted(set(meta["train_config"]) - {f.name for f in dataclasses.fields(TrainConfig)})
+    if unknown:
+        raise ValueError(f"checkpoint: {file}: field 'train_config' has an unknown key {unknown[0]!r}")
+    checks = {"train_config": lambda: TrainConfig(**meta["train_config"]),
+              "model_config": lambda: ModelConfig.from_dict(meta["model_config"], source=str(file)),
+              "task": lambda: _task(make_task, meta["task"])}
+    for what, check in checks.items():  # each as its own config accepts it, the message naming the file
         try:
             check()
         except (ValueError, TypeError) as e:
