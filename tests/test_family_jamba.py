@@ -1,0 +1,162 @@
+"""The Jamba family (``storelab/checkpoint/families/jamba.py``) against transformers 5.23's tiny ``jamba`` model
+saved with ``save_pretrained`` (per-expert tensors, as the published files): the layers read (Mamba with weighted
+dt/B/C norms, attention without positions at attn_layer_period/offset, experts at expert_layer_period/offset),
+logits equal in fp32 (1e-5 of the logits' scale) and bf16, chunked prefill + steps equal to one pass, parameters
+from config.json alone equal to the saved tensors, transformers' cache bytes after a prefill.
+No published Jamba config.json was found to copy; none is invented.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from storelab.checkpoint import load
+from storelab.checkpoint.config_only import read_model_config
+from tests.helpers import assert_close
+from tests.test_families import cache_bytes, ids_of
+
+# attention at layers 1 and 3 (period 2, offset 1), experts at layers 0 and 2 (period 2, offset 0)
+TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+            bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512, intermediate_size=96,
+            num_experts=4, num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+            expert_layer_offset=0, mamba_d_state=8, mamba_dt_rank=8, mamba_d_conv=4)
+
+
+def tiny_hf(model_type: str, settings: dict):
+    """A tiny random transformers model; tensors that start constant (norms, D, biases) perturbed so that a wrong
+    mapping shows in the logits."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings)).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for t in hf.state_dict().values():
+            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
+                t.add_(0.1 * torch.randn(t.shape, generator=g))
+    return hf
+
+
+def hybrid_cache_bytes(past) -> int:
+    """transformers' cache after a prefill: the attention layers' keys and values (``cache_bytes``) and the
+    recurrent layers' ``conv_states`` and ``recurrent_states`` (dicts per layer), each storage once."""
+    seen, total = set(), cache_bytes(past)
+    for layer in past.layers:
+        for name in ("conv_states", "recurrent_states"):
+            for t in (getattr(layer, name, None) or {}).values():
+                if t is not None and t.untyped_storage().data_ptr() not in seen:
+                    seen.add(t.untyped_storage().data_ptr())
+                    total += t.untyped_storage().nbytes()
+    return total
+
+
+def check_logits(hf, folder, cuts, what: str) -> None:
+    """fp32 logits equal transformers' within 1e-5 of their scale; prefill in ``cuts`` pieces equals one pass."""
+    ours = load(folder)
+    ids = ids_of(21)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        got, _ = ours(ids)
+    tol = 1e-5 * ref.abs().max().item()
+    assert_close(got, ref, atol=tol, what=f"{what} logits")
+    with torch.no_grad():
+        cache, parts = None, []
+        for a, b in cuts:
+            out, cache = ours(ids[:, a:b], cache)
+            parts.append(out)
+    assert_close(torch.cat(parts, 1), got, atol=tol, what=f"{what} chunked")
+
+
+def check_bf16(hf, folder, what: str) -> None:
+    ours = load(folder, dtype="bf16")
+    ids = ids_of(13)
+    with torch.no_grad():
+        ref = hf.to(torch.bfloat16)(ids).logits.float()
+        hf.to(torch.float32)
+        got = ours(ids)[0].float()
+    scale = ref.abs().max().item()
+    err = (got - ref).abs().max().item()
+    assert err <= 0.05 * scale, f"{what}: bf16 logits differ by {err:.3e} (scale {scale:.3e})"
+
+
+def check_counts(hf, folder) -> None:
+    from storelab.models.accounting import count_params
+
+    cfg = read_model_config(folder / "config.json")
+    held = {t.data_ptr(): t.numel() for t in hf.state_dict().values() if t.dtype.is_floating_point}
+    assert count_params(cfg).stored == sum(held.values())
+
+
+def check_memory(hf, folder, T: int) -> None:
+    """``engine="transformers"`` (fp32) equals the bytes of transformers' cache after a prefill of T: a recurrent
+    layer's convolution keeps W inputs there (zeros before the first), ours W - 1 (``conv_input_bytes``)."""
+    from storelab.models.engines import state_bytes
+
+    cfg = read_model_config(folder)
+    with torch.no_grad():
+        past = hf(ids_of(T), use_cache=True).past_key_values
+    assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == hybrid_cache_bytes(past)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    hf = tiny_hf("jamba", TINY)
+    d = tmp_path_factory.mktemp("jamba")
+    hf.save_pretrained(d)
+    return hf, d
+
+
+def test_config_read(saved):
+    hf, folder = saved
+    cfg = read_model_config(folder)
+    assert [lay.token.KIND for lay in cfg.layers] == ["mamba", "attention", "mamba", "attention"]
+    assert [lay.channel.KIND for lay in cfg.layers] == ["moe", "ffn", "moe", "ffn"]
+    mamba, attn, moe = cfg.layers[0].token, cfg.layers[1].token, cfg.layers[0].channel
+    assert (mamba.d_inner, mamba.d_state, mamba.dt_rank, mamba.conv_kernel) == (128, 8, 8, 4)
+    assert mamba.bcdt_norm == "weighted" and mamba.bcdt_norm_eps == hf.config.rms_norm_eps
+    assert attn.partial_rotary == 0.0 and (attn.n_heads, attn.n_kv_heads, attn.head_dim) == (4, 2, 16)
+    assert (moe.router, moe.norm_topk_prob, moe.n_experts, moe.top_k, moe.d_expert) == ("softmax", False, 4, 2, 96)
+
+
+def test_logits_equal_transformers(saved):
+    check_logits(*saved, ((0, 2), (2, 9), (9, 10), (10, 11), (11, 21)), "jamba")
+
+
+def test_bf16_logits(saved):
+    check_bf16(*saved, "jamba")
+
+
+def test_config_counts_equal_transformers(saved):
+    check_counts(*saved)
+
+
+@pytest.mark.parametrize("T", [1, 4, 17])
+def test_memory_equals_transformers_cache(T, saved):
+    check_memory(*saved, T)
+
+
+def test_defaults_are_transformers(tmp_path):
+    """A file with no layout fields: attention at i % 8 == 4, experts at odd layers, dt_rank ceil(D / 16)."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="jamba", hidden_size=64, num_hidden_layers=16,
+                                                          num_attention_heads=4, num_key_value_heads=2,
+                                                          vocab_size=128)))
+    cfg = read_model_config(tmp_path)
+    assert [i for i, lay in enumerate(cfg.layers) if lay.token.KIND == "attention"] == [4, 12]
+    assert [i for i, lay in enumerate(cfg.layers) if lay.channel.KIND == "moe"] == list(range(1, 16, 2))
+    assert cfg.layers[0].token.dt_rank == 4 and cfg.layers[1].channel.n_experts == 16
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(attn_layer_offset=2), r"attn_layer_offset: 2 must be smaller than attn_layer_period \(2\)"),
+    (dict(expert_layer_period=0), r"expert_layer_period: must be an integer >= 1"),
+    (dict(hidden_act="gelu"), r"hidden_act: 'gelu' is not supported"),
+])
+def test_refuses_naming_the_field(tmp_path, change, message):
+    from storelab.checkpoint.shards import CheckpointError
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(TINY, model_type="jamba", **change)))
+    with pytest.raises(CheckpointError, match=message):
+        read_model_config(tmp_path)
