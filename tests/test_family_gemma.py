@@ -292,3 +292,32 @@ def test_null_cap_is_no_cap(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(hf, final_logit_softcapping=None)))
     cfg = read_model_config(tmp_path)
     assert cfg.layers[0].token.softcap == 50.0 and cfg.logit_softcap is None
+
+
+def test_minimal_wrapper_reads_transformers_defaults(tmp_path):
+    """Google's Gemma 3 4B-27B files give the text model in a few fields (Gemma 3 4B's: width 2560, MLP 10240,
+    34 layers, linear rope scaling 8, window 1024) and leave heads, head_dim and vocabulary to
+    ``Gemma3TextConfig``'s defaults: read as transformers reads them, and the text model's parameters equal those
+    of transformers' ``Gemma3ForCausalLM`` built from the same config (on the meta device, no weights)."""
+    from transformers import AutoConfig, Gemma3ForCausalLM
+
+    from storelab.models.accounting import count_params
+
+    text = dict(hidden_size=2560, intermediate_size=10240, model_type="gemma3_text", num_hidden_layers=34,
+                rope_scaling=dict(factor=8.0, rope_type="linear"), sliding_window=1024)
+    hf = dict(architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3", mm_tokens_per_image=256,
+              text_config=text, vision_config=dict(hidden_size=1152, image_size=896, intermediate_size=4304,
+                                                   model_type="siglip_vision_model", num_attention_heads=16,
+                                                   num_hidden_layers=27, patch_size=14, vision_use_head=False))
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    cfg = read_model_config(tmp_path)
+    tc = AutoConfig.for_model(**hf).text_config
+    tok = cfg.layers[5].token
+    assert (tok.n_heads, tok.n_kv_heads, tok.head_dim) == (tc.num_attention_heads, tc.num_key_value_heads,
+                                                           tc.head_dim) == (8, 4, 256)
+    assert (cfg.vocab_size, cfg.context, cfg.tie_embeddings) == (tc.vocab_size, tc.max_position_embeddings, True)
+    assert tok.rope_scaling["factor"] == 8.0 and cfg.layers[0].token.rope_scaling is None
+    with torch.device("meta"):
+        ref = Gemma3ForCausalLM(tc)
+    held = sum(p.numel() for n, p in ref.named_parameters())  # the tied head is one tensor
+    assert count_params(cfg).stored == held

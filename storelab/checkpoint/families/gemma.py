@@ -16,7 +16,9 @@ sliding-window (local) and full (global) layers, GeGLU-tanh feed-forwards, and G
   scaling storelab does not compute is read for accounting and refused for running, naming the field).
   ``rope_parameters`` per layer type (transformers v5) say the same.
 
-A field given as null keeps transformers' meaning: ``attn_logit_softcapping: null`` is no cap (Gemma 3's
+A field the file leaves out takes transformers' default (Google's Gemma 3 4B-27B ``text_config`` names only the
+width, depth, rope scaling and window: 8 heads, 4 KV heads, head_dim 256 and 262,208 tokens come from
+``Gemma3TextConfig``). A field given as null keeps transformers' meaning: ``attn_logit_softcapping: null`` is no cap (Gemma 3's
 default), absent is the family's default (Gemma 2: 50 and 30). ``sliding_window`` counts the query
 itself, so our ``window`` is one less (``WindowConfig``). The bidirectional variant
 (``use_bidirectional_attention``, EmbeddingGemma) is not a causal LM and is refused naming the field.
@@ -61,10 +63,15 @@ from storelab.ops.rope import SCALINGS
 GEMMA2, GEMMA3 = ("gemma2",), ("gemma3_text", "gemma3")
 GEMMA4 = ("gemma4", "gemma4_text")
 ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh"}
-# what each generation assumes when its config says nothing (transformers' Gemma2Config / Gemma3TextConfig)
+# what each generation assumes when its config says nothing (transformers' Gemma2Config / Gemma3TextConfig):
+# Google's Gemma 3 4B-27B files give only a few text fields (no heads, no vocabulary) and rely on these
+SHAPE = dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+             num_key_value_heads=4, head_dim=256)
 DEFAULTS = {
-    "gemma2": dict(pattern=2, attn_softcap=50.0, final_softcap=30.0, theta=10000.0, local_theta=None),
-    "gemma3": dict(pattern=6, attn_softcap=None, final_softcap=None, theta=1_000_000.0, local_theta=10000.0),
+    "gemma2": dict(SHAPE, vocab_size=256_000, max_position_embeddings=8192, pattern=2, attn_softcap=50.0,
+                   final_softcap=30.0, theta=10000.0, local_theta=None),
+    "gemma3": dict(SHAPE, vocab_size=262_208, max_position_embeddings=131_072, pattern=6, attn_softcap=None,
+                   final_softcap=None, theta=1_000_000.0, local_theta=10000.0),
 }
 
 
@@ -121,13 +128,15 @@ def _scaling(rp: Fields) -> dict | None:
 def gemma_attention(t: Fields, i: int, kind: str, gen: str, D: int, eps: float):
     from storelab.stores.attention import AttentionConfig, WindowConfig
 
-    H = t.int("num_attention_heads", minimum=1)
+    d = DEFAULTS[gen]
+    H = t.int("num_attention_heads", default=d["num_attention_heads"], minimum=1)
     bias = t.bool("attention_bias", default=False)
     theta, scaling, _ = gemma_rope(t, kind, gen)
     if scaling is not None and scaling.get("original_max_position_embeddings") is None:  # as transformers
         scaling["original_max_position_embeddings"] = t.int("max_position_embeddings", default=None)
-    common = dict(d_model=D, n_heads=H, n_kv_heads=t.int("num_key_value_heads", default=H, minimum=1),
-                  head_dim=t.int("head_dim", default=256, minimum=1), rope_theta=theta, qk_norm=gen == "gemma3",
+    common = dict(d_model=D, n_heads=H, n_kv_heads=t.int("num_key_value_heads", default=d["num_key_value_heads"],
+                                                         minimum=1),
+                  head_dim=t.int("head_dim", default=d["head_dim"], minimum=1), rope_theta=theta, qk_norm=gen == "gemma3",
                   qkv_bias=bias, out_bias=bias, norm_eps=eps, rope_scaling=scaling if _runs(scaling) else None,
                   attn_scale=t.float("query_pre_attn_scalar", default=256.0) ** -0.5,
                   softcap=_nullable(t, "attn_logit_softcapping", DEFAULTS[gen]["attn_softcap"]))
@@ -161,8 +170,10 @@ def to_config(hf: dict):
         gemma_refuse_4(t)
     if t.bool("use_bidirectional_attention", default=False):
         raise t._err("use_bidirectional_attention", "true is not supported (a bidirectional encoder, not a causal LM)")
-    D = t.int("hidden_size", minimum=1)
-    n = t.int("num_hidden_layers", minimum=1)
+    d = DEFAULTS[gen]
+    D = t.int("hidden_size", default=d["hidden_size"], minimum=1)
+    n = t.int("num_hidden_layers", default=d["num_hidden_layers"], minimum=1)
+    V = t.int("vocab_size", default=d["vocab_size"], minimum=1)
     eps = t.float("rms_norm_eps", default=1e-6)
     act = t.str("hidden_activation", "hidden_act", default="gelu_pytorch_tanh")
     if act not in ACTIVATIONS:
@@ -171,16 +182,16 @@ def to_config(hf: dict):
                           f"gelu_pytorch_tanh)")
     pattern = DEFAULTS[gen]["pattern"] if gen == "gemma2" else t.int("sliding_window_pattern", default=6, minimum=1)
     types = gemma_types(t, n, pattern)
-    channel = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", minimum=1), activation=ACTIVATIONS[act])
+    channel = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", default=d["intermediate_size"], minimum=1),
+                        activation=ACTIVATIONS[act])
     layers = [LayerConfig(token=gemma_attention(t, i, types[i], gen, D, eps), channel=channel,
                           depth=ResidualConfig(d_model=D), norms="sandwich") for i in range(n)]
     title = {"gemma2": "Gemma 2 (checkpoint)", "gemma3": "Gemma 3 (checkpoint)"}[gen]
-    cfg = model_config(hf, t.d, name=gen, title=title, d_model=D, layers=layers, norm_eps=eps,
-                       context=t.int("max_position_embeddings", default=0))
+    cfg = model_config(hf, dict(t.d, vocab_size=V), name=gen, title=title, d_model=D, layers=layers, norm_eps=eps,
+                       context=t.int("max_position_embeddings", default=d["max_position_embeddings"]))
     # sqrt(D) as transformers holds it: a float32 tensor, cast to the activations' dtype at the call
     scale = float(torch.tensor(D ** 0.5, dtype=torch.float32))
-    return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, default=True), vocab_size=t.int("vocab_size", minimum=1),
-                               embed_scale=scale,
+    return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, default=True), vocab_size=V, embed_scale=scale,
                                logit_softcap=_nullable(t, "final_logit_softcapping", DEFAULTS[gen]["final_softcap"]))
 
 
