@@ -227,3 +227,13 @@ def test_published_counts(stem, total, active):
     assert round((pa.active - hf["vocab_size"] * hf["hidden_size"]) / 1e9, 2) == active
     assert [lay.token.KIND for lay in cfg.layers[:2]] == ["window", "attention"]
     assert cfg.layers[0].token.window == 127 and cfg.layers[0].channel.n_experts == hf["num_local_experts"]
+
+
+def test_mxfp4_release_refused_for_running_not_for_accounting():
+    from storelab.checkpoint.families.gpt_oss import FAMILY
+
+    hf = json.loads((FIXTURES / "gpt-oss-20b.json").read_text())
+    FAMILY.to_config(hf)  # accounting reads it
+    with pytest.raises(CheckpointError, match=r"quantization_config\.quant_method: 'mxfp4'"):
+        FAMILY.runs(dict(hf, rope_scaling=None))
+    FAMILY.runs(dict(hf, rope_scaling=None, quantization_config=None))  # the bf16 copies run

@@ -27,8 +27,9 @@ Names (transformers' ``GptOssForCausalLM``, the unquantized layout; ``m`` = ``mo
 | blocks.i.channel.down_bias [E, D]      | m.experts.down_proj_bias                                    |
 
 The published checkpoints store the experts in MXFP4 (``gate_up_proj_blocks`` / ``_scales``); storelab
-reads the bf16 layout above (transformers' own, and the dequantized copies), so loading the MXFP4
-release reports those tensors missing; accounting from config.json is exact either way.
+reads the bf16 layout above (transformers' own, and the dequantized copies): loading a checkpoint whose
+``quantization_config.quant_method`` is "mxfp4" is refused naming that field (``Family.runs``); accounting
+from config.json is exact either way.
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ def gpt_oss_config(decl: Decl, hf: dict):
     return dataclasses.replace(cfg, layers=layers)
 
 
+def gpt_oss_runs(decl: Decl, hf: dict) -> None:
+    """The reader's rope check, and MXFP4 experts refused (storelab reads them in bf16)."""
+    runs(decl, hf)
+    q = text_fields(hf).sub("quantization_config", default={})
+    if q.str("quant_method", default="") == "mxfp4":
+        raise q._err("quant_method", "'mxfp4': storelab reads gpt-oss's experts in bf16 (gate_up_proj, down_proj), "
+                                     "not as MXFP4 blocks and scales (accounting reads the config)")
+
+
 def _gate_rows_first(w):
     """[..., 2I] with gate and up interleaved (even, odd) -> [..., 2I] gate first, then up."""
     return torch.cat([w[..., 0::2], w[..., 1::2]], -1)
@@ -91,4 +101,4 @@ DECL = Decl(name="gpt_oss", model_types=("gpt_oss",), title="gpt-oss (checkpoint
 
 FAMILY = Family(name=DECL.name, model_types=DECL.model_types, to_config=lambda hf: gpt_oss_config(DECL, hf),
                 table=lambda hf, cfg, names: table(DECL, hf, cfg, names), ignored=lambda hf: DECL.ignored,
-                runs=lambda hf: runs(DECL, hf))
+                runs=lambda hf: gpt_oss_runs(DECL, hf))
