@@ -27,7 +27,8 @@ Names (transformers' ``GraniteMoeHybridForCausalLM``; ``a`` = ``model.layers.i``
 | blocks.i.token.* (mamba2)            | a.mamba.* (Mamba2Mixer's names; out_proj x m)                       |
 | blocks.i.token.{q,k,v,o}_proj        | a.self_attn.{q,k,v,o}_proj (o_proj x m)                             |
 | blocks.i.channel.router              | m.router.layer.weight (or m.router.weight)                          |
-| blocks.i.channel.gate_up, down       | m.input_linear.weight [E, 2I, D], m.output_linear.weight [E, D, I] x m (or m.experts.*) |
+| blocks.i.channel.gate_up             | m.input_linear.weight [E, 2I, D] (or m.experts.gate_up_proj)        |
+| blocks.i.channel.down                | m.output_linear.weight [E, D, I] x m (or m.experts.down_proj)       |
 | blocks.i.channel.shared_{gate,up}_proj | a.shared_mlp.input_linear.weight [2S, D]: gate rows, then up rows |
 | blocks.i.channel.shared_down_proj    | a.shared_mlp.output_linear.weight x m                               |
 | blocks.i.channel.{gate,up,down}_proj | the same shared_mlp tensors, when there are no experts              |

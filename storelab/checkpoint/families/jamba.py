@@ -20,11 +20,13 @@ Names (transformers' ``JambaForCausalLM``; ``a`` = ``model.layers.i``):
 | ours                                 | transformers                                                   |
 |--------------------------------------|----------------------------------------------------------------|
 | blocks.i.norm_token / norm_channel   | a.input_layernorm / a.pre_ff_layernorm                         |
-| blocks.i.token.* (mamba)             | a.mamba.* (MambaMixer's names; dt_norm, b_norm, c_norm: a.mamba.{dt,b,c}_layernorm.weight) |
+| blocks.i.token.* (mamba)             | a.mamba.* (MambaMixer's names)                                 |
+| blocks.i.token.{dt,b,c}_norm         | a.mamba.{dt,b,c}_layernorm.weight                              |
 | blocks.i.token.{q,k,v,o}_proj        | a.self_attn.{q,k,v,o}_proj                                     |
 | blocks.i.channel.{gate,up,down}_proj | a.feed_forward.{gate,up,down}_proj (MLP layers)                |
 | blocks.i.channel.router              | a.feed_forward.router.weight                                   |
-| blocks.i.channel.gate_up, down       | a.feed_forward.experts.{e}.{gate,up,down}_proj stacked (or the 3-D gate_up_proj / down_proj) |
+| blocks.i.channel.gate_up, down       | a.feed_forward.experts.{e}.{gate,up,down}_proj, stacked        |
+|                                      | (or the 3-D experts.gate_up_proj / down_proj)                  |
 | norm.weight                          | model.final_layernorm.weight                                   |
 """
 
