@@ -16,7 +16,7 @@ Names (the release's, which transformers 5.23 writes back; ``m`` = ``model.layer
 | blocks.i.token.{q,k,v,o}_proj        | model.layers.i.self_attn.{q,k,v,o}_proj                            |
 | blocks.i.channel.{gate,up,down}_proj | m.{gate,up,down}_proj (dense layers)                               |
 | blocks.i.channel.router              | m.gate.weight                                                      |
-| blocks.i.channel.choice_bias [E]     | m.moe_statics.e_score_correction_bias [1, E] (v5 in memory: m.gate.moe_statics.) |
+| blocks.i.channel.choice_bias [E]     | m.moe_statics.e_score_correction_bias [1, E] (v5: m.gate.moe_statics.) |
 | blocks.i.channel.gate_up, down       | m.experts.{e}.{gate,up,down}_proj (or 3-D gate_up_proj / down_proj) |
 | blocks.i.channel.shared_*_proj       | m.shared_experts.{gate,up,down}_proj                               |
 

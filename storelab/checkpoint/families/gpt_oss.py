@@ -21,7 +21,8 @@ Names (transformers' ``GptOssForCausalLM``, the unquantized layout; ``m`` = ``mo
 | blocks.i.token.{q,k,v,o}_proj (+ bias) | model.layers.i.self_attn.{q,k,v,o}_proj                     |
 | blocks.i.token.sinks                   | model.layers.i.self_attn.sinks                              |
 | blocks.i.channel.router (+ bias)       | m.router.weight, m.router.bias                              |
-| blocks.i.channel.gate_up [E, 2I, D]    | m.experts.gate_up_proj [E, D, 2I] transposed, its columns interleaved (even: gate, odd: up) re-laid gate rows first |
+| blocks.i.channel.gate_up [E, 2I, D]    | m.experts.gate_up_proj [E, D, 2I] transposed, gate rows first |
+|                                        | (its columns interleave gate, up: even, odd)                |
 | blocks.i.channel.gate_up_bias [E, 2I]  | m.experts.gate_up_proj_bias, de-interleaved the same way    |
 | blocks.i.channel.down [E, D, I]        | m.experts.down_proj [E, I, D] transposed                    |
 | blocks.i.channel.down_bias [E, D]      | m.experts.down_proj_bias                                    |

@@ -12,7 +12,8 @@ Names (the release, and transformers' ``MiniMaxM2ForCausalLM``; ``m`` = ``model.
 |--------------------------------------|-------------------------------------------------------------------|
 | blocks.i.token.{q,k,v,o}_proj        | m.self_attn.{q,k,v,o}_proj                                        |
 | blocks.i.token.q_norm / k_norm       | m.self_attn.q_norm [H K] / k_norm [G K]                           |
-| blocks.i.channel.router, choice_bias | m.block_sparse_moe.gate.weight, m.block_sparse_moe.e_score_correction_bias (v5 in memory: m.mlp.) |
+| blocks.i.channel.router, choice_bias | m.block_sparse_moe.gate.weight, m.block_sparse_moe.e_score_correction_bias |
+|                                      | (transformers' v5 modules: m.mlp.)                                |
 | blocks.i.channel.gate_up, down       | m.block_sparse_moe.experts.{e}.w1 / w3 / w2 (or 3-D gate_up_proj / down_proj) |
 
 The release's multi-token-prediction modules (``num_mtp_modules``) are not part of the decoder: their
