@@ -186,3 +186,37 @@ def test_unscaled_embedding_not_run():
     hf = dict(TINY, model_type="recurrent_gemma", embeddings_scale_by_sqrt_dim=False)
     with pytest.raises(CheckpointError, match="embeddings_scale_by_sqrt_dim: false is not supported"):
         family_for(hf).runs(hf)
+
+
+def test_stored_copy_of_the_tied_head_is_ignored(saved, tmp_path):
+    """A checkpoint that stores ``lm_head.weight`` beside a tied embedding (as the published 9B's shards do) loads,
+    the copy ignored: the same logits as without it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    hf, folder = saved
+    shutil.copy(folder / "config.json", tmp_path / "config.json")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, tmp_path / "model.safetensors")
+    ids = ids_of(9)
+    with torch.no_grad():
+        assert torch.equal(load(tmp_path)(ids)[0], load(folder)(ids)[0])
+
+
+def test_fields_left_out_take_transformers_defaults(tmp_path):
+    """A file naming only its type reads as transformers' ``RecurrentGemmaConfig()`` does (RecurrentGemma 2B's
+    shape): the same layers and the parameters of transformers' model built from it (meta device)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from storelab.models.accounting import count_params
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "recurrent_gemma"}))
+    cfg = read_model_config(tmp_path)
+    ref = AutoConfig.for_model("recurrent_gemma")
+    assert [lay.token.KIND == "window" for lay in cfg.layers] == [x == "sliding_attention"
+                                                                  for x in ref.layers_block_type]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(ref)
+    assert count_params(cfg).stored == sum(p.numel() for p in model.parameters())

@@ -38,13 +38,16 @@ import dataclasses
 import torch
 
 from storelab.checkpoint.families._common import linear, norm
-from storelab.checkpoint.families._family import Family, fixed
+from storelab.checkpoint.families._family import Family
 from storelab.checkpoint.families._reader import Fields, rope_of, text_fields, tied
 from storelab.checkpoint.table import Src, copy
 
 RECURRENT, ATTENTION = "recurrent", "attention"
 BLOCK_TYPES = (RECURRENT, RECURRENT, ATTENTION)  # transformers' RecurrentGemmaConfig default
 ACTIVATION = "gelu_pytorch_tanh"
+# transformers' RecurrentGemmaConfig defaults (RecurrentGemma 2B's shape), for a file that leaves a field out
+DEFAULTS = dict(hidden_size=2560, num_hidden_layers=26, num_attention_heads=10, intermediate_size=3 * 2560,
+                vocab_size=256_000)
 RGLRU_NAMES = {"y_proj": "linear_y", "x_proj": "linear_x", "out_proj": "linear_out"}
 RGLRU_PARAMS = ("input_gate_weight", "input_gate_bias", "recurrent_gate_weight", "recurrent_gate_bias",
                 "recurrent_param")
@@ -66,7 +69,7 @@ def rg_token(t: Fields, kind: str, D: int, eps: float):
     from storelab.stores.attention import WindowConfig
     from storelab.stores.rglru import RGLRUConfig
 
-    H = t.int("num_attention_heads", minimum=1)
+    H = t.int("num_attention_heads", default=DEFAULTS["num_attention_heads"], minimum=1)
     if kind == RECURRENT:
         return RGLRUConfig(d_model=D, lru_width=t.int("lru_width", default=D, minimum=1), n_heads=H,
                            conv_kernel=t.int("conv1d_width", default=4, minimum=1))
@@ -84,22 +87,23 @@ def to_config(hf: dict):
     from storelab.stores.ffn import FFNConfig
 
     t = text_fields(hf)
-    D = t.int("hidden_size", minimum=1)
-    n = t.int("num_hidden_layers", minimum=1)
+    D = t.int("hidden_size", default=DEFAULTS["hidden_size"], minimum=1)
+    n = t.int("num_hidden_layers", default=DEFAULTS["num_hidden_layers"], minimum=1)
+    V = t.int("vocab_size", default=DEFAULTS["vocab_size"], minimum=1)
     eps = t.float("rms_norm_eps", default=1e-6)
     act = t.str("hidden_activation", default=ACTIVATION)
     if act != ACTIVATION:
         raise t._err("hidden_activation", f"{act!r} is not supported (storelab's RG-LRU gate branch and GeGLU MLP "
                                           f"are {ACTIVATION})")
-    channel = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", minimum=2) // 2, activation="geglu_tanh", bias=True)
+    width = t.int("intermediate_size", default=DEFAULTS["intermediate_size"], minimum=2) // 2
+    channel = FFNConfig(d_model=D, d_ff=width, activation="geglu_tanh", bias=True)
     layers = [LayerConfig(token=rg_token(t, kind, D, eps), channel=channel, depth=ResidualConfig(d_model=D))
               for kind in block_types(t, n)]
-    cfg = model_config(hf, t.d, name="recurrent-gemma", title="RecurrentGemma (checkpoint)", d_model=D,
+    cfg = model_config(hf, dict(t.d, vocab_size=V), name="recurrent-gemma", title="RecurrentGemma (checkpoint)", d_model=D,
                        layers=layers, norm_eps=eps, context=0)
     # transformers' normalizer: sqrt(D) held in bfloat16, cast to the activations' dtype at the call
     scale = float(torch.tensor(D ** 0.5, dtype=torch.bfloat16))
-    return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, default=True), vocab_size=t.int("vocab_size", minimum=1),
-                               embed_scale=scale, logit_softcap=t.float("logits_soft_cap", default=30.0))
+    return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, default=True), vocab_size=V, embed_scale=scale, logit_softcap=t.float("logits_soft_cap", default=30.0))
 
 
 def runs(hf: dict) -> None:
@@ -139,5 +143,12 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
+def ignored(hf: dict) -> tuple[str, ...]:
+    """Rotary buffers, and a stored copy of the tied head (the 9B's 19.25 GB of bf16 shards hold 8.58B weights
+    plus ``lm_head.weight``; transformers ties it to the embedding)."""
+    t = text_fields(hf)
+    return (r"rotary_emb\.", r"\.normalizer$") + ((r"^lm_head\.weight$",) if tied(hf, t, default=True) else ())
+
+
 FAMILY = Family(name="recurrent_gemma", model_types=("recurrent_gemma",), to_config=to_config, table=table,
-                ignored=fixed(r"rotary_emb\.", r"\.normalizer$"), runs=runs)
+                ignored=ignored, runs=runs)
