@@ -202,6 +202,7 @@ def test_parameter_names_are_the_documented_ones():
 
 
 @pytest.mark.parametrize("field, value", [("n_groups", 3), ("head_dim", 0), ("dt_limit", (0.5, 0.1)),
+                                          ("dt_limit", (0.1,)), ("dt_limit", (math.nan, 1.0)), ("dt_limit", ("0", 1)),
                                           ("norm", "layer"), ("mode", "scan"), ("use_bias", 1), ("dt_max", 1e-4)])
 def test_bad_configs_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}:"):
@@ -369,11 +370,12 @@ def test_a_hybrid_model_of_mamba2_layers_decodes_trains_and_reloads(tmp_path):
     from storelab.models.model import Model, prefill
 
     cfg = ModelConfig.from_dict({"name": "mamba2-hybrid", "d_model": 32, "vocab_size": 64, "n_layers": 4, "stores": {
-        "M": {"kind": "mamba2", "n_heads": 4, "head_dim": 16, "d_state": 8, "n_groups": 2, "chunk_size": 8},
+        "M": {"kind": "mamba2", "n_heads": 4, "head_dim": 16, "d_state": 8, "n_groups": 2, "chunk_size": 8,
+              "dt_limit": [0.01, math.inf]},                # as a TOML file writes it: a list, inf for no upper limit
         "A": {"kind": "attention", "n_heads": 2, "head_dim": 16},
         "F": {"kind": "ffn", "d_ff": 64}, "R": {"kind": "residual"}},
         "layers": [{"at": "all", "pattern": "MMMA", "token": {"M": "M", "A": "A"}, "channel": "F", "depth": "R"}]})
-    assert cfg.mix() == "3 mamba2 + 1 full"
+    assert cfg.mix() == "3 mamba2 + 1 full" and cfg.layers[0].token.dt_limit == (0.01, math.inf)
     torch.manual_seed(0)
     model = Model(cfg).eval()
     ids = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(1))
@@ -392,5 +394,7 @@ def test_a_hybrid_model_of_mamba2_layers_decodes_trains_and_reloads(tmp_path):
     assert not missing, missing
 
     save(model.eval(), tmp_path / "m")
+    loaded = load(tmp_path / "m")
+    assert loaded.cfg.layers[0].token.dt_limit == (0.01, math.inf)
     with torch.no_grad():
-        assert_close(load(tmp_path / "m")(ids)[0], want, 0.0, "saved and loaded")
+        assert_close(loaded(ids)[0], want, 0.0, "saved and loaded")

@@ -93,7 +93,9 @@ class Mamba2Config(StoreConfig):
     dt_min: float = 1e-3              # the step's initialisation range, dt ~ logU(dt_min, dt_max)
     dt_max: float = 0.1
     dt_init_floor: float = 1e-4
-    dt_limit: tuple[float, float] = (0.0, math.inf)  # the step is clamped to this range at every call
+    # the step is clamped to [low, high] at every call; high may be inf (transformers' time_step_limit, no
+    # upper limit), so the field is a plain tuple, checked here, not a tuple of the file format's finite floats
+    dt_limit: tuple = (0.0, math.inf)
     norm: str = "group"               # "group" (RMS per group of d_inner / G), "full", "none" (o * SiLU(z))
     norm_before_gate: bool = False    # True: RMSNorm(o) * SiLU(z) (Falcon-H1's option); False: RMSNorm(o * SiLU(z))
     mode: str = "chunk"               # "chunk" (fast) or "recurrent" (the per-token reference)
@@ -115,9 +117,11 @@ class Mamba2Config(StoreConfig):
         self.check(self.n_heads % self.n_groups == 0, "n_groups",
                    f"{self.n_groups} groups do not divide {self.n_heads} heads")
         self.check(self.dt_min <= self.dt_max, "dt_max", f"must be >= dt_min {self.dt_min}, got {self.dt_max}")
-        self.check(isinstance(self.dt_limit, tuple) and len(self.dt_limit) == 2
-                   and 0.0 <= self.dt_limit[0] < self.dt_limit[1], "dt_limit",
-                   f"must be (low, high) with 0 <= low < high, got {self.dt_limit!r}")
+        lim = self.dt_limit
+        numbers = isinstance(lim, tuple) and len(lim) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in lim)
+        self.check(numbers and math.isfinite(lim[0]) and 0.0 <= lim[0] < lim[1], "dt_limit",
+                   f"must be [low, high] with 0 <= low < high (high may be inf), got {lim!r}")
         self.check(self.norm in NORMS, "norm", f"must be one of {NORMS}, got {self.norm!r}")
         for name in ("use_conv_bias", "use_bias", "norm_before_gate"):
             value = getattr(self, name)
