@@ -54,6 +54,16 @@ def test_expert_layers_placed_as_transformers_places_them(start, end, every):
     assert ours == theirs and any(ours)
 
 
+def test_mtp_tensors_ignored():
+    import re
+
+    pats = FAMILY.ignored(dict(COMMON, model_type=MODEL_TYPE))
+    for name in ("model.mtp_block.0.self_attn.q_proj.weight", "model.mtp_linear_proj.0.weight",
+                 "model.mtp_emb_norm.0.weight"):
+        assert any(re.search(p, name) for p in pats), name
+    assert not any(re.search(p, "model.layers.1.mlp.gate.weight") for p in pats)
+
+
 def test_use_bias_refused():
     with pytest.raises(CheckpointError, match="use_bias"):
         FAMILY.to_config(dict(COMMON, model_type=MODEL_TYPE, use_bias=True))

@@ -20,6 +20,8 @@ Names (the release's, which transformers 5.23 writes back; ``m`` = ``model.layer
 | blocks.i.channel.gate_up, down       | m.experts.{e}.{gate,up,down}_proj (or 3-D gate_up_proj / down_proj) |
 | blocks.i.channel.shared_*_proj       | m.shared_experts.{gate,up,down}_proj                               |
 
+The multi-token-prediction tensors of the release (``mtp_block``, ``mtp_emb_norm``, ``mtp_hidden_norm``,
+``mtp_linear_proj``; ``num_nextn_predict_layers``) are ignored and not counted, as transformers ignores them.
 ``use_bias`` true (biases on every projection, the MLPs and the LM head) is refused naming the field:
 the published ERNIE 4.5 models have none, and storelab's experts and shared experts take no biases.
 """
@@ -78,10 +80,12 @@ def ernie_statics(tab, hf, cfg, names):
         tab[f"blocks.{i}.channel.choice_bias"] = Src((where,), lambda b: b.reshape(-1), "[1, E] -> [E]")
 
 
+MTP = (r"(^|\.)mtp_",)  # the release's MTP tensors (transformers: _keys_to_ignore_on_load_unexpected "mtp")
+
 DECL = Decl(name="ernie4_5_moe", model_types=("ernie4_5_moe",), title="ERNIE 4.5 MoE (checkpoint)", qkv_bias=False,
             o_bias=False, router="softmax", router_bias=True, eps=1e-5, theta=500000.0, tied=True, token=ernie_token,
             extra=ernie_statics)
 
 FAMILY = Family(name=DECL.name, model_types=DECL.model_types, to_config=lambda hf: ernie_config(DECL, hf),
-                table=lambda hf, cfg, names: table(DECL, hf, cfg, names), ignored=lambda hf: DECL.ignored,
+                table=lambda hf, cfg, names: table(DECL, hf, cfg, names), ignored=lambda hf: DECL.ignored + MTP,
                 runs=lambda hf: runs(DECL, hf))
