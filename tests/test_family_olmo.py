@@ -159,3 +159,25 @@ def test_v4_rope_scaling_belongs_to_the_full_layers(tmp_path):
         ref = hf(ids).logits
         got, _ = load(tmp_path)(ids)
     assert_close(got, ref, atol=1e-5 * ref.abs().max().item(), what="olmo3 v4 yarn logits")
+
+
+@pytest.mark.parametrize("name", ["OLMo-2-1124-13B", "OLMo-2-0325-32B"])
+def test_published_olmo2(name):
+    """AllenAI's OLMo 2 13B (MHA) and 32B (GQA, 8 KV heads) config.json as published: every layer full attention
+    with post norms and whole-projection q/k norms, and the parameter count equal to the sum written out from
+    the file's numbers (embedding and head untied, per layer the attention, its (H + G) K norm weights, the
+    SwiGLU MLP and two d_model norms, the final norm)."""
+    from pathlib import Path
+
+    from storelab.models.accounting import count_params
+
+    path = Path(__file__).parent / "fixtures" / "configs" / f"{name}.json"
+    raw = json.loads(path.read_text())
+    cfg = read_model_config(path)
+    D, V, I, n = raw["hidden_size"], raw["vocab_size"], raw["intermediate_size"], raw["num_hidden_layers"]
+    H, G = raw["num_attention_heads"], raw["num_key_value_heads"]
+    K = D // H
+    assert [lay.token.KIND for lay in cfg.layers] == ["attention"] * n
+    assert {(lay.norms, lay.token.qk_norm_scope, lay.token.n_kv_heads) for lay in cfg.layers} == {("post", "all", G)}
+    per_layer = D * (H + 2 * G) * K + H * K * D + (H + G) * K + 3 * D * I + 2 * D
+    assert count_params(cfg).stored == 2 * V * D + n * per_layer + D
