@@ -18,7 +18,6 @@ protocol and accounting, and transformers' Mamba2Mixer and NemotronHMamba2Mixer 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
