@@ -2,8 +2,9 @@
 model saved with ``save_pretrained``: the layers read (chunked RoPE layers with the L2 norm, NoPE layers with the
 temperature, experts every second layer), logits equal in fp32 (1e-5 of the logits' scale) and bf16, chunked
 prefill + steps equal to one pass (chunks of 8 closed and open), parameters from config.json alone equal to the
-saved tensors, transformers' cache bytes after a prefill; the moe store's ``scale_input`` against a plain
-per-token reference in value and gradient; Scout's and Maverick's published configs read.
+saved tensors, transformers' cache bytes after a prefill; the ``llama4`` wrapper's text model loaded and its vision
+tower counted exactly; the moe store's ``scale_input`` against a plain per-token reference in value and gradient;
+Scout's and Maverick's published configs read.
 """
 
 from __future__ import annotations
@@ -142,6 +143,31 @@ def test_memory_equals_transformers_cache(T, saved):
     assert state_bytes(cfg, T, engine="ideal", dtype="fp32")["chunked"] == 2 * (T % 8) * entry
 
 
+def test_wrapper_loads_the_text_model_and_counts_the_vision_tower(tmp_path):
+    """The ``llama4`` wrapper (``Llama4ForConditionalGeneration``, saved under ``language_model.model.`` as the
+    published files): the text model loads with the vision tensors ignored, its logits on text equal the
+    wrapper's, and ``vision_params`` from the config equals the tower's and projector's saved parameters."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    from storelab.checkpoint.families.llama4 import vision_params
+
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=42,
+                  patch_size=14, vision_output_dim=40, projector_input_dim=24, projector_output_dim=40)
+    torch.manual_seed(0)
+    hf = Llama4ForConditionalGeneration(Llama4Config(text_config=dict(TINY, model_type="llama4_text"),
+                                                     vision_config=vision)).eval()
+    hf.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    tower = sum(t.numel() for n, t in hf.state_dict().items() if "vision_model." in n or "multi_modal_projector." in n)
+    assert vision_params(raw) == tower and f"{tower:,} parameters" in read_model_config(tmp_path).notes
+    ours = load(tmp_path)
+    ids = ids_of(21)
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits
+        got, _ = ours(ids)
+    assert_close(got, ref, atol=1e-5 * ref.abs().max().item(), what="llama4 wrapper logits")
+
+
 def _plain_input_scaled(x_ND, experts_NK, weights_NK, gate_up_EFD, down_EDI):
     """sum_k expert_{e_nk}(w_nk x_n), one token and one expert at a time."""
     out = []
@@ -192,8 +218,8 @@ def test_moe_scale_input_refuses_a_non_bool():
 def test_published(name, stored, active):
     """The published wrappers (text_config, no no_rope_layers, Scout's llama3 rope scaling) read: every fourth
     layer NoPE, experts on every layer (Scout) or every second (Maverick), the cards' counts within 1.5 %
-    (the vision tower is not counted: about 0.9B of Scout's 109B); loading Scout is refused by its rope."""
-    from storelab.checkpoint.families.llama4 import FAMILY
+    with the vision tower, counted apart (0.87B); loading Scout is refused by its rope."""
+    from storelab.checkpoint.families.llama4 import FAMILY, vision_params
     from storelab.checkpoint.shards import CheckpointError
     from storelab.models.accounting import count_params
 
@@ -206,7 +232,9 @@ def test_published(name, stored, active):
     assert [lay.channel.KIND for lay in cfg.layers] == ["moe" if (i + 1) % step == 0 else "ffn" for i in range(48)]
     assert cfg.layers[0].token.qk_l2_norm == raw["text_config"]["use_qk_norm"]
     pa = count_params(cfg)
-    assert abs(pa.stored / 1e9 - stored) <= 0.015 * stored and abs(pa.active / 1e9 - active) <= 0.015 * active
+    assert vision_params(raw) == 871_932_416
+    total = (pa.stored + vision_params(raw)) / 1e9
+    assert abs(total - stored) <= 0.015 * stored and abs(pa.active / 1e9 - active) <= 0.015 * active
     if name.startswith("Llama-4-Scout"):
         with pytest.raises(CheckpointError, match=r"rope_scaling.rope_type: 'llama3'"):
             FAMILY.runs(raw)

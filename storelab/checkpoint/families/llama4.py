@@ -1,6 +1,6 @@
 """Llama 4 (Meta, 2025; ``llama4_text``, and the ``llama4`` wrapper of Scout and Maverick, whose vision tower
-is left out: its tensors are ignored and its parameters not counted). A decoder of GQA attention layers, each
-followed by a SwiGLU MLP or a mixture of experts.
+and projector are not built: their tensors are ignored, ``vision_params`` counts them apart and the model's notes
+say how many). A decoder of GQA attention layers, each followed by a SwiGLU MLP or a mixture of experts.
 
 Attention, per layer (transformers' ``Llama4TextAttention``; the ``chunked`` store's docstring maps the fields):
 
@@ -98,13 +98,37 @@ DECL = Decl(name="llama4", model_types=("llama4", "llama4_text"), title="Llama 4
             ffn_width=lambda t: t.int("intermediate_size_mlp", minimum=1))
 
 
+def vision_params(hf: dict) -> int:
+    """Parameters of the wrapper's vision tower and projector (``Llama4VisionModel``, ``Llama4MultiModalProjector``;
+    not built), from ``vision_config``; 0 without one. With H ``hidden_size``, I ``intermediate_size``, L layers,
+    P ``patch_size``, S ``image_size``: the patch embedding [H, C P^2] (no bias), the class embedding [H], the
+    position table [(S / P)^2 + 1, H], LayerNorms before and after the layers (2H each); per layer q, k, v, o
+    [H, H] and fc1 [I, H], fc2 [H, I], all with biases, and two LayerNorms; the pixel-shuffle adapter's fc1
+    [projector_input_dim, I] and fc2 [projector_output_dim]^2 and the projector [text hidden, vision_output_dim],
+    none with a bias."""
+    top = Fields(hf)
+    if not top.has("vision_config"):
+        return 0
+    v = top.sub("vision_config")
+    H, I, L = (v.int(k, minimum=1) for k in ("hidden_size", "intermediate_size", "num_hidden_layers"))
+    P, S, C = v.int("patch_size", minimum=1), v.int("image_size", minimum=1), v.int("num_channels", default=3)
+    tower = C * P * P * H + H + ((S // P) ** 2 + 1) * H + 4 * H + L * (4 * H * H + 2 * H * I + I + 9 * H)
+    adapter = v.int("projector_input_dim", minimum=1) * I + v.int("projector_output_dim", minimum=1) ** 2
+    projector = v.int("vision_output_dim", minimum=1) * text_fields(with_defaults(hf)).int("hidden_size")
+    return tower + adapter + projector
+
+
 def to_config(hf: dict):
     cfg = reader_config(DECL, with_defaults(hf))
     t = text_fields(with_defaults(hf))
     layers = [dataclasses.replace(lay, channel=dataclasses.replace(
         lay.channel, n_shared=1, d_shared=t.int("intermediate_size", minimum=1), scale_input=True))
               if lay.channel.KIND == "moe" else lay for lay in cfg.layers]
-    return dataclasses.replace(cfg, layers=layers)
+    cfg = dataclasses.replace(cfg, layers=layers)
+    vision = vision_params(hf)
+    if vision:
+        cfg.notes = f"vision tower and projector (vision_config; not built, counted apart): {vision:,} parameters"
+    return cfg
 
 
 def _transposed(name: str, what: str) -> Src:
