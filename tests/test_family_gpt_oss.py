@@ -110,9 +110,9 @@ COMMON = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_ke
 TINY = {
     "plain": dict(COMMON, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     # YaRN with a short pretraining length, so that it changes the frequencies of a 21-token test
-    "yarn": dict(COMMON, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
-                                          "beta_slow": 1.0, "original_max_position_embeddings": 8,
-                                          "truncate": False}),
+    "yarn": dict(COMMON, max_position_embeddings=32,
+                 rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+                                  "beta_slow": 1.0, "original_max_position_embeddings": 8, "truncate": False}),
 }
 
 
