@@ -26,8 +26,9 @@ FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 # lru_width differs from hidden_size, the pattern from the default, the window (6) fills at 17 tokens; 5 layers:
 # the pattern of 2 repeats and is cut (recurrent, attention, recurrent, attention, recurrent)
 TINY = dict(hidden_size=64, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=1, intermediate_size=192,
-            vocab_size=128, attention_window_size=6, conv1d_width=4, lru_width=48, block_types=["recurrent", "attention"],
-            partial_rotary_factor=0.5, logits_soft_cap=4.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+            vocab_size=128, attention_window_size=6, conv1d_width=4, lru_width=48,
+            block_types=["recurrent", "attention"], partial_rotary_factor=0.5, logits_soft_cap=4.0, bos_token_id=1,
+            eos_token_id=2, pad_token_id=0)
 
 
 @pytest.fixture(scope="module")

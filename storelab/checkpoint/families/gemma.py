@@ -18,8 +18,8 @@ sliding-window (local) and full (global) layers, GeGLU-tanh feed-forwards, and G
 
 A field the file leaves out takes transformers' default (Google's Gemma 3 4B-27B ``text_config`` names only the
 width, depth, rope scaling and window: 8 heads, 4 KV heads, head_dim 256 and 262,208 tokens come from
-``Gemma3TextConfig``). A field given as null keeps transformers' meaning: ``attn_logit_softcapping: null`` is no cap (Gemma 3's
-default), absent is the family's default (Gemma 2: 50 and 30). ``sliding_window`` counts the query
+``Gemma3TextConfig``). A field given as null keeps transformers' meaning: ``attn_logit_softcapping: null`` is
+no cap (Gemma 3's default), absent is the family's default (Gemma 2: 50 and 30). ``sliding_window`` counts the query
 itself, so our ``window`` is one less (``WindowConfig``). The bidirectional variant
 (``use_bidirectional_attention``, EmbeddingGemma) is not a causal LM and is refused naming the field.
 
@@ -136,7 +136,8 @@ def gemma_attention(t: Fields, i: int, kind: str, gen: str, D: int, eps: float):
         scaling["original_max_position_embeddings"] = t.int("max_position_embeddings", default=None)
     common = dict(d_model=D, n_heads=H, n_kv_heads=t.int("num_key_value_heads", default=d["num_key_value_heads"],
                                                          minimum=1),
-                  head_dim=t.int("head_dim", default=d["head_dim"], minimum=1), rope_theta=theta, qk_norm=gen == "gemma3",
+                  head_dim=t.int("head_dim", default=d["head_dim"], minimum=1), rope_theta=theta,
+                  qk_norm=gen == "gemma3",
                   qkv_bias=bias, out_bias=bias, norm_eps=eps, rope_scaling=scaling if _runs(scaling) else None,
                   attn_scale=t.float("query_pre_attn_scalar", default=256.0) ** -0.5,
                   softcap=_nullable(t, "attn_logit_softcapping", DEFAULTS[gen]["attn_softcap"]))
@@ -152,8 +153,8 @@ def gemma_refuse_4(t: Fields) -> None:
                     ("hidden_size_per_layer_input", t.int("hidden_size_per_layer_input", default=0) > 0),
                     ("num_kv_shared_layers", t.int("num_kv_shared_layers", default=0) > 0)):
         if on:
-            raise t._err(key, f"{json.dumps(t.d[key])} is not supported (model_type {t.d.get('model_type')!r}: storelab has "
-                              "no store for Gemma 4's layers yet)")
+            raise t._err(key, f"{json.dumps(t.d[key])} is not supported (model_type {t.d.get('model_type')!r}: "
+                              "storelab has no store for Gemma 4's layers yet)")
     raise t._err("model_type", f"{t.d.get('model_type')!r} is not supported (Gemma 4's weightless value norm and "
                                "saved layer_scalar have no store in storelab yet)")
 

@@ -99,11 +99,12 @@ def to_config(hf: dict):
     channel = FFNConfig(d_model=D, d_ff=width, activation="geglu_tanh", bias=True)
     layers = [LayerConfig(token=rg_token(t, kind, D, eps), channel=channel, depth=ResidualConfig(d_model=D))
               for kind in block_types(t, n)]
-    cfg = model_config(hf, dict(t.d, vocab_size=V), name="recurrent-gemma", title="RecurrentGemma (checkpoint)", d_model=D,
-                       layers=layers, norm_eps=eps, context=0)
+    cfg = model_config(hf, dict(t.d, vocab_size=V), name="recurrent-gemma", title="RecurrentGemma (checkpoint)",
+                       d_model=D, layers=layers, norm_eps=eps, context=0)
     # transformers' normalizer: sqrt(D) held in bfloat16, cast to the activations' dtype at the call
     scale = float(torch.tensor(D ** 0.5, dtype=torch.bfloat16))
-    return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, default=True), vocab_size=V, embed_scale=scale, logit_softcap=t.float("logits_soft_cap", default=30.0))
+    return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, default=True), vocab_size=V, embed_scale=scale,
+                               logit_softcap=t.float("logits_soft_cap", default=30.0))
 
 
 def runs(hf: dict) -> None:
@@ -119,7 +120,8 @@ def runs(hf: dict) -> None:
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:
-    tab: dict = {"embed.weight": copy("model.embed_tokens.weight"), "norm.weight": norm("model.final_norm.weight", True)}
+    tab: dict = {"embed.weight": copy("model.embed_tokens.weight"),
+                 "norm.weight": norm("model.final_norm.weight", True)}
     if not cfg.tie_embeddings:
         tab["lm_head.weight"] = copy("lm_head.weight")
     for i, lay in enumerate(cfg.layers):
