@@ -4,7 +4,10 @@ Every numeric option of every command is declared through ``count`` / ``integer`
 ``seed`` / ``int_list`` / ``force``: the range sits beside the option, and a value outside it is
 refused by the parser before anything runs, with the option's name, as exit code 2
 (``Invalid value for '--chunk': -4 is not in the range x>=0``). Floats must be finite (no ``nan``,
-no ``inf``). ``user_errors()`` turns the ValueErrors raised inside a command (a config field, a
+no ``inf``). Every command that builds and runs a model takes ``device()`` and ``dtype()``:
+``--device cpu|cuda|cuda:N|auto`` (resolved by the parser: auto is cuda when torch sees one; cuda
+asked for on a machine without it is refused, naming ``--device``) and ``--dtype fp32|bf16|fp16``
+(default None: the checkpoint's own, as ``storelab.load`` reads it). ``user_errors()`` turns the ValueErrors raised inside a command (a config field, a
 refused output) into ``error: <message>`` on stderr and exit code 2, never a traceback.
 """
 
@@ -16,7 +19,7 @@ from typing import Any, Iterator
 
 import typer
 
-__all__ = ["integer", "count", "number", "seed", "int_list", "force", "user_errors", "fail", "SEED_MAX"]
+__all__ = ["integer", "count", "number", "seed", "int_list", "force", "device", "dtype", "resolve_device", "DTYPES", "user_errors", "fail", "SEED_MAX"]
 
 SEED_MAX = 2**63 - 2  # torch's generators take 64-bit seeds; commands also seed with seed + 1
 
@@ -82,6 +85,53 @@ def force() -> Any:
     """``--force``: the one way to write into a folder of another kind or over a file the command did not write."""
     return typer.Option(False, "--force", help="Write even into a folder of another kind, or over files this "
                                                "command did not write (they are lost).")
+
+
+DTYPES = ("fp32", "bf16", "fp16")   # the names --dtype takes (storelab.checkpoint.loader.DTYPE_NAMES reads them)
+
+
+def resolve_device(value: str, option: str = "--device") -> str:
+    """``cpu``, ``cuda`` or ``cuda:N`` as asked, ``auto`` as cuda when torch sees a GPU (else cpu); a
+    typer.BadParameter naming ``option`` for any other text, or for CUDA on a machine without it."""
+    import re
+
+    v = str(value).strip().lower()
+    if v == "cpu":
+        return v
+    m = re.fullmatch(r"cuda(?::(\d+))?|auto", v)
+    if m is None:
+        raise typer.BadParameter(f"expected cpu, cuda, cuda:N or auto, got {value!r}", param_hint=f"'{option}'")
+    import torch
+
+    if v == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
+        raise typer.BadParameter(f"{value!r}: CUDA is not available here (torch {torch.__version__}, {built}); "
+                                 f"give {option} cpu (or auto)", param_hint=f"'{option}'")
+    if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
+        raise typer.BadParameter(f"{value!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                                 f"numbered from 0", param_hint=f"'{option}'")
+    return v
+
+
+def device(default: str = "cpu") -> Any:
+    """``--device``: where the model is built and run; the command receives the resolved name
+    (``resolve_device``), never ``auto``."""
+    return typer.Option(default, "--device", help="cpu, cuda, cuda:N, or auto (cuda when there is one).",
+                        callback=lambda value: None if value is None else resolve_device(value))
+
+
+def dtype() -> Any:
+    """``--dtype``: the model's parameter dtype, one of ``DTYPES``; None (the default): the checkpoint's own
+    (config.json's ``dtype``), fp32 for a model with random weights."""
+    def check(value):
+        if value is not None and value not in DTYPES:
+            raise typer.BadParameter(f"expected one of {', '.join(DTYPES)}, got {value!r}", param_hint="'--dtype'")
+        return value
+
+    return typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: the checkpoint's own; fp32 for "
+                                              "random weights).", callback=check)
 
 
 def fail(message: str) -> None:

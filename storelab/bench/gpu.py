@@ -1,6 +1,6 @@
 """``python -m storelab.bench.gpu``: the prepared GPU check of the fla dispatch (issue 9, item 6).
 
-One script, four sections, each step wrapped so that one failure is written into the JSON and the
+One script, five sections, each step wrapped so that one failure is written into the JSON and the
 rest still runs:
 
 * ``environment``: torch and its CUDA, the device, whether fla's kernels import (and the versions
@@ -17,7 +17,13 @@ rest still runs:
   on the device, 16,384 tokens in chunks of 1,024, tokens per second with ``STORELAB_FLA`` on
   (fla's kernels) and off (our chunked form), the last logits of the two compared, the peak of
   allocated device memory above the weights; and transformers' tiny model of the same family
-  (``storelab.bench.prefill.build_peer``) with its own chunked prefill on the device.
+  (``storelab.bench.prefill.build_peer``) with its own chunked prefill on the device;
+* ``commands``: the command line with ``--device DEVICE --dtype bf16`` (``storelab.options``), each
+  command its own process: ``storelab generate qwen3.8 --tiny`` (a prompt of 2,048 tokens, 8 new: the cache measured
+  beside the analytic count in bf16), ``storelab probe state_swap --model tiny-qwen3.8`` and
+  ``storelab probe selection --model tiny-glm-5.3 --contexts 2048`` (token ids moved to the model's
+  device by ``storelab.probes.source.on_device``, the selection's masks built there): exit code, the
+  device and dtype each reports, seconds, and the error's last lines when one fails.
 
 ``--quick``: T = 128, 2 heads of width 16, 256 tokens in chunks of 64; ``--device cpu --quick``
 runs end to end on a CPU (fla skipped there; tests/test_fla_dispatch.py runs it), so the script
@@ -63,10 +69,10 @@ import torch
 from storelab.bench.kernels import delta_inputs
 from storelab.ops import fla as fla_dispatch
 
-SECTIONS = ("correctness", "op_timing", "prefill")
+SECTIONS = ("correctness", "op_timing", "prefill", "commands")
 PREFILL_MODELS = ("kimi-k3", "qwen3.8")  # the zoo models with recurrent stores (KDA, Gated DeltaNet)
-FULL = dict(T=4096, H=8, K=64, length=16384, chunk=1024, repeats=10, prefill_repeats=2)
-QUICK = dict(T=128, H=2, K=16, length=256, chunk=64, repeats=3, prefill_repeats=1)
+FULL = dict(T=4096, H=8, K=64, length=16384, chunk=1024, repeats=10, prefill_repeats=2, command_length=2048)
+QUICK = dict(T=128, H=2, K=16, length=256, chunk=64, repeats=3, prefill_repeats=1, command_length=64)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -280,6 +286,39 @@ def prefill_rows(device: torch.device, kernels: dict[str, Callable], s: dict, pe
     return rows
 
 
+def command_rows(device: torch.device, s: dict) -> list[dict[str, Any]]:
+    """``storelab generate`` and two probes with ``--device DEVICE --dtype bf16``, each as its own
+    ``python -m storelab`` process (as a user runs them): per command its exit code, the device and dtype
+    its JSON reports, and seconds (the process's start included)."""
+    import subprocess
+    import sys
+
+    L = str(s["command_length"])
+    commands = [["generate", "qwen3.8", "--tiny", "--prompt-len", L, "--new-tokens", "8"],
+                ["probe", "state_swap", "--model", "tiny-qwen3.8", "--n", "8"],
+                ["probe", "selection", "--model", "tiny-glm-5.3", "--n", "2", "--contexts", L]]
+    rows = []
+    for c in commands:
+        args = c + ["--device", str(device), "--dtype", "bf16", "--json"]
+        row: dict[str, Any] = {"command": " ".join(args)}
+        t0 = time.perf_counter()
+        try:
+            res = subprocess.run([sys.executable, "-m", "storelab", *args], capture_output=True, text=True,
+                                 timeout=300)
+            row.update(exit_code=res.returncode, seconds=time.perf_counter() - t0)
+            if res.returncode == 0:
+                doc = json.loads(res.stdout)
+                row.update(device=doc["device"], dtype=doc["dtype"])
+                if c[0] == "generate":
+                    row["state_bytes_equal"] = all(x["measured_bytes"] == x["analytic_bytes"] for x in doc["state"])
+            else:
+                row["error"] = res.stderr[-2000:]
+        except Exception as e:
+            row.update(exit_code=None, error=_error(e))
+        rows.append(row)
+    return rows
+
+
 # -- the command -----------------------------------------------------------------------------------
 
 def _table(r: dict[str, Any]) -> str:
@@ -294,6 +333,10 @@ def _table(r: dict[str, Any]) -> str:
         lines.append(f"  {row['op']:<17} {row['dtype']}  " + (row.get("error") or
                      f"ours {row['ours_ms']:.2f} ms" + (f"  fla {row['fla_ms']:.2f} ms  ours/fla "
                                                         f"{row['ours_over_fla']:.2f}" if "fla_ms" in row else "")))
+    for row in r.get("commands", []):
+        lines.append(f"  {row['command'][:60]:<60} exit {row['exit_code']}  "
+                     + (f"{row.get('dtype')} on {row.get('device')}  {row['seconds']:.1f} s" if row['exit_code'] == 0
+                        else str(row.get("error", ""))[-120:]))
     for row in r.get("prefill", []):
         parts = [f"  {row['model']:<10} {row['length']} tok"]
         for key in ("fla_on", "fla_off", "peer"):
@@ -333,6 +376,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["op_timing"] = op_timing(device, kernels, s)
     if "prefill" in sections:
         r["prefill"] = prefill_rows(device, kernels, s, peer=not a.no_peer)
+    if "commands" in sections:
+        r["commands"] = command_rows(device, s)
     out = Path(a.out) if a.out else Path(os.environ["OUT"]) / "gpu.json" if os.environ.get("OUT") else Path("gpu.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(r, indent=1, default=str))

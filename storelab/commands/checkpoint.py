@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         config: bool = typer.Option(False, "--config", help="MODEL is a model file path."),
         checkpoint: bool = typer.Option(False, "--checkpoint", help="MODEL is a checkpoint folder: convert it."),
         seed: int = opt.seed(help="Seed of the random weights (zoo model or model file)."),
-        dtype: str = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32, or the checkpoint's)."),
+        dtype: str = opt.dtype(),
         max_shard_mb: float = opt.number(5 * 1024, "--max-shard-mb", min=0, min_open=True,
                                          help="Largest shard, in MiB."),
         force: bool = opt.force(),

@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
     def export(
         run: Path = typer.Argument(..., help="A run folder (storelab train --out)."),
         out: Path = typer.Argument(..., help="The model folder to write (created): storelab.load reads it."),
-        dtype: str = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: the run's, fp32)."),
+        dtype: str = opt.dtype(),
         force: bool = opt.force(),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:

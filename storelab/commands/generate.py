@@ -20,12 +20,16 @@ MAX_TOKENS = 2**24  # prompt and generated tokens each: beyond it the prompt alo
 
 
 def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, temperature: float = 0.0,
-                   top_k: int = 0, seed: int = 0, progress=None, model=None) -> dict:
-    """Build the model with random weights (fp32) unless ``model`` is given (a loaded checkpoint),
-    generate, and account the cache it holds."""
+                   top_k: int = 0, seed: int = 0, progress=None, model=None, device: str = "cpu",
+                   dtype: str | None = None) -> dict:
+    """Build the model with random weights on ``device`` in ``dtype`` (None: fp32) unless ``model`` is
+    given (a loaded checkpoint, run where it lies), generate, and account the cache it holds (in the
+    model's dtype). The prompt is drawn on the CPU, so it is the same on every device."""
     import torch
 
+    from storelab.checkpoint.loader import resolve_dtype
     from storelab.commands._finite import check_weights
+    from storelab.probes.source import placement
     from storelab.models.accounting import analytic_state_bytes
     from storelab.models.memory_terms import check_run_fits
     from storelab.models.model import Model, cache_bytes_by_kind, generate
@@ -42,17 +46,19 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
     check_run_fits(cfg, tokens=prompt_len + new_tokens, chunk=chunk or prompt_len, option="--prompt-len, "
                    "--new-tokens", instead="generate fewer tokens")
     torch.manual_seed(seed)
-    model = Model(cfg).eval() if model is None else model
+    if model is None:
+        model = Model(cfg).eval().to(device=device, dtype=resolve_dtype(dtype or "fp32", {}))
     check_weights(model, cfg.name)
+    where = placement(model, next(model.parameters()).device)
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
-    gen = torch.Generator().manual_seed(seed + 1)
-    out, cache = generate(model, prompt, new_tokens, chunk=chunk, temperature=temperature, top_k=top_k,
-                          generator=gen, on_token=progress)
+    gen = torch.Generator(device=where["device"]).manual_seed(seed + 1)   # sampling draws where the logits are
+    out, cache = generate(model, prompt.to(where["device"]), new_tokens, chunk=chunk, temperature=temperature,
+                          top_k=top_k, generator=gen, on_token=progress)
     measured = cache_bytes_by_kind(model, cache)
-    analytic = analytic_state_bytes(cfg, [st.seen for st in cache], dtype="fp32", own_copies=model.unshared)
+    analytic = analytic_state_bytes(cfg, [st.seen for st in cache], dtype=where["dtype"], own_copies=model.unshared)
     kinds = sorted(set(measured) | set(analytic))
     return {
-        "model": cfg.name, "prompt_len": prompt_len, "new_tokens": new_tokens, "chunk": chunk,
+        "model": cfg.name, **where, "prompt_len": prompt_len, "new_tokens": new_tokens, "chunk": chunk,
         "temperature": temperature, "seed": seed, "tokens": out[0].tolist(),
         "layer_tokens": [st.seen for st in cache],
         "state": [{"kind": k, "measured_bytes": measured.get(k, 0), "analytic_bytes": analytic.get(k, 0)}
@@ -84,6 +90,7 @@ def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int]
     from storelab.commands._finite import check_logits
     from storelab.models.memory_terms import check_run_fits
     from storelab.models.model import pick, prefill
+    from storelab.probes.source import placement
 
     if not ids:
         raise ValueError("prompt: encodes to no token")
@@ -95,10 +102,11 @@ def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int]
                          f"{model.cfg.context:,} tokens")
     check_run_fits(model.cfg, tokens=len(ids) + new_tokens, chunk=chunk or len(ids), option="--prompt, "
                    "--new-tokens", instead="give a shorter prompt or fewer tokens")
-    gen = torch.Generator().manual_seed(seed + 1)
+    where = placement(model, next(model.parameters()).device)
+    gen = torch.Generator(device=where["device"]).manual_seed(seed + 1)   # sampling draws where the logits are
     out, why = [], "length"
     with torch.no_grad():
-        logits, cache = prefill(model, torch.tensor([ids]), chunk=chunk)
+        logits, cache = prefill(model, torch.tensor([ids], device=where["device"]), chunk=chunk)
         while len(out) < new_tokens:
             check_logits(logits, f"token {len(ids) + len(out)}")
             nxt = pick(logits.float(), temperature=temperature, top_k=top_k, generator=gen)
@@ -109,7 +117,7 @@ def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int]
             if len(out) < new_tokens:
                 step, cache = model(nxt, cache)
                 logits = step[:, -1]
-    return {"model": model.cfg.name, "prompt_ids": ids, "tokens": out, "text": tok.decode(out), "stopped": why,
+    return {"model": model.cfg.name, **where, "prompt_ids": ids, "tokens": out, "text": tok.decode(out), "stopped": why,
             "temperature": temperature, "seed": seed}
 
 
@@ -131,6 +139,8 @@ def register(app: typer.Typer) -> None:
         prompt: str = typer.Option(None, "--prompt", help="Text to continue (needs --checkpoint: its tokenizer.json); "
                                    "prints the generated text."),
         chat: bool = typer.Option(False, "--chat", help="With --prompt: wrap it in the folder's chat template."),
+        device: str = opt.device(),
+        dtype: str = opt.dtype(),
     ) -> None:
         """Generate with random weights (or a checkpoint's); report the cache per store kind, measured
         beside analytic. With --prompt: text in, text out."""
@@ -164,9 +174,11 @@ def register(app: typer.Typer) -> None:
             if checkpoint is not None:
                 from storelab.checkpoint import load
 
-                check_fits(load(checkpoint, device="meta").cfg, what="--checkpoint",  # reads no weights
+                meta = load(checkpoint, device="meta", dtype=dtype)  # reads no weights
+                check_fits(meta.cfg, what="--checkpoint", bytes_per_param=next(meta.parameters()).element_size(),
                            instead="generate with a smaller checkpoint")
-                loaded = load(checkpoint, dtype="fp32" if prompt is None else None)  # text: its own dtype
+                # random prompt: fp32 unless --dtype says otherwise; text: --dtype, else its own dtype
+                loaded = load(checkpoint, device=device, dtype=dtype or ("fp32" if prompt is None else None))
                 check_weights(loaded, checkpoint)
                 cfg = loaded.cfg
             else:
@@ -186,18 +198,19 @@ def register(app: typer.Typer) -> None:
         with opt.user_errors():
             if json_:
                 res = run_generation(cfg, prompt_len=prompt_len, new_tokens=new_tokens, chunk=chunk,
-                                     temperature=temperature, top_k=top_k, seed=seed, model=loaded)
+                                     temperature=temperature, top_k=top_k, seed=seed, model=loaded,
+                                     device=device, dtype=dtype)
             else:
                 with Progress(console=err_console, transient=True) as bar:
                     task = bar.add_task(f"{cfg.name}: prefill {prompt_len}, decode", total=new_tokens)
                     res = run_generation(cfg, prompt_len=prompt_len, new_tokens=new_tokens, chunk=chunk,
                                          temperature=temperature, top_k=top_k, seed=seed, model=loaded,
-                                         progress=lambda n: bar.advance(task, n))
+                                         device=device, dtype=dtype, progress=lambda n: bar.advance(task, n))
         if json_:
             emit_json(res)
             return
         console.print(f"{cfg.name}: generated {res['tokens']}")
-        console.print(table(f"State after {prompt_len} + {new_tokens} tokens (fp32)",
+        console.print(table(f"State after {prompt_len} + {new_tokens} tokens ({res['dtype']} on {res['device']})",
                             ["Store", "Measured bytes", "Analytic bytes", "equal"],
                             [[s["kind"], s["measured_bytes"], s["analytic_bytes"],
                               "yes" if s["measured_bytes"] == s["analytic_bytes"] else "NO"] for s in res["state"]]))

@@ -26,7 +26,7 @@ from storelab.models.memory_terms import check_run_fits
 from storelab.outputs import KINDS, check_folder, folder_kind
 from storelab.probes.on_folder import MODEL_FOLDERS, open_text_model, run_text_probes
 from storelab.probes.prompts import load_records
-from storelab.probes.source import open_model
+from storelab.probes.source import on_device, open_model, placement
 from storelab.report.probe_rows import probe_rows
 
 
@@ -63,10 +63,13 @@ def register(app: typer.Typer) -> None:
         weights_only: bool = typer.Option(False, "--weights-only", help="forgetting only: the gates' half-lives "
                                           "at x = 0 and the KDA channel-fade estimate, from the gate tensors of a "
                                           "model folder alone (megabytes read, no model built)."),
+        device: str = opt.device(),
+        dtype: str = opt.dtype(),
     ) -> None:
         """Run a probe on a trained model; print its figures beside the essay's."""
         import torch
 
+        from storelab.checkpoint.loader import resolve_dtype
         from storelab.models.model import Model
         from storelab.probes import DOCUMENT_PROBES, PROBES
         from storelab.tasks import make_task
@@ -106,15 +109,16 @@ def register(app: typer.Typer) -> None:
             if out is not None:
                 check_folder(out, "probe", OUT_FILES, force=force, inputs=(checkpoint, prompts))
             if text:
-                net, t = open_text_model(checkpoint, stream=stream)
+                net, t = open_text_model(checkpoint, stream=stream, device=device, dtype=dtype)
             elif kind in MODEL_FOLDERS:
                 t = make_task(task, size)
-                net = open_model(checkpoint, stream=stream)
+                net = open_model(checkpoint, stream=stream, device=device, dtype=dtype)
                 if t.vocab_size > net.cfg.vocab_size:
                     raise ValueError(f"task: {t.NAME} ({size}) has vocabulary {t.vocab_size}, more than the "
                                      f"model's {net.cfg.vocab_size}")
             elif checkpoint is not None:
-                net, t, _ = load_trained(checkpoint)
+                net, t, _ = load_trained(checkpoint, device=device, dtype=dtype)
+                on_device(net, device)
                 if task is not None:
                     t = make_task(task, size)
                     if t.vocab_size != net.cfg.vocab_size:
@@ -125,7 +129,8 @@ def register(app: typer.Typer) -> None:
                 mcfg = resolve_model(model, t.vocab_size)
                 check_fits(mcfg, what="--model", instead=f"probe its tiny version (--model tiny-{model})")
                 torch.manual_seed(seed)
-                net = Model(mcfg).eval()
+                net = on_device(Model(mcfg).eval().to(device=device, dtype=resolve_dtype(dtype or "fp32", {})),
+                                device)
             check_weights(net, checkpoint if checkpoint is not None else model)  # NaN weights: no figure
             if contexts:  # documents prefilled in chunks of 1,024: the cache at the longest is what is held
                 check_run_fits(net.cfg, tokens=max(contexts), chunk=1024, option="--contexts",
@@ -153,7 +158,7 @@ def register(app: typer.Typer) -> None:
                 opt.fail(f"{nm}: {why}")
             skipped[nm] = why
         on = f"text ({prompts or 'shipped prompts'})" if text else t.NAME
-        doc = {"model": net.cfg.name, "task": on, "results": results, "skipped": skipped}
+        doc = {"model": net.cfg.name, "task": on, **placement(net, device), "results": results, "skipped": skipped}
         if out is not None:
             with opt.user_errors():
                 written = write_out(out, doc, results)

@@ -19,6 +19,8 @@ def register(app: typer.Typer) -> None:
                                                "save, with tokenizer.json): a section with its measurements."),
                stream: bool = typer.Option(False, "--stream", help="With --checkpoint: read each layer's weights "
                                            "during its call (checkpoints larger than memory)."),
+               device: str = opt.device(),
+               dtype: str = opt.dtype(),
                json_: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
         """The essay's claims beside what the code measures, as a self-contained HTML page."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -34,6 +36,9 @@ def register(app: typer.Typer) -> None:
                 check_checkpoint(checkpoint)
             elif stream:
                 raise ValueError("stream: --stream reads the model folder given as --checkpoint DIR")
+            elif device != "cpu" or dtype is not None:
+                raise ValueError(f"{'--device' if device != 'cpu' else '--dtype'}: places the model of --checkpoint "
+                                 f"DIR (the report's own sections run small models on the CPU); give --checkpoint")
         sections = default_sections(checkpoint)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=console, disable=json_, transient=False) as prog:
@@ -42,15 +47,17 @@ def register(app: typer.Typer) -> None:
                 out, quick=quick, sections=sections,
                 on_start=lambda s: prog.update(task, description=f"section: {s.title}"),
                 on_end=lambda oc: prog.update(task, advance=1, description=f"{'done' if oc.ok else 'FAILED'}: {oc.section.title}"),
-                force=force, checkpoint=checkpoint, stream=stream)
+                force=force, checkpoint=checkpoint, stream=stream, device=device, dtype=dtype)
         failed = [oc.section.key for oc in outcomes if not oc.ok]
+        placed = next((oc.result.data for oc in outcomes if oc.section.key == "checkpoint" and oc.ok), None)
         if json_:
             claims: dict[str, int] = {}   # the ledger's statuses ("not measured": a model that did not learn)
             for c in ledger(outcomes):
                 claims[c.status] = claims.get(c.status, 0) + 1
             emit_json({"report": str(paths["html"]), "markdown": str(paths["md"]), "json": str(paths["json"]),
                        "sections": [{"key": oc.section.key, "ok": oc.ok, "seconds": round(oc.seconds, 2)} for oc in outcomes],
-                       "failed": failed, "claims": claims})
+                       "failed": failed, "claims": claims,
+                       **{k: placed[k] for k in ("device", "dtype") if placed}})
         else:
             for oc in outcomes:
                 if not oc.ok:

@@ -19,9 +19,10 @@ DOCUMENT_CONTEXTS = (1024,)  # selection and mhc on text without --contexts
 MODEL_FOLDERS = ("hf", "save")
 
 
-def open_text_model(folder: Path, *, stream: bool = False):
-    """(model, tokenizer) of a model folder; the model checked to fit in memory before any weight is read,
-    unless ``stream`` (each layer's weights read during its call: ``storelab.probes.source.open_model``)."""
+def open_text_model(folder: Path, *, stream: bool = False, device: str = "cpu", dtype=None):
+    """(model, tokenizer) of a model folder on ``device`` in ``dtype`` (None: its own); the model checked to
+    fit in memory before any weight is read, unless ``stream`` (each layer's weights read during its call:
+    ``storelab.probes.source.open_model``)."""
     from storelab.checkpoint import load
     from storelab.models.config import check_fits
     from storelab.probes.source import open_model
@@ -29,9 +30,10 @@ def open_text_model(folder: Path, *, stream: bool = False):
 
     tok = Tokenizer.from_folder(folder)          # a missing tokenizer.json is named before the weights are read
     if not stream:
-        check_fits(load(folder, device="meta").cfg, what="--checkpoint",
+        meta = load(folder, device="meta", dtype=dtype)
+        check_fits(meta.cfg, what="--checkpoint", bytes_per_param=next(meta.parameters()).element_size(),
                    instead="probe it with --stream, or a smaller checkpoint")
-    return open_model(folder, stream=stream), tok
+    return open_model(folder, stream=stream, device=device, dtype=dtype), tok
 
 
 def text_records(name: str, prompts: Path | None, records: list[dict] | None) -> list[dict]:

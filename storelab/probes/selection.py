@@ -39,7 +39,8 @@ def selection_layers(model) -> list[int]:
 
 def _softmax_causal(logits_BHTL: torch.Tensor) -> torch.Tensor:
     T, L = logits_BHTL.shape[-2:]
-    return torch.softmax(logits_BHTL.float().masked_fill(~causal_mask(T, L), float("-inf")), dim=-1)
+    return torch.softmax(logits_BHTL.float().masked_fill(~causal_mask(T, L, logits_BHTL.device), float("-inf")),
+                         dim=-1)
 
 
 def msa_view(store: BlockSparseAttention, x_BTD: torch.Tensor, blocks_BGTk: torch.Tensor) \
@@ -48,7 +49,7 @@ def msa_view(store: BlockSparseAttention, x_BTD: torch.Tensor, blocks_BGTk: torc
     given the blocks the call chose (what the store emitted as ``"blocks"``)."""
     c = store.cfg
     B, T, _ = x_BTD.shape
-    pos = torch.arange(T)
+    pos = torch.arange(T, device=x_BTD.device)
     q_BTHK, k_BTGK, _, _ = store.project(x_BTD, pos)
     k_BTHK = k_BTGK.repeat_interleave(c.n_heads // c.n_kv_heads, dim=2)
     w_BHTL = _softmax_causal(torch.einsum("bthk,blhk->bhtl", q_BTHK, k_BTHK) * c.scale)
@@ -62,19 +63,19 @@ def dsa_view(store: SelectionAttention, x_BTD: torch.Tensor, sel_pos_BTk: torch.
     """(full weights [B, 1, T, L], selected [B, 1, T, L], budget, 1) of one DSA call from 0 (absorbed MLA),
     given the positions the call selected (what it emitted as ``"selection"``)."""
     B, T, _ = x_BTD.shape
-    pos = torch.arange(T)
+    pos = torch.arange(T, device=x_BTD.device)
     p = store.mla.project(x_BTD, pos)
     q_BTHX = store.mla.absorbed_query(p)
     keys_BLX = torch.cat([p.latent_BTC, p.k_rope_BTR], dim=-1)
     w_BHTL = _softmax_causal(torch.einsum("bthx,blx->bhtl", q_BTHX, keys_BLX) * store.mla.cfg.scale)
     sel = selection_mask(sel_pos_BTk, torch.ones_like(sel_pos_BTk, dtype=torch.bool), T)
-    return w_BHTL.mean(1, keepdim=True), sel[:, None] & causal_mask(T, T), store.selector.k, 1
+    return w_BHTL.mean(1, keepdim=True), sel[:, None] & causal_mask(T, T, sel.device), store.selector.k, 1
 
 
 def selection_metrics(w_BGTL: torch.Tensor, sel_BGTL: torch.Tensor, budget: int, first: int) -> dict:
     """The probe's figures for one layer, over the queries that see more than ``budget`` entries."""
     T = w_BGTL.shape[2]
-    elig_T = torch.arange(T) + 1 > budget
+    elig_T = torch.arange(T, device=w_BGTL.device) + 1 > budget
     if not elig_T.any():
         return {"eligible_queries": 0}
     w, sel = w_BGTL[:, :, elig_T], sel_BGTL[:, :, elig_T]

@@ -55,17 +55,18 @@ def build_report(out: str | Path = "report", *, quick: bool = False, sections: l
                  on_start: Callable[[Section], None] | None = None,
                  on_end: Callable[[SectionOutcome], None] | None = None,
                  force: bool = False, checkpoint: str | Path | None = None,
-                 stream: bool = False) -> tuple[dict[str, Path], list[SectionOutcome]]:
+                 stream: bool = False, device: str = "cpu",
+                 dtype: str | None = None) -> tuple[dict[str, Path], list[SectionOutcome]]:
     """Run the sections, then write the report into ``out``. The folder is checked first
     (``storelab.outputs``): a report folder is rewritten, a new or empty one filled; any other
     kind, or a folder holding a file of the report's names, is refused unless ``force``.
     ``checkpoint``: a model folder (with tokenizer.json) adds the checkpoint section, the probes run on
-    it (``stream``: its layers' weights read during their calls)."""
+    it (``stream``: its layers' weights read during their calls) on ``device`` in ``dtype`` (None: its own)."""
     out = Path(out)
     check_folder(out, "report", FILES, force=force)
     ckpt = None if checkpoint is None else check_checkpoint(checkpoint)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(out=out, quick=quick, checkpoint=ckpt, stream=stream)
+    ctx = Context(out=out, quick=quick, checkpoint=ckpt, stream=stream, device=device, dtype=dtype)
     outcomes = run_sections(sections if sections is not None else default_sections(ckpt), ctx, on_start, on_end)
     claims = ledger(outcomes)
     meta = {

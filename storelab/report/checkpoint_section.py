@@ -65,10 +65,12 @@ def _claims(name: str, results: dict, skipped: dict, gates: dict | None) -> list
 def checkpoint_section(ctx: Context) -> SectionResult:
     from storelab.probes.gate_weights import gate_spectra
     from storelab.probes.on_folder import TEXT_PROBES, open_text_model, run_text_probes
+    from storelab.probes.source import placement
     from storelab.report.probe_rows import cell, probe_rows
 
     folder = ctx.checkpoint
-    model, tok = open_text_model(folder, stream=ctx.stream)
+    model, tok = open_text_model(folder, stream=ctx.stream, device=ctx.device, dtype=ctx.dtype)
+    where = placement(model, ctx.device)
     n = QUICK_N if ctx.quick else FULL_N
     contexts = list(QUICK_CONTEXTS if ctx.quick else FULL_CONTEXTS)
     results, skipped = run_text_probes(model, tok, list(TEXT_PROBES), prompts=None, records=None, n=n,
@@ -91,7 +93,7 @@ def checkpoint_section(ctx: Context) -> SectionResult:
         tables.append(Table("probes that did not apply", ["probe", "why"], [[k, v] for k, v in skipped.items()]))
     text = (f"The essay's measurements of what trained hybrids keep where, run on {folder} ({name}, "
             f"{model.cfg.mix()}) with the shipped prompt sets through its own tokenizer ({n} prompts per probe"
-            f"{', streamed layer by layer' if ctx.stream else ''}). The essay's figures were measured on other "
+            f"{', streamed layer by layer' if ctx.stream else ''}, {where['dtype']} on {where['device']}). The essay's figures were measured on other "
             "models; the claims below hold this model to them, within the essay's range where it gives one.")
     unmeasured = {nm: r["reason"] for nm, r in results.items() if r.get("valid") is False}
     if unmeasured and len(unmeasured) == sum("valid" in r for r in results.values()):
@@ -100,5 +102,5 @@ def checkpoint_section(ctx: Context) -> SectionResult:
         text += " Not measured on this model, so without fractions: "
     text += "; ".join(f"{nm} ({why})" for nm, why in unmeasured.items()) + ("." if unmeasured else "")
     return SectionResult(text=text, tables=tables, claims=_claims(name, results, skipped, gates),
-                         data={"checkpoint": str(folder), "model": name, "results": results, "skipped": skipped,
+                         data={"checkpoint": str(folder), "model": name, **where, "results": results, "skipped": skipped,
                                "weights_only": gates})

@@ -108,6 +108,8 @@ class Context:
     seed: int = 0
     checkpoint: Path | None = None   # a model folder: the checkpoint section runs the probes on it
     stream: bool = False             # read its layers' weights during their calls
+    device: str = "cpu"              # where the checkpoint's model runs (storelab report --device)
+    dtype: str | None = None         # its parameters' dtype (None: the checkpoint's own)
 
 
 @dataclass

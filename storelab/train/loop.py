@@ -383,9 +383,12 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
                        resumed_from=resumed_from, parallel=eng.name, optimizer=opt)
 
 
-def load_trained(path: str | Path) -> tuple[Model, Any, dict[str, Any]]:
+def load_trained(path: str | Path, *, device: str | torch.device = "cpu",
+                 dtype: str | torch.dtype | None = None) -> tuple[Model, Any, dict[str, Any]]:
     """(model, task, metadata) of a run directory's checkpoint (any world size wrote it), in eval mode,
-    in this process alone."""
+    in this process alone; read on the CPU in fp32 (its master weights), then moved to ``device`` in
+    ``dtype`` (a name of ``storelab.checkpoint.loader.DTYPE_NAMES``; None: fp32)."""
+    from storelab.checkpoint.loader import resolve_dtype
     from storelab.tasks import make_task as _make
 
     meta = read_meta(path)
@@ -394,7 +397,7 @@ def load_trained(path: str | Path) -> tuple[Model, Any, dict[str, Any]]:
     load_state(path, model=model, rng=False, collective=False)
     t = dict(meta["task"])
     task = _make(t.pop("name"), **t)
-    return model.eval(), task, meta
+    return model.to(device=device, dtype=resolve_dtype(dtype or "fp32", {})).eval(), task, meta
 
 
 class _Bar:
