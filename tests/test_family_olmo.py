@@ -1,9 +1,10 @@
-"""The OLMo 2 / OLMo 3 family (``storelab/checkpoint/families/olmo2.py``) against transformers 5.23's tiny
-``olmo2`` and ``olmo3`` models saved with ``save_pretrained``: the config read (post norms, q/k norms over
-the whole projections, OLMo 3's windows and per-type rope), logits equal in fp32 (1e-5 of the logits'
-scale) and bf16 (5 %), chunked prefill + steps equal to one pass, transformers' cache bytes after a prefill
-(windows filled and not), parameters from config.json alone equal to the saved tensors; a v4 file's YaRN
-kept off the sliding layers.
+"""The OLMo 2 / OLMo 3 / OLMoE family (``storelab/checkpoint/families/olmo2.py``) against transformers 5.23's
+tiny ``olmo2``, ``olmo3`` and ``olmoe`` models saved with ``save_pretrained``: the config read (post norms,
+q/k norms over the whole projections, OLMo 3's windows and per-type rope, OLMoE's experts), logits equal in
+fp32 (1e-5 of the logits' scale) and bf16 (5 %), chunked prefill + steps equal to one pass, transformers'
+cache bytes after a prefill (windows filled and not), parameters from config.json alone equal to the saved
+tensors; a v4 file's YaRN kept off the sliding layers; OLMoE's ``clip_qkv`` read but refused for loading;
+AllenAI's OLMo 2 13B and 32B files read.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from tests.test_families import cache_bytes, ids_of
 
 COMMON = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
               intermediate_size=96, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512)
-# olmo3: the sliding and full layers rotate with different thetas, so that a layer given the other's shows
+# olmo3: the sliding and full layers rotate with different thetas, so that a layer given the other's shows;
+# olmoe: the chosen experts' weights renormalised (norm_topk_prob), which shows when the mapping is wrong
 TINY = {
     "olmo2": dict(COMMON, rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
     "olmo3": dict(COMMON, sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2,
                   rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=100.0),
                                    "full_attention": dict(rope_type="default", rope_theta=10000.0)}),
+    "olmoe": dict(COMMON, intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
 }
 
 
@@ -62,14 +65,20 @@ def saved(tmp_path_factory):
 
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_config_read(model_type, saved):
-    """Post norms, whole-projection q/k norms, the windows one less than sliding_window, the thetas per type."""
+    """Post norms (OLMoE: pre), whole-projection q/k norms, the windows one less than sliding_window, the thetas
+    per type, OLMoE's experts."""
     hf, folder = saved(model_type)
     cfg = read_model_config(folder)
-    assert {lay.norms for lay in cfg.layers} == {"post"} and not cfg.tie_embeddings
+    want_norms = "pre" if model_type == "olmoe" else "post"
+    assert {lay.norms for lay in cfg.layers} == {want_norms} and not cfg.tie_embeddings
     toks = [lay.token for lay in cfg.layers]
     assert all(a.qk_norm and a.qk_norm_scope == "all" and a.partial_rotary == 1.0 for a in toks)
     if model_type == "olmo2":
         assert [a.KIND for a in toks] == ["attention"] * 4 and {a.rope_theta for a in toks} == {1000.0}
+    elif model_type == "olmoe":
+        moe = [lay.channel for lay in cfg.layers]
+        assert {(m.KIND, m.n_experts, m.top_k, m.d_expert, m.router, m.norm_topk_prob) for m in moe} == {
+            ("moe", 4, 2, 32, "softmax", True)}
     else:
         assert [a.KIND for a in toks] == ["window", "attention"] * 2
         assert toks[0].window == hf.config.sliding_window - 1
@@ -181,3 +190,18 @@ def test_published_olmo2(name):
     assert {(lay.norms, lay.token.qk_norm_scope, lay.token.n_kv_heads) for lay in cfg.layers} == {("post", "all", G)}
     per_layer = D * (H + 2 * G) * K + H * K * D + (H + G) * K + 3 * D * I + 2 * D
     assert count_params(cfg).stored == 2 * V * D + n * per_layer + D
+
+
+def test_olmoe_clip_qkv_read_but_not_run(tmp_path, saved):
+    """OLMoE's ``clip_qkv``: the config is read (accounting), loading the weights refuses it naming the field."""
+    import shutil
+
+    from storelab.checkpoint.shards import CheckpointError
+
+    _, folder = saved("olmoe")
+    shutil.copytree(folder, tmp_path / "clipped")
+    hf = json.loads((folder / "config.json").read_text())
+    (tmp_path / "clipped" / "config.json").write_text(json.dumps(dict(hf, clip_qkv=8.0)))
+    assert read_model_config(tmp_path / "clipped").n_layers == 4
+    with pytest.raises(CheckpointError, match=r"clip_qkv: 8.0: storelab's attention does not clamp"):
+        load(tmp_path / "clipped")

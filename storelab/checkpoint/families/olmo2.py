@@ -1,5 +1,8 @@
 """OLMo 2 (AllenAI, arXiv 2501.00656; ``olmo2``) and OLMo 3 (``olmo3``): Llama's decoder with the norms
-moved after each mixer and a norm over the whole query and key projections.
+moved after each mixer and a norm over the whole query and key projections; OLMoE (arXiv 2409.02060;
+``olmoe``), the same q/k norms in a pre-norm mixture-of-experts decoder.
+
+OLMo 2 and 3:
 
 * post norms (``LayerConfig.norms = "post"``): x + norm(f(x)) around the attention and the MLP, no
   norm before either (``post_attention_layernorm``, ``post_feedforward_layernorm``), RMSNorms;
@@ -12,20 +15,28 @@ moved after each mixer and a norm over the whole query and key projections.
   32B) belongs to the full-attention layers only: the sliding ones rotate plainly, as
   ``Olmo3Config.convert_rope_params_to_dict`` reads it.
 
-transformers' defaults where a file says nothing: ``rms_norm_eps`` 1e-5; ``rope_theta`` 10,000
-(OLMo 2) and 500,000 (OLMo 3). Parameters per layer: the attention's D*(H + 2G)*K + H*K*D and its two
-norms (H + G)*K, the MLP's 3*D*I, two d_model norms; the state is the attention's keys and values
-(a window's W of them on the sliding layers).
+OLMoE: pre norms (``input_layernorm``, ``post_attention_layernorm``), every layer's MLP ``num_experts``
+SwiGLU experts ``intermediate_size`` wide (3-D ``gate_up_proj`` / ``down_proj``), ``num_experts_per_tok``
+chosen by a softmax router, their weights renormalised only with ``norm_topk_prob`` (default false).
+Its ``clip_qkv`` (q, k, v clamped to [-c, c]; null in OLMoE-1B-7B) is no option of storelab's attention:
+accounting reads such a file, loading refuses it naming the field.
 
-Names (transformers' ``Olmo2ForCausalLM`` / ``Olmo3ForCausalLM``; ``a`` = ``model.layers.i``):
+transformers' defaults where a file says nothing: ``rms_norm_eps`` 1e-5; ``rope_theta`` 10,000
+(OLMo 2, OLMoE) and 500,000 (OLMo 3). Parameters per layer: the attention's D*(H + 2G)*K + H*K*D and its two
+norms (H + G)*K, the MLP's 3*D*I, two d_model norms; the state is the attention's keys and values
+(a window's W of them on the sliding layers). OLMoE's MLP: E experts' 3*D*I and the router's E*D.
+
+Names (transformers' ``Olmo2ForCausalLM`` / ``Olmo3ForCausalLM`` / ``OlmoeForCausalLM``; ``a`` =
+``model.layers.i``):
 
 | ours                                 | transformers                          |
 |--------------------------------------|---------------------------------------|
-| blocks.i.norm_token                  | a.post_attention_layernorm            |
-| blocks.i.norm_channel                | a.post_feedforward_layernorm          |
+| blocks.i.norm_token                  | a.post_attention_layernorm (OLMoE: a.input_layernorm) |
+| blocks.i.norm_channel                | a.post_feedforward_layernorm (OLMoE: a.post_attention_layernorm) |
 | blocks.i.token.{q,k,v,o}_proj        | a.self_attn.{q,k,v,o}_proj            |
 | blocks.i.token.q_norm / k_norm       | a.self_attn.q_norm / k_norm (H*K, G*K) |
 | blocks.i.channel.{gate,up,down}_proj | a.mlp.{gate,up,down}_proj             |
+| blocks.i.channel.router, gate_up, down | a.mlp.gate, a.mlp.experts.gate_up_proj / down_proj (OLMoE) |
 | norm.weight                          | model.norm.weight                     |
 """
 
@@ -55,7 +66,10 @@ DECLS = {
                   token=olmo_attention),
     "olmo3": Decl(name="olmo3", model_types=("olmo3",), title="OLMo 3 (checkpoint)", qk_norm=True, eps=1e-5,
                   every=4, theta=500000.0, token=olmo_attention),
+    "olmoe": Decl(name="olmoe", model_types=("olmoe",), title="OLMoE (checkpoint)", qk_norm=True, eps=1e-5,
+                  norm_topk_default=False, token=olmo_attention),
 }
+POST_NORMS = ("olmo2", "olmo3")  # OLMoE keeps Llama's pre norms
 
 
 def post_layers(cfg):
@@ -63,19 +77,30 @@ def post_layers(cfg):
     return dataclasses.replace(cfg, layers=[dataclasses.replace(lay, norms="post") for lay in cfg.layers])
 
 
-def _decl(hf: dict) -> Decl:
-    return DECLS[Fields(hf).str("model_type")]
+def _type(hf: dict) -> str:
+    return Fields(hf).str("model_type")
 
 
 def to_config(hf: dict):
-    return post_layers(_reader.to_config(_decl(hf), hf))
+    cfg = _reader.to_config(DECLS[_type(hf)], hf)
+    return post_layers(cfg) if _type(hf) in POST_NORMS else cfg
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:
-    tab = _reader.table(_decl(hf), hf, cfg, names)
-    post_norm_entries(tab, cfg, prefix=layer_prefix(names)[0])
+    tab = _reader.table(DECLS[_type(hf)], hf, cfg, names)
+    if _type(hf) in POST_NORMS:
+        post_norm_entries(tab, cfg, prefix=layer_prefix(names)[0])
     return tab
 
 
+def runs(hf: dict) -> None:
+    """The reader's rope check; OLMoE's ``clip_qkv`` refused by name."""
+    t = _reader.text_fields(hf)
+    if t.has("clip_qkv"):
+        raise t._err("clip_qkv", f"{t.float('clip_qkv')!r}: storelab's attention does not clamp q, k and v "
+                                 "(accounting reads it; loading weights does not)")
+    _reader.runs(DECLS[_type(hf)], hf)
+
+
 FAMILY = Family(name="olmo2", model_types=tuple(DECLS), to_config=to_config, table=table,
-                ignored=lambda hf: _decl(hf).ignored, runs=lambda hf: _reader.runs(_decl(hf), hf))
+                ignored=lambda hf: DECLS[_type(hf)].ignored, runs=runs)
