@@ -137,3 +137,20 @@ def test_refuses_naming_the_field(tmp_path, change, message):
     (tmp_path / "config.json").write_text(json.dumps(dict(TINY["moe_rope"], model_type="granitemoehybrid", **change)))
     with pytest.raises(CheckpointError, match=message):
         read_model_config(tmp_path)
+
+
+def test_rope_scaling_refused_for_running_only_where_the_attention_rotates():
+    """A rope type other than plain is read for accounting; loading refuses it naming the field, unless the
+    attention uses no positions (NoPE: the rope fields are unused)."""
+    from storelab.checkpoint.families.granitemoehybrid import FAMILY
+    from storelab.checkpoint.shards import CheckpointError
+
+    yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 128}
+    for name in TINY:
+        hf = dict(TINY[name], model_type="granitemoehybrid", rope_parameters=yarn)
+        FAMILY.to_config(hf)
+        if hf["position_embedding_type"] == "rope":
+            with pytest.raises(CheckpointError, match=r"rope_parameters.rope_type: 'yarn'"):
+                FAMILY.runs(hf)
+        else:
+            FAMILY.runs(hf)

@@ -160,3 +160,15 @@ def test_refuses_naming_the_field(tmp_path, change, message):
     (tmp_path / "config.json").write_text(json.dumps(dict(TINY, model_type="jamba", **change)))
     with pytest.raises(CheckpointError, match=message):
         read_model_config(tmp_path)
+
+
+def test_layers_block_type_list_as_written(tmp_path):
+    """A file that lists its layers (``layers_block_type``) is read as written, the period fields aside."""
+    kinds = ["attention", "mamba", "mamba", "attention"]
+    (tmp_path / "config.json").write_text(json.dumps(dict(TINY, model_type="jamba", layers_block_type=kinds)))
+    assert [lay.token.KIND for lay in read_model_config(tmp_path).layers] == kinds
+    (tmp_path / "config.json").write_text(json.dumps(dict(TINY, model_type="jamba", layers_block_type=kinds[:3])))
+    from storelab.checkpoint.shards import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"layers_block_type: has 3 entries, but num_hidden_layers is 4"):
+        read_model_config(tmp_path)

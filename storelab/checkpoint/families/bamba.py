@@ -116,5 +116,15 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
+def runs(hf: dict) -> None:
+    """Plain RoPE only: another rope type (``rope_parameters.rope_type``) is read for accounting, refused here."""
+    t = text_fields(hf)
+    kind = rope_of(t).kind
+    if kind != "default":
+        key = "rope_scaling" if t.has("rope_scaling") else "rope_parameters"
+        raise t._err(f"{key}.rope_type", f"{kind!r}: storelab's attention runs plain RoPE only "
+                                         f"(accounting reads it; loading weights does not)")
+
+
 FAMILY = Family(name="bamba", model_types=("bamba",), to_config=to_config, table=table,
-                ignored=lambda hf: (r"rotary_emb\.",))
+                ignored=lambda hf: (r"rotary_emb\.",), runs=runs)

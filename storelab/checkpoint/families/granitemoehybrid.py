@@ -41,7 +41,7 @@ import dataclasses
 from storelab.checkpoint.families._common import base_entries, either, model_config
 from storelab.checkpoint.families._family import Family
 from storelab.checkpoint.families._reader import Fields, attention_entries, rope_of, text_fields, tied
-from storelab.checkpoint.families.bamba import check_silu, hybrid_mamba2
+from storelab.checkpoint.families.bamba import check_silu, hybrid_mamba2, runs as bamba_runs
 from storelab.checkpoint.families.mamba import mixer_entries
 from storelab.checkpoint.table import Src, copy, rows
 
@@ -138,5 +138,11 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
+def runs(hf: dict) -> None:
+    """Plain RoPE only, where the attention rotates at all (``position_embedding_type`` "rope")."""
+    if text_fields(hf).str("position_embedding_type", default="nope") == "rope":
+        bamba_runs(hf)
+
+
 FAMILY = Family(name="granitemoehybrid", model_types=("granitemoehybrid",), to_config=to_config, table=table,
-                ignored=lambda hf: (r"rotary_emb\.",))
+                ignored=lambda hf: (r"rotary_emb\.",), runs=runs)

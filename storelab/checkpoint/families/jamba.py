@@ -1,6 +1,6 @@
 """Jamba (AI21, arXiv 2403.19887; ``jamba``: Jamba v0.1, Jamba 1.5 Mini / Large, Jamba Reasoning): a stack of
-Mamba layers with an attention layer every ``attn_layer_period`` (8) layers, at ``attn_layer_offset`` (4), each
-mixer followed by a mixture of experts every ``expert_layer_period`` (2) layers at ``expert_layer_offset`` (1),
+Mamba layers with an attention layer every ``attn_layer_period`` (8) layers, at ``attn_layer_offset`` (4) (or as a
+``layers_block_type`` list says), each mixer followed by a mixture of experts every ``expert_layer_period`` (2) layers at ``expert_layer_offset`` (1),
 else a SwiGLU MLP. Pre-norm RMSNorms, eps ``rms_norm_eps``.
 
 * Mamba (``JambaMambaMixer``): storelab's ``mamba`` store with weighted RMS norms on dt_r, B and C
@@ -52,8 +52,19 @@ def _period(t: Fields, period: str, offset: str, default: tuple[int, int]) -> tu
     return p, o
 
 
+KINDS = {"attention": ATTENTION, "full_attention": ATTENTION, "mamba": MAMBA, "linear_attention": MAMBA}
+
+
 def block_types(t: Fields, n: int) -> list[str]:
-    """"attention" at layers i with i % attn_layer_period == attn_layer_offset, else "mamba"."""
+    """A ``layers_block_type`` (or ``layer_types``) list as written; else "attention" at layers i with
+    i % attn_layer_period == attn_layer_offset (transformers' rule) and "mamba" elsewhere."""
+    if t.has("layers_block_type", "layer_types"):
+        key = t.key("layers_block_type", "layer_types")
+        types = t.list(key, n=n)
+        for i, x in enumerate(types):
+            if x not in KINDS:
+                raise t._err(f"{key}[{i}]", f"{x!r} is not a Jamba layer type (mamba, attention)")
+        return [KINDS[x] for x in types]
     p, o = _period(t, "attn_layer_period", "attn_layer_offset", (8, 4))
     return [ATTENTION if i % p == o else MAMBA for i in range(n)]
 
