@@ -1,7 +1,7 @@
 """Jamba (AI21, arXiv 2403.19887; ``jamba``: Jamba v0.1, Jamba 1.5 Mini / Large, Jamba Reasoning): a stack of
 Mamba layers with an attention layer every ``attn_layer_period`` (8) layers, at ``attn_layer_offset`` (4) (or as a
-``layers_block_type`` list says), each mixer followed by a mixture of experts every ``expert_layer_period`` (2) layers at ``expert_layer_offset`` (1),
-else a SwiGLU MLP. Pre-norm RMSNorms, eps ``rms_norm_eps``.
+``layers_block_type`` list says), each mixer followed by a mixture of experts every ``expert_layer_period`` (2)
+layers at ``expert_layer_offset`` (1), else a SwiGLU MLP. Pre-norm RMSNorms, eps ``rms_norm_eps``.
 
 * Mamba (``JambaMambaMixer``): storelab's ``mamba`` store with weighted RMS norms on dt_r, B and C
   (``bcdt_norm = "weighted"``, eps ``rms_norm_eps``); d_inner = ``mamba_expand`` x hidden, d_state
