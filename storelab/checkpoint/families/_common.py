@@ -70,6 +70,27 @@ def post_norm_entries(tab: dict, cfg, *, prefix: str = "model.") -> None:
         tab[f"blocks.{i}.norm_channel.weight"] = copy(f"{prefix}layers.{i}.post_feedforward_layernorm.weight")
 
 
+def with_mlp_biases(cfg):
+    """The model with a bias on each dense MLP projection (``mlp_bias``: Seed-OSS, Helium); storelab's
+    ``ffn`` has them as ``bias``."""
+    import dataclasses
+
+    def biased(lay):
+        if lay.channel is None or lay.channel.KIND != "ffn":
+            return lay
+        return dataclasses.replace(lay, channel=dataclasses.replace(lay.channel, bias=True))
+
+    return dataclasses.replace(cfg, layers=[biased(lay) for lay in cfg.layers])
+
+
+def mlp_bias_entries(tab: dict, cfg, *, prefix: str = "model.") -> None:
+    """The dense MLPs' biases (``mlp.{gate,up,down}_proj.bias``) where the channel config has them."""
+    for i, lay in enumerate(cfg.layers):
+        if lay.channel is not None and lay.channel.KIND == "ffn" and lay.channel.bias:
+            for p in ("gate_proj", "up_proj", "down_proj"):
+                tab[f"blocks.{i}.channel.{p}.bias"] = copy(f"{prefix}layers.{i}.mlp.{p}.bias")
+
+
 def experts(tab: dict, ours: str, theirs: str, names: set[str], n_experts: int) -> None:
     """Routed experts as our 3-D ``gate_up [E, 2I, D]`` and ``down [E, D, I]``: copied when the
     checkpoint stores them so (transformers' layout), stacked from per-expert matrices otherwise

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from storelab.checkpoint.families import _reader
-from storelab.checkpoint.families._common import layer_prefix, linear
+from storelab.checkpoint.families._common import layer_prefix, mlp_bias_entries, with_mlp_biases
 from storelab.checkpoint.families._family import Family
 from storelab.checkpoint.families._reader import Decl, Fields, _attention, text_fields
 
@@ -35,20 +35,13 @@ DECL = Decl(name="seed_oss", model_types=("seed_oss",), title="Seed-OSS (checkpo
 
 def to_config(hf: dict):
     cfg = _reader.to_config(DECL, hf)
-    if not text_fields(hf).bool("mlp_bias", default=False):
-        return cfg
-    biased = [dataclasses.replace(lay, channel=dataclasses.replace(lay.channel, bias=True)) for lay in cfg.layers]
-    return dataclasses.replace(cfg, layers=biased)
+    return with_mlp_biases(cfg) if text_fields(hf).bool("mlp_bias", default=False) else cfg
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:
     """The reader's names, and the MLP's biases where ``mlp_bias``."""
     tab = _reader.table(DECL, hf, cfg, names)
-    pre = layer_prefix(names)[0]
-    for i, lay in enumerate(cfg.layers):
-        if lay.channel.bias:
-            for p in ("gate_proj", "up_proj", "down_proj"):
-                linear(tab, f"blocks.{i}.channel.{p}", f"{pre}layers.{i}.mlp.{p}", bias=True)
+    mlp_bias_entries(tab, cfg, prefix=layer_prefix(names)[0])
     return tab
 
 
