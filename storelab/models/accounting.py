@@ -76,7 +76,7 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
             parts[slot + ":" + st.KIND] = parts.get(slot + ":" + st.KIND, 0) + pc.stored
             if slot == "lookup":
                 engram_rows += st.table_params()
-                layer_stored += D  # its own RMSNorm in the block
+                layer_stored += D  # its own norm in the block
                 layer_active += D
         stored += layer_stored
         active += layer_active

@@ -153,7 +153,7 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    """Embedding -> blocks -> depth head -> final RMSNorm -> LM head."""
+    """Embedding -> blocks -> depth head -> final norm (``norm_kind``) -> LM head."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
