@@ -1,4 +1,11 @@
-"""``storelab models``: the zoo (or a model file) with layer counts, store mix and parameters."""
+"""``storelab models``: the zoo (or a model file) with layer counts, store mix and parameters.
+
+With ``--checkpoint``, the text model's stored and active parameters, and beside them what the checkpoint
+holds that storelab does not build (``storelab.checkpoint.towers``): each vision or audio tower and the
+MTP layers, named, with their parameters or "not counted" and why; and the total of the text model and
+the counted parts (Qwen3.5-0.8B: 752M + 101M + 20.5M = 873M, its published figure). ``--json``: per
+checkpoint ``parts`` (name, kind, source, params: null when not counted, why) and ``params.total_stored``,
+``params.not_counted``."""
 
 from __future__ import annotations
 
@@ -33,6 +40,18 @@ def load_configs(config: list[Path] | None, tiny: bool, names: list[str] | None 
     return out
 
 
+def add_parts(rec: dict, cfg, path: Path) -> None:
+    """The checkpoint's parts apart (towers, MTP layers) and its total, into its record."""
+    from dataclasses import asdict
+
+    from storelab.checkpoint import towers
+    from storelab.checkpoint.config_only import read_hf_config
+
+    found = towers.parts(read_hf_config(path)[0], cfg)
+    rec["parts"] = [asdict(p) for p in found]
+    rec["params"]["total_stored"], rec["params"]["not_counted"] = towers.total(cfg, found)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def models(
@@ -50,6 +69,13 @@ def register(app: typer.Typer) -> None:
             err_console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2)
         recs = [model_record(c) for c in cfgs]
+        n = len(checkpoint or [])
+        try:
+            for path, rec, cfg in zip(checkpoint or [], recs[len(recs) - n:], cfgs[len(cfgs) - n:]):
+                add_parts(rec, cfg, path)   # the checkpoints come last (load_configs)
+        except ValueError as e:
+            err_console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2)
         if json_:
             emit_json(recs)
             return
@@ -76,9 +102,19 @@ def register(app: typer.Typer) -> None:
         for r in recs:  # a model with no published figures (a checkpoint): without the embedding and head too
             p = r["params"]
             if not p.get("published_stored"):
-                console.print(f"[bold]{r['title']}[/bold]: stored {_fmt_params(p['stored'])}, active "
-                              f"{_fmt_params(p['active'])}; without the embedding and LM head, active "
-                              f"{_fmt_params(p['active_without_embedding'])}", highlight=False)
+                console.print(f"[bold]{r['title']}[/bold]: {'text model ' if r.get('parts') else ''}stored "
+                              f"{_fmt_params(p['stored'])}, active {_fmt_params(p['active'])}; without the "
+                              f"embedding and LM head, active {_fmt_params(p['active_without_embedding'])}",
+                              highlight=False)
+            for part in r.get("parts", []):   # what the checkpoint holds beside the text model
+                console.print(f"  {part['name']}, from {part['source']} (not built): "
+                              + (f"{_fmt_params(part['params'])} ({part['params']:,})" if part["params"] is not None
+                                 else f"not counted: {part['why']}"), highlight=False, soft_wrap=True)
+            if r.get("parts"):
+                missing = p["not_counted"]
+                console.print(f"  total: {_fmt_params(p['total_stored'])} ({p['total_stored']:,}), the text model and "
+                              f"the parts counted" + (f"; without {', '.join(missing)} (not counted)" if missing else ""),
+                              highlight=False, soft_wrap=True)
         for r in recs:  # where ours differs by more than 3 %, the zoo file says why
             p = r["params"]
             off = [k for k in ("stored_ratio", "active_ratio", "active_prefill_ratio", "engram_ratio")

@@ -4,7 +4,10 @@ layers, gated full attention (arXiv 2505.06708) in every fourth (``full_attentio
 
 Two layouts of config.json: ``qwen3_5_text`` (the text model alone) and ``qwen3_5``, the
 multimodal wrapper, whose text model sits under ``text_config`` and whose weights sit under
-``model.language_model.`` beside a vision tower (ignored, as are the MTP layers).
+``model.language_model.`` beside a vision tower (ignored, as are the MTP layers). Both are counted apart
+from the config (``storelab.checkpoint.towers``: Qwen3.5-0.8B's published 873M = 752,393,024 in the text
+model + 100,592,896 in the vision tower + 20,452,864 in its MTP layer), named in the model's notes and
+shown by ``storelab models --checkpoint``.
 
 The tensor names are Qwen3.5-MoE's (``storelab.checkpoint.families.qwen3_next`` gives the table):
 ``linear_attn.in_proj_qkv`` (q, k, v rows one after the other), ``in_proj_z``, ``in_proj_b``,
@@ -19,6 +22,7 @@ layers, 149.625 MiB of fp32 recurrent state per sequence in its 48 Gated DeltaNe
 
 from __future__ import annotations
 
+from storelab.checkpoint import towers
 from storelab.checkpoint.families import qwen3_next
 from storelab.checkpoint.families._family import Family, fixed
 
@@ -34,7 +38,9 @@ def text_config(hf: dict) -> dict:
 
 
 def to_config(hf: dict):
-    return qwen3_next.build_config(hf, text_config(hf), title="Qwen3.5 (checkpoint)")
+    cfg = qwen3_next.build_config(hf, text_config(hf), title="Qwen3.5 (checkpoint)")
+    cfg.notes = towers.note(towers.parts(hf, cfg))   # the vision tower and MTP layers, counted apart
+    return cfg
 
 
 FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=qwen3_next.table,
