@@ -34,7 +34,10 @@ TINY = {
     "gemma3_text": GEMMA3_TEXT,
     # Gemma 3 4B and up: the global layers' rotation scaled linearly (transformers puts it under full_attention)
     "gemma3_linear": dict(GEMMA3_TEXT, rope_scaling=dict(rope_type="linear", factor=8.0)),
-    "gemma3": dict(text_config=GEMMA3_TEXT, mm_tokens_per_image=4,
+    # the wrapper with both caps set: transformers' Gemma 3 applies neither (Gemma3Attention passes no softcap on,
+    # Gemma3ForConditionalGeneration caps no logits), and storelab reads it so
+    "gemma3": dict(text_config=dict(GEMMA3_TEXT, attn_logit_softcapping=2.0, final_logit_softcapping=3.0),
+                   mm_tokens_per_image=4,
                    vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                       num_attention_heads=2, image_size=28, patch_size=14)),
 }
@@ -49,7 +52,8 @@ def tiny_hf(model_type: str):
 
     torch.manual_seed(0)
     cfg = AutoConfig.for_model(TYPE.get(model_type, model_type), **TINY[model_type])
-    hf = AutoModelForCausalLM.from_config(cfg).eval()
+    # eager attention: the plain form of transformers' softmax (Gemma 2's soft cap is applied there)
+    hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for t in hf.state_dict().values():
@@ -99,6 +103,7 @@ def test_config_read(model_type, saved):
         assert local.rope_theta == glob.rope_theta == tc.rope_parameters["rope_theta"]
     else:
         assert (local.softcap, cfg.logit_softcap, local.qk_norm) == (None, None, True)
+    if model_type != "gemma2":
         assert (local.rope_theta, glob.rope_theta) == (100.0, 10000.0)
         assert local.rope_scaling is None
         assert glob.rope_scaling == (dict(rope_type="linear", factor=8.0, original_max_position_embeddings=512)

@@ -10,7 +10,10 @@ sliding-window (local) and full (global) layers, GeGLU-tanh feed-forwards, and G
 * Gemma 2: ``attn_logit_softcapping`` c (each scaled score s read as c tanh(s / c): the attention
   store's ``softcap``) and ``final_logit_softcapping`` (the model's ``logit_softcap``); the layers
   alternate local and global, the first local (transformers' fixed pattern of 2);
-* Gemma 3: per-head q/k RMSNorms; five local layers to one global (``sliding_window_pattern``, 6);
+* Gemma 3: per-head q/k RMSNorms; no attention soft cap whatever ``attn_logit_softcapping`` says (the
+  published files say null; transformers 5.23's ``Gemma3Attention`` never passes it on); the image-text
+  wrapper never soft-caps its logits either (``Gemma3ForConditionalGeneration`` reads no
+  ``final_logit_softcapping``), the text model alone does when it is set; five local layers to one global (``sliding_window_pattern``, 6);
   the local layers rotate with ``rope_local_base_freq`` (10,000), the global ones with ``rope_theta``
   (1,000,000) and ``rope_scaling`` (Gemma 3 4B and up: linear, factor 8, ``storelab.ops.rope``; a
   scaling storelab does not compute is read for accounting and refused for running, naming the field).
@@ -68,10 +71,10 @@ ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh"}
 SHAPE = dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
              num_key_value_heads=4, head_dim=256)
 DEFAULTS = {
-    "gemma2": dict(SHAPE, vocab_size=256_000, max_position_embeddings=8192, pattern=2, attn_softcap=50.0,
-                   final_softcap=30.0, theta=10000.0, local_theta=None),
-    "gemma3": dict(SHAPE, vocab_size=262_208, max_position_embeddings=131_072, pattern=6, attn_softcap=None,
-                   final_softcap=None, theta=1_000_000.0, local_theta=10000.0),
+    "gemma2": dict(SHAPE, vocab_size=256_000, max_position_embeddings=8192, pattern=2, final_softcap=30.0,
+                   theta=10000.0, local_theta=None),
+    "gemma3": dict(SHAPE, vocab_size=262_208, max_position_embeddings=131_072, pattern=6, final_softcap=None,
+                   theta=1_000_000.0, local_theta=10000.0),
 }
 
 
@@ -140,7 +143,7 @@ def gemma_attention(t: Fields, i: int, kind: str, gen: str, D: int, eps: float):
                   qk_norm=gen == "gemma3",
                   qkv_bias=bias, out_bias=bias, norm_eps=eps, rope_scaling=scaling if _runs(scaling) else None,
                   attn_scale=t.float("query_pre_attn_scalar", default=256.0) ** -0.5,
-                  softcap=_nullable(t, "attn_logit_softcapping", DEFAULTS[gen]["attn_softcap"]))
+                  softcap=_nullable(t, "attn_logit_softcapping", 50.0) if gen == "gemma2" else None)
     if kind == FULL:
         return AttentionConfig(**common)
     return WindowConfig(window=t.int("sliding_window", default=4096, minimum=2) - 1, **common)
@@ -192,8 +195,11 @@ def to_config(hf: dict):
                        context=t.int("max_position_embeddings", default=d["max_position_embeddings"]))
     # sqrt(D) as transformers holds it: a float32 tensor, cast to the activations' dtype at the call
     scale = float(torch.tensor(D ** 0.5, dtype=torch.float32))
+    # the image-text wrapper (Gemma3ForConditionalGeneration) never caps its logits, whatever text_config says
+    cap = None if Fields(hf).str("model_type") == "gemma3" else \
+        _nullable(t, "final_logit_softcapping", DEFAULTS[gen]["final_softcap"])
     return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, default=True), vocab_size=V, embed_scale=scale,
-                               logit_softcap=_nullable(t, "final_logit_softcapping", DEFAULTS[gen]["final_softcap"]))
+                               logit_softcap=cap)
 
 
 def _runs(scaling: dict | None) -> bool:
