@@ -32,11 +32,11 @@ TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_
             attn_scale=0.5)
 
 
-def tiny_hf():
+def tiny_hf(settings: dict = TINY):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama4_text", **TINY)).eval()
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama4_text", **settings)).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for t in hf.state_dict().values():
@@ -84,6 +84,23 @@ def test_logits_equal_transformers(saved):
             out, cache = ours(ids[:, a:b], cache)
             parts.append(out)
     assert_close(torch.cat(parts, 1), got, atol=tol, what="llama4 chunked")
+
+
+def test_other_settings_logits_equal_transformers(tmp_path):
+    """Maverick's settings (no q/k norm, one expert a token) on every layer's experts, with the options Scout and
+    Maverick leave off: attention biases, no temperature tuning, NoPE layers placed by an explicit
+    ``no_rope_layers``."""
+    from tests.test_family_jamba import check_logits
+
+    other = dict(TINY, use_qk_norm=False, num_experts_per_tok=1, interleave_moe_layer_step=1, attention_bias=True,
+                 attn_temperature_tuning=False, no_rope_layers=[1, 1, 0, 1], layer_types=None)
+    hf = tiny_hf(other)
+    hf.save_pretrained(tmp_path)
+    cfg = read_model_config(tmp_path)
+    assert [lay.token.KIND for lay in cfg.layers] == ["chunked", "chunked", "attention", "chunked"]
+    assert {lay.channel.KIND for lay in cfg.layers} == {"moe"} and cfg.layers[0].token.qkv_bias
+    assert not cfg.layers[0].token.qk_l2_norm and not cfg.layers[2].token.attn_temperature_tuning
+    check_logits(hf, tmp_path, ((0, 5), (5, 8), (8, 9), (9, 20), (20, 21)), "llama4 (other settings)")
 
 
 def test_output_scaling_would_differ(saved):
