@@ -50,7 +50,7 @@ def run(*args: str, ok: bool = True):
 def memory_json(*args: str) -> list[dict]:
     """The records of ``storelab memory --json`` (docs/memory.schema.json), one per model."""
     doc = json.loads(run("memory", *args, "--json").stdout)
-    assert doc["schema_version"] == 2
+    assert doc["schema_version"] == 3
     return doc["models"]
 
 

@@ -6,6 +6,10 @@ folder or its config.json; no weights needed). Formats: ``--cache-dtype`` for ca
 published format when not given), ``--state-dtype`` for recurrent states and open pools,
 ``--weights-dtype`` for the weights beside them under ``--budget``.
 
+``--engine``: what an engine allocates beside the ideal (``storelab.models.engines``: ideal, the
+default, stated in the output; transformers, llama.cpp, vllm, each rule from its source): per layer in
+the JSON (``engine_bytes``, ``engine_rule``), its total in the text.
+
 ``--json`` prints one document of ``storelab.report.memory_json`` (docs/memory.schema.json, versioned);
 the text is made from the same records. ``--plot`` writes the figure and a JSON beside it, both checked
 first (``storelab.outputs.check_files``: rewritten only when that JSON says ``memory`` wrote it).
@@ -37,6 +41,9 @@ def register(app: typer.Typer) -> None:
         weights_dtype: str = typer.Option("bf16", "--weights-dtype", help="Weights beside the cache (--budget)."),
         budget: str = typer.Option(None, "--budget", help="Memory to fill, e.g. 24GiB: the longest context per "
                                                           "batch size that fits beside the weights."),
+        engine: str = typer.Option("ideal", "--engine", help="Whose allocation: ideal (what the stores need), "
+                                   "transformers, llama.cpp or vllm (their conventions: padding, pages, f32 "
+                                   "states)."),
         dtype: str = typer.Option(None, "--dtype", hidden=True, help="Old name of --cache-dtype."),
         config: list[Path] = typer.Option(None, "--config", help="A model file instead of the zoo."),
         checkpoint: list[Path] = typer.Option(None, "--checkpoint", help="A checkpoint folder or its config.json."),
@@ -50,6 +57,7 @@ def register(app: typer.Typer) -> None:
         """Per layer and model at context L: bytes per token and per sequence, entries kept and read."""
         from storelab.commands.models import load_configs
         from storelab.models.accounting import count_params
+        from storelab.models.engines import ENGINES
         from storelab.models.memory_terms import (cache_dtype as read_cache, parse_size, state_dtype as read_state,
                                                   weights_dtype as read_weights)
         from storelab.report.memory_json import budget_record, memory_document, memory_record
@@ -60,6 +68,8 @@ def register(app: typer.Typer) -> None:
             room = parse_size(budget) if budget is not None else None
             if batch <= 0:
                 raise ValueError(f"batch: must be > 0, got {batch}")
+            if engine not in ENGINES:
+                raise ValueError(f"engine: unknown {engine!r} (known: {', '.join(ENGINES)})")
             if context is not None and context <= 0:
                 raise ValueError(f"context: must be > 0, got {context}")
             if out is not None and not plot:
@@ -76,7 +86,7 @@ def register(app: typer.Typer) -> None:
             reports = []
             for cfg in cfgs:
                 L = context or cfg.context or 1_000_000
-                rec = memory_record(cfg, L, cache=cache, state=state, batch=batch)
+                rec = memory_record(cfg, L, cache=cache, state=state, batch=batch, engine=engine)
                 if room is not None:
                     rec["budget"] = budget_record(rec["total"], budget=room, weights_format=wdt,
                                                   stored=count_params(cfg).stored, batches=sorted({*BATCHES, batch}))
@@ -108,10 +118,25 @@ def _print(reports) -> None:
     from storelab.report.memory_text import budget_text, model_text
 
     for k, (cfg, rec) in enumerate(reports):
-        lines = model_text(cfg, rec)
+        lines = model_text(cfg, rec) + engine_text(rec)
         if "budget" in rec:
             lines += budget_text(cfg, rec["budget"])
         if k:
             console.print("")
         for line in lines:
             console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def engine_text(rec) -> list[str]:
+    """The engine's line(s): its name (the ideal stated as such) and, for an engine, its total and settings."""
+    from storelab.report.memory_text import gib_mib, shown
+
+    e = rec["engine"]
+    if e["name"] == "ideal":
+        return ["", "engine: ideal (what the stores need; --engine llama.cpp, vllm, transformers)"]
+    fmt = "the publisher's formats" if e["cache_format"] == "published" else shown(e["cache_format"])
+    out = ["", f"engine {e['name']} (caches in {fmt}): {gib_mib(e['total_bytes'])}"]
+    if e["settings"]:
+        out.append("  " + ", ".join(f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
+                                    for k, v in e["settings"].items()))
+    return out

@@ -2,50 +2,114 @@
 
 The accounting (``storelab.models.accounting``) counts what a store needs to keep: a window layer its
 last W entries, a full cache one entry per token. An engine allocates by its own conventions, and a
-user sizing a machine wants those bytes. ``state_bytes(cfg, seen, engine=...)`` gives them per store
-kind, asking each store config only for what it declares (its ``footprint`` and
-``cache_entry_bytes``), never its kind's name.
+user sizing a machine wants those bytes. Every rule here asks each store config only for what it
+declares (``memory_terms``, ``cache_entry_bytes``, ``cache_window``, ``cache_chunk``,
+``conv_input_bytes``, ``footprint``), never its kind's name, so a new store is ruled by what it says.
 
-Engines and their rules:
+``engine_layers(cfg, L, batch=B, engine=...)`` gives, per layer, the bytes the engine holds for B
+sequences of L tokens and the rule it applied; ``state_bytes(cfg, seen, engine="transformers")`` the
+transformers cache per store kind, measured against transformers in ``tests/test_families.py``.
 
-* ``ideal``: each store's ``footprint`` (what the next token needs; storelab's own caches hold exactly
-  this, ``tests/test_state_protocol.py``).
+Engines and their rules (``L``: tokens per sequence, ``B``: sequences, ``pad(x, n)``: x rounded up to
+a multiple of n, ``cdiv``: division rounded up):
+
+* ``ideal``: each store's two terms, ``B (bytes_per_token L + bytes_per_sequence)``: what the next
+  token needs (storelab's own caches hold exactly this, ``tests/test_state_protocol.py``).
+
 * ``transformers`` (5.23, ``DynamicCache`` after one prefill call of ``seen`` tokens; rules read from
-  ``transformers/cache_utils.py`` and measured on every family's tiny model in
-  ``tests/test_families.py``): a cache that grows with the context holds one entry per token, as the
-  ideal; a window layer (``DynamicSlidingWindowLayer``) returns a view of its last W - 1 entries, but
-  the view keeps the storage of the whole prefill's keys and values alive until the next call, so it
-  holds ``seen`` entries, plus the 8 bytes of its int64 ``_sliding_window_tensor``. (After a decoding
-  step it holds W entries' storage; the rule here is the one after a prefill.) A short convolution
+  ``transformers/cache_utils.py`` and measured on every family's tiny model): a cache that grows with
+  the context holds one entry per token, as the ideal; a window or chunk layer
+  (``DynamicSlidingWindowLayer``) returns a view of its last W - 1 entries, but the view keeps the
+  storage of the whole prefill's keys and values alive until the next call, so it holds ``seen``
+  entries, plus the 8 bytes of its int64 ``_sliding_window_tensor``. (After a decoding step it holds
+  W entries' storage; the rule here is the one after a prefill.) A short convolution
   (``LinearAttentionLayer.conv_states``) keeps the kernel's whole window, W inputs (zeros before the
   first), where the next token needs W - 1: one input more than the ideal (``conv_input_bytes``).
 
-llama.cpp and vLLM keep their own rules (cells padded to a multiple, pages of 16 tokens, hybrid
-pools); they are not written here yet, and asking for them is an error that says so.
+* ``llama.cpp`` (ggml-org/llama.cpp; ``src/llama-context.cpp``, ``src/llama-kv-cache.cpp``,
+  ``src/llama-kv-cache-iswa.cpp`` at 02c28f533ebba3e4ea944fc4a0719a012b3e7097,
+  ``src/llama-memory-recurrent.cpp`` at 0054ee8ca80bb64d4a56eec854f2753cab5b51be and
+  ``src/llama-model.cpp``'s ``create_memory``): B sequences of L tokens need ``-c B L -np B``; the
+  context is padded, ``n_ctx = pad(B L, 256)`` cells, one unified cache (``kv_unified``) whose cells
+  any sequence takes. K and V are kept in ``type_k`` / ``type_v``, f16 unless ``--cache-dtype``
+  says (q8_0, q4_0: blocks of 32 codes with an f16 scale).
+
+  - a full cache: ``n_ctx`` cells of the layer's entry (K and V, or MLA's latent row), so the bytes
+    per token x ``n_ctx``; a store's fixed part (DeepSeek-V4's pools) beside it, per sequence;
+  - a window or chunk layer (``llama_kv_cache_iswa``; llama.cpp keeps Llama 4's chunks as an SWA cache
+    with ``n_swa`` = the chunk): ``pad(min(n_ctx, W B + n_ubatch), 256)`` cells (``n_ubatch`` = 512),
+    or ``n_ctx`` with ``swa_full``;
+  - a recurrent layer (``llama_memory_recurrent``, also the recurrent half of
+    ``llama_memory_hybrid``): ``max(1, n_seq_max)`` = B rows of ``r`` (the convolution's last W - 1
+    inputs) and ``s`` (the state), both created ``GGML_TYPE_F32`` whatever the KV type: the store's
+    fixed part in f32 per sequence.
+
+  Checked against llama.cpp's log for Qwen3.5/3.6-27B: 16,384 MiB of f16 KV at 262,144 cells and
+  149.625 MiB of f32 R + S per sequence (``tests/test_engines.py``).
+
+* ``vllm`` (vllm-project/vllm; ``vllm/v1/kv_cache_interface.py`` at
+  001cabc1be16a59a70d720ed61a13b678c060a18: ``FullAttentionSpec``, ``SlidingWindowSpec``,
+  ``ChunkedLocalAttentionSpec``, ``MambaSpec``; ``vllm/platforms/interface.py``'s hybrid block size,
+  ``HybridAttentionMambaModelConfig`` before it; ``vllm/v1/core/kv_cache_utils.py`` adds each layer's
+  ``max_memory_usage_bytes`` for a request): pages of ``block_size`` = 16 tokens, per sequence
+
+  - a full cache: ``cdiv(L, block) block`` tokens of the layer's bytes per token (its fixed part as is);
+  - a window: ``(cdiv(min(W - 1 + M, L), block) + 1) block`` tokens, ``M`` = ``max_num_batched_tokens``
+    (8,192: the API server's default on a large GPU; an argument here), the last page maybe partial;
+  - a chunk: ``cdiv(min(C + M, L), block) block`` tokens;
+  - a recurrent layer (``MambaSpec``, ``mamba_cache_mode`` "none"): one page of its state (the
+    convolution's W - 1 inputs and the state, in ``--state-dtype``). In a hybrid model the attention
+    page must hold a state page: the block grows to ``16 cdiv(state_page, 16 attn_bytes_per_token)``
+    tokens (the first full-attention layer's bytes per token) and every state page is padded to that
+    attention page (``mamba_page_size_padded``).
+
+  Checked against vLLM's DeepSeek-V4-Pro figure (9.62 GiB of bf16 cache per sequence at 2^20 tokens:
+  the compressed caches and index keys, whole pages at that length) with the window rings beside it.
+
+MLA's latent row, DeepSeek's compressed entries and index keys are each engine's per-token bytes as the
+store states them in the chosen format; llama.cpp and vLLM keep V4's caches in pools of their own
+(``llama-kv-cache-dsv4.cpp``), whose fixed part is taken here as the store's.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from storelab.models.config import ModelConfig
 
-__all__ = ["ENGINES", "state_bytes", "store_state_bytes"]
+__all__ = ["ENGINES", "LlamaCpp", "VLLM", "engine_cache_format", "engine_layers", "state_bytes", "store_state_bytes"]
 
-ENGINES = ("ideal", "transformers")
+ENGINES = ("ideal", "transformers", "llama.cpp", "vllm")
 FAR = 1 << 20  # past any window
 SLIDING_TENSOR_BYTES = 8  # transformers' DynamicSlidingWindowLayer._sliding_window_tensor (int64 scalar)
 
 
-def store_state_bytes(st, seen: int, *, engine: str, dtype: str) -> int:
-    """Bytes one store's state occupies in ``engine`` after a prefill of ``seen`` tokens."""
+def _pad(x: int, n: int) -> int:
+    return -(-x // n) * n
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_engine(engine: str) -> None:
     if engine not in ENGINES:
-        raise ValueError(f"engine: unknown {engine!r} (known: {', '.join(ENGINES)}; llama.cpp and vllm: not yet)")
+        raise ValueError(f"engine: unknown {engine!r} (known: {', '.join(ENGINES)})")
+
+
+# ---------------------------------------------------------------------------- transformers
+def store_state_bytes(st, seen: int, *, engine: str, dtype: str) -> int:
+    """Bytes one store's state occupies in ``engine`` after a prefill of ``seen`` tokens, one sequence
+    (``ideal`` or ``transformers``; llama.cpp and vLLM allocate per model: ``engine_layers``)."""
+    _check_engine(engine)
+    if engine not in ("ideal", "transformers"):
+        raise ValueError(f"engine: {engine!r} allocates for the whole model and batch; use engine_layers")
     fp = st.footprint(seen, dtype=dtype)
     if engine == "ideal":
         return fp.state_bytes
     entry = st.cache_entry_bytes(dtype)
-    # a window: its entries stop growing with the context
-    bounded = entry > 0 and st.footprint(FAR, dtype=dtype).kept == st.footprint(2 * FAR, dtype=dtype).kept
-    if bounded:
+    if entry > 0 and (st.cache_window() or st.cache_chunk()):  # a window: the whole prefill's storage
         return int(seen * entry) + SLIDING_TENSOR_BYTES
     conv = st.conv_input_bytes(dtype) if seen else 0  # the conv state's W-th input
     return fp.state_bytes + int(conv)
@@ -55,10 +119,151 @@ def state_bytes(cfg: ModelConfig, seen: int, *, engine: str = "ideal", dtype: st
     """Bytes per store kind after a prefill of ``seen`` tokens in ``engine`` (a shared cache once, at its owner)."""
     out: dict[str, int] = {}
     for i, lay in enumerate(cfg.layers):
-        for slot, st in lay.stores().items():
-            if slot == "token" and not cfg.owns_cache(i):
-                continue
+        for slot, st in _held(cfg, i):
             b = store_state_bytes(st, seen, engine=engine, dtype=st.cache_format or dtype)
             if b or slot == "token":
                 out[st.KIND] = out.get(st.KIND, 0) + b
     return out
+
+
+def _held(cfg: ModelConfig, i: int):
+    """The (slot, store) pairs whose state layer ``i`` holds (a reader of another's cache: not its token store)."""
+    return [(slot, st) for slot, st in cfg.layers[i].stores().items() if slot != "token" or cfg.owns_cache(i)]
+
+
+# ---------------------------------------------------------------------------- llama.cpp and vLLM
+class LlamaCpp:
+    """llama.cpp's allocation for ``batch`` sequences of ``context`` tokens (module docstring)."""
+
+    name = "llama.cpp"
+    CTX_PAD = 256          # llama-context.cpp: cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256)
+    SWA_PAD = 256          # llama-kv-cache-iswa.cpp: the SWA cache is always padded to 256
+    DEFAULT_CACHE = "fp16"  # llama_context_default_params: type_k = type_v = GGML_TYPE_F16
+    STATE = "fp32"          # create_memory: llama_memory_recurrent(type_r = type_s = GGML_TYPE_F32)
+
+    def __init__(self, context: int, batch: int, *, n_ubatch: int = 512, swa_full: bool = False):
+        self.context, self.batch, self.n_ubatch, self.swa_full = context, batch, n_ubatch, swa_full
+        self.n_ctx = _pad(batch * context, self.CTX_PAD)
+
+    def settings(self) -> dict[str, Any]:
+        return {"n_ctx": self.n_ctx, "n_seq_max": self.batch, "n_ubatch": self.n_ubatch, "swa_full": self.swa_full,
+                "kv_unified": True}
+
+    def cache_format(self, st, cache: str | None) -> str:
+        return cache or self.DEFAULT_CACHE
+
+    def store_bytes(self, st, *, cache: str, state: str) -> tuple[float, str]:
+        B, W = self.batch, st.cache_window() or st.cache_chunk()
+        entry = st.cache_entry_bytes(cache)
+        t = st.memory_terms(cache=cache, state=self.STATE)
+        if W and entry:
+            cells = self.n_ctx if self.swa_full else _pad(min(self.n_ctx, W * B + self.n_ubatch), self.SWA_PAD)
+            how = "n_ctx (swa_full)" if self.swa_full else f"pad(min(n_ctx, {W} x {B} + {self.n_ubatch}), 256)"
+            return cells * entry, f"SWA cache: {cells:,} cells = {how}"
+        if t.per_token:
+            rule = f"KV cache: n_ctx = pad({B} x {self.context:,}, 256) = {self.n_ctx:,} cells"
+            if t.per_sequence:
+                rule += "; fixed part per sequence"
+            return self.n_ctx * t.per_token + B * t.per_sequence, rule
+        if t.per_sequence:
+            return B * t.per_sequence, f"recurrent r + s rows in f32, {B} (n_seq_max)"
+        return 0.0, ""
+
+
+class VLLM:
+    """vLLM's allocation for ``batch`` sequences of ``context`` tokens (module docstring)."""
+
+    name = "vllm"
+    BLOCK = 16         # CacheConfig.block_size; the CUDA kernels' block alignment (16)
+
+    def __init__(self, context: int, batch: int, *, max_num_batched_tokens: int = 8192, block_size: int = BLOCK):
+        self.context, self.batch, self.M, self.block = context, batch, max_num_batched_tokens, block_size
+        self.state_page = 0  # a hybrid model's padded state page (set by ``fit``)
+
+    def settings(self) -> dict[str, Any]:
+        return {"block_size": self.block, "max_num_batched_tokens": self.M, "state_page_bytes": self.state_page}
+
+    def cache_format(self, st, cache: str | None) -> str:
+        return cache or st.published_cache_format() or "bf16"
+
+    def fit(self, stores: list, *, cache: str | None, state: str) -> None:
+        """The hybrid rule: with both attention and recurrent layers, grow the block until one attention page
+        holds the largest state page, and pad every state page to it."""
+        full = [s for s in stores if s.memory_terms(cache=self.cache_format(s, cache), state=state).per_token
+                and not (s.cache_window() or s.cache_chunk())]
+        pages = [t.per_sequence for s in stores
+                 for t in [s.memory_terms(cache=self.cache_format(s, cache), state=state)]
+                 if s.RECURRENT and not t.per_token and t.per_sequence]
+        if not full or not pages:
+            return
+        per_token = full[0].cache_entry_bytes(self.cache_format(full[0], cache))
+        need = self.BLOCK * _cdiv(math.ceil(max(pages)), self.BLOCK * math.ceil(per_token))
+        self.block = max(self.block, need)
+        self.state_page = self.block * per_token
+
+    def store_bytes(self, st, *, cache: str, state: str) -> tuple[float, str]:
+        B, L, bs = self.batch, self.context, self.block
+        W, C = st.cache_window(), st.cache_chunk()
+        entry = st.cache_entry_bytes(cache)
+        t = st.memory_terms(cache=cache, state=state)
+        if W and entry:
+            tokens = (_cdiv(min(W - 1 + self.M, L), bs) + 1) * bs
+            return B * tokens * entry, f"SlidingWindowSpec: {tokens:,} tokens in pages of {bs}"
+        if C and entry:
+            tokens = _cdiv(min(C + self.M, L), bs) * bs
+            return B * tokens * entry, f"ChunkedLocalAttentionSpec: {tokens:,} tokens in pages of {bs}"
+        if t.per_token:
+            tokens = _cdiv(L, bs) * bs
+            rule = f"FullAttentionSpec: {tokens:,} tokens in pages of {bs}"
+            return B * (tokens * t.per_token + t.per_sequence), rule + ("; fixed part as is" if t.per_sequence else "")
+        if t.per_sequence:
+            page = max(t.per_sequence, self.state_page) if st.RECURRENT else t.per_sequence
+            padded = " (padded to the attention page)" if page > t.per_sequence else ""
+            return B * page, f"MambaSpec: one page of {math.ceil(page):,} B{padded}"
+        return 0.0, ""
+
+
+def engine_cache_format(engine: str, cache: str | None) -> str:
+    """The cache format ``engine`` keeps when asked for ``cache`` ("published": each store's publisher's, else bf16)."""
+    _check_engine(engine)
+    return cache or (LlamaCpp.DEFAULT_CACHE if engine == "llama.cpp" else "published")
+
+
+def engine_layers(cfg: ModelConfig, context: int, *, batch: int = 1, engine: str = "ideal",
+                  cache: str | None = None, state: str = "fp32", **settings) -> dict[str, Any]:
+    """Per layer, the bytes ``engine`` holds for ``batch`` sequences of ``context`` tokens and the rule it
+    applied; ``settings`` are the engine's (llama.cpp: ``n_ubatch``, ``swa_full``; vLLM:
+    ``max_num_batched_tokens``, ``block_size``). ``cache`` None: the engine's default format (llama.cpp
+    f16; vLLM and the ideal each store's published format, else bf16)."""
+    from storelab.models.memory_terms import layer_terms
+
+    _check_engine(engine)
+    if context <= 0 or batch <= 0:
+        raise ValueError(f"context, batch: must be > 0, got {context}, {batch}")
+    rows = []
+    if engine == "ideal":
+        for t in layer_terms(cfg, cache=cache, state=state, context=context):
+            rows.append({"layer": t["layer"], "bytes": batch * (t["bytes_per_token"] * context + t["bytes_per_sequence"]),
+                         "rule": "ideal: the stores' two terms"})
+        return {"engine": engine, "settings": {}, "layers": rows, "total_bytes": sum(r["bytes"] for r in rows)}
+    if engine == "transformers":
+        if settings:
+            raise ValueError(f"engine settings: transformers takes none, got {', '.join(settings)}")
+        for i in range(cfg.n_layers):
+            b = sum(store_state_bytes(st, context, engine="transformers",
+                                      dtype=st.cache_format or cache or st.published_cache_format() or "bf16")
+                    for _, st in _held(cfg, i))
+            rows.append({"layer": i, "bytes": batch * b, "rule": "DynamicCache after a prefill of the context"})
+        return {"engine": engine, "settings": {}, "layers": rows, "total_bytes": sum(r["bytes"] for r in rows)}
+    eng = (LlamaCpp if engine == "llama.cpp" else VLLM)(context, batch, **settings)
+    if isinstance(eng, VLLM):
+        eng.fit([st for i in range(cfg.n_layers) for _, st in _held(cfg, i)], cache=cache, state=state)
+    for i in range(cfg.n_layers):
+        b, rules = 0.0, []
+        for _, st in _held(cfg, i):
+            fmt = st.cache_format or eng.cache_format(st, cache)
+            sb, rule = eng.store_bytes(st, cache=fmt, state=state)
+            b += sb
+            rules += [rule] if rule else []
+        rows.append({"layer": i, "bytes": math.ceil(b), "rule": "; ".join(rules) or "nothing kept"})
+    return {"engine": engine, "settings": eng.settings(), "layers": rows, "total_bytes": sum(r["bytes"] for r in rows)}

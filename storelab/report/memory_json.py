@@ -1,6 +1,6 @@
 """``storelab memory --json``: one document, one meaning per field (schema: docs/memory.schema.json).
 
-The document is ``{"schema": ..., "schema_version": 2, "models": [record, ...]}``; a record is one
+The document is ``{"schema": ..., "schema_version": 3, "models": [record, ...]}``; a record is one
 model at context ``L`` for ``batch`` sequences, every byte figure in the formats asked for (caches in
 ``cache_format``, each store's published one when "published"; recurrent states and open pools in
 ``state_format``)::
@@ -17,7 +17,12 @@ Each layer has the same fields (its part: a layer whose cache another owns holds
 entries (batch 1), ``read_flops`` the next token's reading cost. The text table
 (``storelab.report.memory_text``) prints these same numbers.
 
-Version 2 (this one) replaced the rows of version 1 (a list of layer rows and a totals row, no
+Version 3 (this one) adds the engine (``--engine``, ``storelab.models.engines``): the record's
+``engine`` (its name, the cache format it keeps, its settings, ``total_bytes`` for the batch at L) and per
+layer ``engine_bytes`` and ``engine_rule`` (the rule applied, with its numbers). With the default engine,
+"ideal", ``engine_bytes`` is the layer's ``total_bytes``.
+
+Version 2 replaced the rows of version 1 (a list of layer rows and a totals row, no
 version): ``state_bytes``, ``average_bytes_per_token`` and the ``*_by_format`` maps were in one fixed
 format whatever was asked (bf16 unless ``--dtype``), ``global_bytes_per_token`` is
 ``cache_bytes_per_token``, ``growth_bytes_per_token`` is ``bytes_per_token``, ``dtype`` /
@@ -30,20 +35,24 @@ from __future__ import annotations
 from typing import Any
 
 SCHEMA = "docs/memory.schema.json"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BYTE_FIELDS = ("bytes_per_token", "cache_bytes_per_token", "bytes_per_sequence", "bytes_per_sequence_full",
                "total_bytes")
 COUNT_FIELDS = ("kept", "read", "scored", "read_flops")
 
 
-def memory_record(cfg, context: int, *, cache: str | None, state: str, batch: int) -> dict[str, Any]:
-    """One model at ``context`` for ``batch`` sequences: its layers and their total (module docstring)."""
+def memory_record(cfg, context: int, *, cache: str | None, state: str, batch: int,
+                  engine: str = "ideal") -> dict[str, Any]:
+    """One model at ``context`` for ``batch`` sequences: its layers and their total, and what ``engine``
+    allocates for them (module docstring)."""
     from storelab.models.accounting import layer_rows
+    from storelab.models.engines import engine_cache_format, engine_layers
     from storelab.models.memory_terms import layer_terms
 
     if context <= 0 or batch <= 0:
         raise ValueError(f"context, batch: must be > 0, got {context}, {batch}")
     terms = layer_terms(cfg, cache=cache, state=state, context=context)
+    eng = engine_layers(cfg, context, batch=batch, engine=engine, cache=cache, state=state)
     layers = []
     for row, t in zip(layer_rows(cfg, context), terms):
         lay = {"layer": row["layer"], "kind": row["kind"], "channel": row["channel"],
@@ -55,11 +64,16 @@ def memory_record(cfg, context: int, *, cache: str | None, state: str, batch: in
                "read": row["read"], "scored": row["scored"], "read_flops": row["read_flops"], "note": row["note"]}
         if "part" in row:
             lay["part"] = row["part"]
+        e = eng["layers"][row["layer"]]
+        lay["engine_bytes"], lay["engine_rule"] = e["bytes"], e["rule"]
         layers.append(lay)
     total = {k: sum(lay[k] for lay in layers) for k in (*BYTE_FIELDS, *COUNT_FIELDS)}
     total["total_bytes"] = batch * (total["bytes_per_token"] * context + total["bytes_per_sequence"])
     return {"model": cfg.name, "context": context, "batch": batch, "cache_format": cache or "published",
-            "state_format": state, "layers": layers, "total": {**total, "layers": cfg.n_layers, "mix": cfg.mix()}}
+            "state_format": state,
+            "engine": {"name": engine, "cache_format": engine_cache_format(engine, cache), "settings": eng["settings"],
+                       "total_bytes": eng["total_bytes"]},
+            "layers": layers, "total": {**total, "layers": cfg.n_layers, "mix": cfg.mix()}}
 
 
 def budget_record(total: dict[str, Any], *, budget: int, weights_format: str, stored: int,

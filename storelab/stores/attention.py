@@ -217,6 +217,9 @@ class WindowConfig(AttentionConfig):
     def build(self) -> nn.Module:
         return WindowAttention(self)
 
+    def cache_window(self) -> int:
+        return self.window
+
     def _kept_read(self, context: int) -> tuple[int, int]:
         n = min(context, self.window)
         return n, n

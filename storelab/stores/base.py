@@ -37,7 +37,15 @@ list of kind names elsewhere:
                         (0 for a store that keeps no entry per token);
 * ``conv_input_bytes(fmt)`` - bytes of one input of its short causal convolution (0: none); it keeps
                         W - 1 of them, an engine that keeps the kernel's whole window one more;
+* ``cache_window()``  - the tokens a sliding-window cache keeps (W; 0: it keeps every token, or no
+                        entries): engines size such a cache by it (``storelab.models.engines``);
+* ``cache_chunk()``   - the tokens per chunk of a chunked-attention cache (0: not chunked);
 * ``table_params()``  - parameters in lookup tables that publishers count apart (Engram);
+* ``parity_stores(d_model, n_heads, head_dim)`` - (class method) its store tables in the section-6
+                        parity experiment (``storelab.capacity.recurrence``) at that width; () = not in it;
+* ``transition()``    - what a token does to a recurrent state, S_t = A_t S_{t-1} + b_t: A_t in words,
+                        whether it is diagonal, whether it can have a negative eigenvalue (``Transition``;
+                        None for stores without a recurrent state);
 * ``cache_format``    - the entry format the store itself fixes (None: the caller's dtype);
 * ``published_cache_format()`` - the format its publisher's engine keeps the cache in
                         (``storelab memory``'s default; None: bf16);
@@ -116,6 +124,18 @@ class Card:
 
     def as_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A recurrent store's transition, S_t = A_t S_{t-1} + b_t: what decides whether one layer can track
+    parity (essay section 6). Diagonal A_t with entries in (0, 1] are in TC0 (Merrill, Petty and Sabharwal,
+    arXiv 2404.08819); no transition whose eigenvalues are all >= 0 tracks parity at every length, one with
+    a negative eigenvalue can (Grazzi et al., arXiv 2411.12537)."""
+
+    form: str           # A_t in words, with its gates' ranges ("alpha (I - beta k k^T), beta in (0, 2)")
+    diagonal: bool      # A_t is diagonal (a decay per head or channel), with no mixing of coordinates
+    negative: bool      # A_t can have a negative eigenvalue
 
 
 @dataclass(frozen=True)
@@ -258,6 +278,14 @@ class StoreConfig:
         """Bytes of one input of the store's short causal convolution in ``fmt`` (0: it has none)."""
         return 0.0
 
+    def cache_window(self) -> int:
+        """The tokens a sliding-window cache keeps, W (0: it keeps every token, or keeps no entries)."""
+        return 0
+
+    def cache_chunk(self) -> int:
+        """The tokens per chunk of a chunked-attention cache (0: the store is not chunked)."""
+        return 0
+
     def published_cache_format(self) -> str | None:
         """The entry format the model's publisher keeps this store's cache in (None: not stated)."""
         return self.cache_format
@@ -284,6 +312,16 @@ class StoreConfig:
     def table_params(self) -> int:
         """Parameters in lookup tables that publishers count apart (Engram's rows x width)."""
         return 0
+
+    @classmethod
+    def parity_stores(cls, d_model: int, n_heads: int, head_dim: int) -> tuple[dict, ...]:
+        """Store tables of this kind for the section-6 parity experiment (``storelab.capacity.recurrence``)
+        in a model ``d_model`` wide, ``n_heads`` heads with states ``head_dim`` wide; () = not in it."""
+        return ()
+
+    def transition(self) -> Transition | None:
+        """What a token does to the recurrent state (``Transition``); None: the store keeps none."""
+        return None
 
     # -- validation helpers -------------------------------------------------
     @staticmethod

@@ -90,6 +90,9 @@ class ChunkedConfig(AttentionConfig):
     def build(self) -> nn.Module:
         return ChunkedAttention(self)
 
+    def cache_chunk(self) -> int:
+        return self.chunk
+
     def _kept_read(self, context: int) -> tuple[int, int]:
         n = context % self.chunk  # the chunk in progress; a closed chunk is dropped
         return n, n

@@ -96,6 +96,9 @@ class V4WindowConfig(StoreConfig):
     def build(self) -> "V4WindowAttention":
         return V4WindowAttention(self)
 
+    def cache_window(self) -> int:
+        return self.window
+
     def cache_entry_bytes(self, fmt: str) -> float:
         """One entry: fp8/fp4 in DeepSeek's mixed layout, else a plain row of ``head_dim`` numbers."""
         if fmt in FORMATS:

@@ -1,0 +1,188 @@
+"""Engine conventions (``storelab.models.engines``, ``storelab memory --engine``): llama.cpp's and vLLM's
+rules against their published figures and against cases computed here by hand from the rules' source.
+
+* llama.cpp's log for Qwen3.5/3.6-27B: 16,384 MiB of f16 KV at 262,144 cells (4 sequences of 65,536),
+  149.625 MiB of f32 R + S per sequence.
+* vLLM's DeepSeek-V4-Pro: 9.62 GiB of bf16 cache per sequence at 2^20 tokens.
+* A hand-made hybrid (a window, a full cache, a Mamba-2 layer, a chunk) at L = 1,000, B = 2: llama.cpp's
+  padding of n_ctx and of the SWA cache, vLLM's pages, its hybrid block size and padded state page.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from storelab.cli import app
+from storelab.models.config import LayerConfig, ModelConfig
+from storelab.models.engines import engine_layers, state_bytes
+from storelab.models.memory_terms import GIB, MIB
+from storelab.stores.attention import AttentionConfig, WindowConfig
+from storelab.stores.chunked import ChunkedConfig
+from storelab.stores.depth import ResidualConfig
+from storelab.stores.ffn import FFNConfig
+from storelab.stores.mamba2 import Mamba2Config
+from tests.test_memory_terms import QWEN36_TEXT, V4_PRO
+
+D = 64
+ATT = dict(d_model=D, n_heads=4, head_dim=16, n_kv_heads=2)  # an entry: 2 heads x (16 + 16) numbers
+
+
+def run(*args: str, ok: bool = True):
+    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "80"})
+    if ok:
+        assert r.exit_code == 0, r.output
+    return r
+
+
+def memory_doc(*args: str) -> dict:
+    return json.loads(run("memory", *args, "--json").stdout)
+
+
+def write(folder: Path, cfg: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def hybrid() -> ModelConfig:
+    """Layer 0 a window of 100, 1 a full cache, 2 a Mamba-2 layer, 3 a chunk of 64."""
+    tokens = [WindowConfig(**ATT, window=100), AttentionConfig(**ATT),
+              Mamba2Config(d_model=D, n_heads=4, head_dim=16, d_state=8), ChunkedConfig(**ATT, chunk=64)]
+    layers = [LayerConfig(token=t, channel=FFNConfig(d_model=D, d_ff=96), depth=ResidualConfig(d_model=D))
+              for t in tokens]
+    return ModelConfig(name="hybrid", d_model=D, vocab_size=64, layers=layers)
+
+
+def mamba_numbers(m: Mamba2Config) -> int:
+    """The state [H, P, N] and the convolution's last W - 1 inputs of C channels."""
+    return m.n_heads * m.head_dim * m.d_state + (m.conv_kernel - 1) * m.conv_channels
+
+
+# -- llama.cpp ----------------------------------------------------------------------------------------
+def test_llama_cpp_qwen36_27b_log(tmp_path):
+    folder = write(tmp_path / "Qwen3.6-27B", {"model_type": "qwen3_5", "text_config": QWEN36_TEXT})
+    (rec,) = memory_doc("--checkpoint", str(folder), "--context", "65536", "--batch", "4",
+                        "--engine", "llama.cpp")["models"]
+    eng, rows = rec["engine"], rec["layers"]
+    assert eng["name"] == "llama.cpp" and eng["cache_format"] == "fp16"             # type_k/type_v default
+    assert eng["settings"]["n_ctx"] == 262144 and eng["settings"]["n_seq_max"] == 4
+    kv = sum(r["engine_bytes"] for r in rows if r["kind"] == "attention")
+    rs = sum(r["engine_bytes"] for r in rows if r["kind"] == "gated_deltanet")
+    assert kv == 16384 * MIB                                                          # the log's KV, f16
+    assert rs == 4 * 149.625 * MIB                                                    # R + S in f32, 4 seqs
+    assert eng["total_bytes"] == kv + rs
+    assert all("262,144 cells" in r["engine_rule"] for r in rows if r["kind"] == "attention")
+    # the state stays f32 whatever --state-dtype says (llama.cpp creates r and s as GGML_TYPE_F32)
+    bf = memory_doc("--checkpoint", str(folder), "--context", "65536", "--batch", "4", "--engine", "llama.cpp",
+                    "--state-dtype", "bf16")["models"][0]["engine"]["total_bytes"]
+    assert bf == eng["total_bytes"]
+
+
+def test_llama_cpp_padding_by_hand():
+    cfg = hybrid()
+    entry = 2 * (16 + 16) * 2                                                          # f16 K and V
+    m = cfg.layers[2].token
+    got = [r["bytes"] for r in engine_layers(cfg, 1000, batch=2, engine="llama.cpp")["layers"]]
+    n_ctx = 2048                                                                       # pad(2 x 1000, 256)
+    swa = 768                                                                          # pad(min(2048, 100 x 2 + 512), 256)
+    chunk = 768                                                                        # pad(min(2048, 64 x 2 + 512), 256)
+    assert got == [swa * entry, n_ctx * entry, 2 * mamba_numbers(m) * 4, chunk * entry]
+    full = engine_layers(cfg, 1000, batch=2, engine="llama.cpp", swa_full=True)["layers"]
+    assert full[0]["bytes"] == n_ctx * entry and "swa_full" in full[0]["rule"]
+    # a window longer than the context: the SWA cache is no bigger than n_ctx
+    small = engine_layers(cfg, 100, batch=1, engine="llama.cpp", n_ubatch=2048)
+    assert small["settings"]["n_ctx"] == 256 and small["layers"][0]["bytes"] == 256 * entry
+    q8 = engine_layers(cfg, 1000, batch=2, engine="llama.cpp", cache="q8_0")["layers"][1]["bytes"]
+    assert q8 == n_ctx * 2 * 32 / 32 * 34                                              # 2 blocks of 34 B per cell
+
+
+# -- vLLM ---------------------------------------------------------------------------------------------
+def test_vllm_pages_and_hybrid_block_by_hand():
+    cfg = hybrid()
+    m = cfg.layers[2].token
+    entry = 2 * (16 + 16) * 2                                                          # bf16 K and V
+    state = mamba_numbers(m) * 4                                                       # f32
+    rec = engine_layers(cfg, 1000, batch=2, engine="vllm", max_num_batched_tokens=256)
+    block = 16 * -(-state // (16 * entry))                                             # the hybrid block
+    assert state > 16 * entry and rec["settings"]["block_size"] == block == 32
+    assert rec["settings"]["state_page_bytes"] == block * entry
+    got = [r["bytes"] for r in rec["layers"]]
+    window = (-(-min(100 - 1 + 256, 1000) // block) + 1) * block                      # 416 tokens
+    full = -(-1000 // block) * block                                                   # 1,024
+    chunk = -(-min(64 + 256, 1000) // block) * block                                   # 320
+    assert got == [2 * window * entry, 2 * full * entry, 2 * block * entry, 2 * chunk * entry]
+    assert "padded to the attention page" in rec["layers"][2]["rule"]
+    # no recurrent layer: pages of 16 and nothing padded
+    plain = ModelConfig(name="plain", d_model=D, vocab_size=64, layers=[cfg.layers[0], cfg.layers[1]])
+    rec = engine_layers(plain, 1000, batch=1, engine="vllm")
+    assert rec["settings"]["block_size"] == 16
+    assert [r["bytes"] for r in rec["layers"]] == [(63 + 1) * 16 * entry, 1008 * entry]  # W - 1 + M > L
+
+
+def test_vllm_qwen36_hybrid_block(tmp_path):
+    folder = write(tmp_path / "q", QWEN36_TEXT)
+    rec = memory_doc("--checkpoint", str(folder), "--context", "4096", "--engine", "vllm")["models"][0]
+    state = 48 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 48 * 128) * 4                    # 3,268,608 B
+    per_token = 4 * 256 * 2 * 2                                                        # bf16 K and V
+    assert rec["engine"]["settings"]["block_size"] == 16 * -(-state // (16 * per_token)) == 800
+    att = [r for r in rec["layers"] if r["kind"] == "attention"]
+    assert all(r["engine_bytes"] == 4800 * per_token for r in att)                     # 4,096 in pages of 800
+
+
+def test_vllm_deepseek_v4_pro(tmp_path):
+    from storelab.checkpoint import read_model_config
+
+    folder = write(tmp_path / "V4-Pro", V4_PRO)
+    cfg = read_model_config(folder)
+    L = 1 << 20
+    rec = engine_layers(cfg, L, engine="vllm", cache="bf16")
+    terms = [s.memory_terms(cache="bf16", state="fp32") for lay in cfg.layers for s in lay.stores().values()]
+    per_token, fixed = sum(t.per_token for t in terms), sum(t.per_sequence for t in terms)
+    assert rec["total_bytes"] == pytest.approx(L * per_token + fixed, abs=len(cfg.layers))  # whole pages at 2^20
+    assert round(L * per_token / GIB, 2) == 9.62                                      # vLLM: 9.62 GiB
+    assert all("pages of 16" in r["rule"] for r in rec["layers"])
+    # a length that is not a whole number of pages is rounded up to one: 1,000 tokens take 1,008
+    short = engine_layers(cfg, 1000, engine="vllm", cache="bf16")["total_bytes"]
+    assert short == pytest.approx(1008 * per_token + fixed, abs=len(cfg.layers))
+
+
+# -- transformers, ideal, the command -------------------------------------------------------------------
+def test_transformers_and_ideal_rules():
+    cfg = hybrid()
+    entry = 2 * (16 + 16) * 4
+    rec = engine_layers(cfg, 300, batch=3, engine="transformers", cache="fp32")
+    assert rec["layers"][0]["bytes"] == 3 * (300 * entry + 8)                          # the prefill's storage
+    assert rec["layers"][3]["bytes"] == 3 * (300 * entry + 8)
+    assert rec["total_bytes"] == 3 * sum(state_bytes(cfg, 300, engine="transformers", dtype="fp32").values())
+    ideal = engine_layers(cfg, 300, batch=3, engine="ideal", cache="fp32")
+    assert ideal["layers"][0]["bytes"] == 3 * 100 * entry and ideal["layers"][1]["bytes"] == 3 * 300 * entry
+
+
+def test_command_states_the_engine(tmp_path):
+    folder = write(tmp_path / "q", QWEN36_TEXT)
+    out = run("memory", "--checkpoint", str(folder), "--context", "65536").stdout
+    assert "engine: ideal" in out
+    out = run("memory", "--checkpoint", str(folder), "--context", "65536", "--batch", "4",
+              "--engine", "llama.cpp").stdout
+    assert "engine llama.cpp (caches in f16): 16.584 GiB (16,982.5 MiB)" in out and "n_ctx 262,144" in out
+    assert max(len(x) for x in out.splitlines()) <= 80
+    doc = memory_doc("--checkpoint", str(folder), "--engine", "vllm")
+    assert doc["schema_version"] == 3
+    rec = doc["models"][0]
+    assert rec["engine"]["total_bytes"] == sum(r["engine_bytes"] for r in rec["layers"])
+    ideal = memory_doc("--checkpoint", str(folder))["models"][0]
+    assert all(r["engine_bytes"] == r["total_bytes"] for r in ideal["layers"])
+    r = run("memory", "--checkpoint", str(folder), "--engine", "sglang", ok=False)
+    assert r.exit_code == 2 and "engine: unknown 'sglang'" in r.output
+
+
+def test_engine_json_matches_its_schema(tmp_path):
+    from tests.test_memory_schema import SCHEMA, validate
+
+    folder = write(tmp_path / "q", QWEN36_TEXT)
+    for engine in ("ideal", "transformers", "llama.cpp", "vllm"):
+        validate(memory_doc("--checkpoint", str(folder), "--context", "1000", "--engine", engine), SCHEMA)
