@@ -32,7 +32,10 @@ backward), anything else is ``attend`` with the causal mask. ``attend_lse`` foll
 A store takes its kernel once, at construction, from ``KERNELS`` by its config's ``kernel``:
 
 * ``"fused"``: ``attend_causal`` for causal reads of a cache, ``attend`` for masked ones;
-* ``"reference"``: ``attend_causal_reference`` / ``attend_reference``, every score materialised.
+* ``"reference"``: ``attend_causal_reference`` / ``attend_reference``, every score materialised;
+* ``softcapped(cap)``: the reference form with each scaled score s read as cap tanh(s / cap) before the
+  mask (Gemma 2's ``attn_logit_softcapping``, arXiv 2408.00118), taken by a store whose config sets
+  ``softcap``: torch's fused kernels have no hook for it.
 """
 
 from __future__ import annotations
