@@ -145,6 +145,11 @@ def test_cuda_without_cuda_and_bad_dtypes_exit_2(command, folder, run):
     assert not (folder.parent / "never").exists()
 
 
+def test_weights_only_refuses_device_and_dtype(folder):
+    res = cli("probe", "forgetting", "--checkpoint", str(folder), "--weights-only", "--dtype", "bf16")
+    assert res.exit_code == 2 and "--dtype: --weights-only builds no model" in res.output, res.output
+
+
 def test_report_refuses_device_and_dtype_without_a_checkpoint(tmp_path):
     for args in (["--dtype", "bf16"], ["--device", "auto"] if CUDA else ["--dtype", "fp16"]):
         res = cli("report", "--out", str(tmp_path / "r"), *args)

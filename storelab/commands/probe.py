@@ -82,6 +82,10 @@ def register(app: typer.Typer) -> None:
             if weights_only:
                 from storelab.commands._probe_weights import weights_only as run_weights_only
 
+                if device != "cpu" or dtype is not None:   # the gates are read as stored, on the CPU
+                    raise ValueError(f"{'--device' if device != 'cpu' else '--dtype'}: --weights-only builds no "
+                                     "model (it reads the gate tensors as stored); leave it out")
+
                 return run_weights_only(name, checkpoint, json_=json_, out=out, force=force)
             names = list(PROBES) if name == "all" else [name]
             for nm in names:
