@@ -95,7 +95,7 @@ def mhc_ablation(model, task=None, *, batch=None, n: int = 32, seed: int = 0) ->
     out = {"probe": "mhc", "base_loss": base, "conditions": {}}
     for half in ("first", "second"):
         mixers = mhc_mixers(model, half)
-        for name, fn in (("identity", lambda m, mix: torch.eye(mix.shape[-1], dtype=mix.dtype).expand_as(mix)),
+        for name, fn in (("identity", lambda m, mix: torch.eye(mix.shape[-1], dtype=mix.dtype, device=mix.device).expand_as(mix)),
                          ("average", lambda m, mix: means[id(m)].expand_as(mix))):
             with replaced_mix(mixers, fn):
                 loss = _loss(model, batch.inputs, batch.targets)
