@@ -1,7 +1,7 @@
 """The Llama 4 family (``storelab/checkpoint/families/llama4.py``) against transformers 5.23's tiny ``llama4_text``
 model saved with ``save_pretrained``: the layers read (chunked RoPE layers with the L2 norm, NoPE layers with the
 temperature, experts every second layer), logits equal in fp32 (1e-5 of the logits' scale) and bf16, chunked
-prefill + steps equal to one pass (chunks of 8 closed and open), parameters from config.json alone equal to the
+prefill + steps equal to one pass (chunks of 6 closed and open), parameters from config.json alone equal to the
 saved tensors, transformers' cache bytes after a prefill; the ``llama4`` wrapper's text model loaded and its vision
 tower counted exactly; the moe store's ``scale_input`` against a plain per-token reference in value and gradient;
 Scout's and Maverick's published configs read.
@@ -22,13 +22,13 @@ from tests.test_families import cache_bytes, ids_of
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
-# chunks of 8 (a power of two, as the published 8,192); NoPE on every second layer; experts on layers 1 and 3;
+# chunks of 6 (not a power of two, unlike the published 8,192); NoPE on every second layer; experts on layers 1, 3;
 # floor_scale 4 and attn_scale 0.5 so that the temperature changes within 21 tokens; 2 experts a token so that
 # the input scaling sums two terms
 TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
             bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512, head_dim=16,
             intermediate_size=24, intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=2,
-            interleave_moe_layer_step=2, attention_chunk_size=8, no_rope_layer_interval=2, floor_scale=4,
+            interleave_moe_layer_step=2, attention_chunk_size=6, no_rope_layer_interval=2, floor_scale=4,
             attn_scale=0.5)
 
 
@@ -58,7 +58,7 @@ def test_config_read(saved):
     cfg = read_model_config(folder)
     assert [lay.token.KIND for lay in cfg.layers] == ["chunked", "attention", "chunked", "attention"]
     rope, nope = cfg.layers[0].token, cfg.layers[1].token
-    assert rope.chunk == 8 and rope.rope_interleaved and rope.qk_l2_norm and rope.partial_rotary == 1.0
+    assert rope.chunk == 6 and rope.rope_interleaved and rope.qk_l2_norm and rope.partial_rotary == 1.0
     assert rope.rope_theta == 5e5 and not rope.attn_temperature_tuning
     assert nope.partial_rotary == 0.0 and nope.attn_temperature_tuning and not nope.qk_l2_norm
     assert (nope.floor_scale, nope.attn_temperature_scale) == (4, 0.5)
@@ -80,7 +80,7 @@ def test_logits_equal_transformers(saved):
     assert_close(got, ref, atol=tol, what="llama4 logits")
     with torch.no_grad():  # pieces that end inside a chunk, on its boundary and across two
         cache, parts = None, []
-        for a, b in ((0, 5), (5, 8), (8, 9), (9, 20), (20, 21)):
+        for a, b in ((0, 5), (5, 6), (6, 7), (7, 19), (19, 21)):
             out, cache = ours(ids[:, a:b], cache)
             parts.append(out)
     assert_close(torch.cat(parts, 1), got, atol=tol, what="llama4 chunked")
@@ -100,7 +100,7 @@ def test_other_settings_logits_equal_transformers(tmp_path):
     assert [lay.token.KIND for lay in cfg.layers] == ["chunked", "chunked", "attention", "chunked"]
     assert {lay.channel.KIND for lay in cfg.layers} == {"moe"} and cfg.layers[0].token.qkv_bias
     assert not cfg.layers[0].token.qk_l2_norm and not cfg.layers[2].token.attn_temperature_tuning
-    check_logits(hf, tmp_path, ((0, 5), (5, 8), (8, 9), (9, 20), (20, 21)), "llama4 (other settings)")
+    check_logits(hf, tmp_path, ((0, 5), (5, 6), (6, 7), (7, 19), (19, 21)), "llama4 (other settings)")
 
 
 def test_output_scaling_would_differ(saved):
@@ -148,7 +148,7 @@ def test_config_counts_equal_transformers(saved):
 @pytest.mark.parametrize("T", [4, 6, 17])
 def test_memory_equals_transformers_cache(T, saved):
     """transformers keeps a chunked layer as a sliding one of window attention_chunk_size (a view of the whole
-    prefill's storage, as every window layer's); ``engine="transformers"`` says so, the ideal keeps T mod 8."""
+    prefill's storage, as every window layer's); ``engine="transformers"`` says so, the ideal keeps T mod 6."""
     from storelab.models.engines import state_bytes
 
     hf, folder = saved
@@ -157,7 +157,7 @@ def test_memory_equals_transformers_cache(T, saved):
         past = hf(ids_of(T), use_cache=True).past_key_values
     assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == cache_bytes(past)
     entry = 2 * 2 * 16 * 4  # G (K + V) fp32
-    assert state_bytes(cfg, T, engine="ideal", dtype="fp32")["chunked"] == 2 * (T % 8) * entry
+    assert state_bytes(cfg, T, engine="ideal", dtype="fp32")["chunked"] == 2 * (T % 6) * entry
 
 
 def test_wrapper_loads_the_text_model_and_counts_the_vision_tower(tmp_path):
