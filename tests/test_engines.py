@@ -186,3 +186,76 @@ def test_engine_json_matches_its_schema(tmp_path):
     folder = write(tmp_path / "q", QWEN36_TEXT)
     for engine in ("ideal", "transformers", "llama.cpp", "vllm"):
         validate(memory_doc("--checkpoint", str(folder), "--context", "1000", "--engine", engine), SCHEMA)
+
+
+# -- formats from the folder ------------------------------------------------------------------------------
+KV_FP8 = {"quant_method": "compressed-tensors",
+          "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                              "symmetric": True}}
+
+
+def quantized_folder(folder: Path, quantization_config: dict | None) -> tuple[Path, dict[str, int]]:
+    """Qwen3.6-27B's config with a small set of tensors as quantized releases store them: an fp8 weight with
+    its fp32 block scale, an expert of packed fp4 (two e2m1 codes per int8) with its U8 exponent scales
+    (1 x 32 blocks), a bf16 embedding (storelab.checkpoint.quantized reads these layouts)."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = {**QWEN36_TEXT, **({"quantization_config": quantization_config} if quantization_config else {})}
+    write(folder, cfg)
+    tensors = {"layers.0.w.weight": torch.zeros(64, 256).to(torch.float8_e4m3fn),
+               "layers.0.w.weight_scale_inv": torch.ones(1, 2),
+               "layers.0.experts.0.w1.weight": torch.zeros(64, 128, dtype=torch.int8),     # 256 fp4 per row
+               "layers.0.experts.0.w1.weight_scale_inv": torch.full((64, 8), 127, dtype=torch.uint8),
+               "embed.weight": torch.zeros(100, 64, dtype=torch.bfloat16)}
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder, {"F8_E4M3": 64 * 256, "F32": 2 * 4, "I8": 64 * 128, "U8": 64 * 8, "BF16": 100 * 64 * 2}
+
+
+def test_cache_format_from_the_config(tmp_path):
+    folder, _ = quantized_folder(tmp_path / "fp8kv", KV_FP8)
+    rec = memory_doc("--checkpoint", str(folder), "--context", "1000")["models"][0]
+    assert rec["cache_format"] == "fp8" and rec["cache_format_source"] == "quantization_config.kv_cache_scheme"
+    assert rec["total"]["bytes_per_token"] == 16 * 4 * 256 * 2 * 1                   # one byte per number
+    given = memory_doc("--checkpoint", str(folder), "--context", "1000", "--cache-dtype", "f16")["models"][0]
+    assert given["cache_format"] == "fp16" and "cache_format_source" not in given     # the flag wins
+    wrapped = write(tmp_path / "wrapped", {"model_type": "qwen3_5", "text_config": {
+        **QWEN36_TEXT, "quantization_config": {"quant_algo": "FP8", "kv_cache_quant_algo": "NVFP4"}}})
+    rec = memory_doc("--checkpoint", str(wrapped), "--context", "1000")["models"][0]
+    assert (rec["cache_format"], rec["cache_format_source"]) == (
+        "fp4", "text_config.quantization_config.kv_cache_quant_algo")
+    plain = write(tmp_path / "plain", {**QWEN36_TEXT, "quantization_config": {"quant_method": "fp8",
+                                                                              "weight_block_size": [128, 128]}})
+    rec = memory_doc("--checkpoint", str(plain), "--context", "1000")["models"][0]
+    assert rec["cache_format"] == "published" and "cache_format_source" not in rec  # fp8 weights, cache unsaid
+    int8 = write(tmp_path / "int8", {**QWEN36_TEXT, "quantization_config": {
+        "kv_cache_scheme": {"num_bits": 8, "type": "int"}}})
+    r = run("memory", "--checkpoint", str(int8), ok=False)
+    assert r.exit_code == 2 and "quantization_config.kv_cache_scheme: 8-bit int caches" in r.output
+
+
+def test_budget_takes_the_weights_from_the_headers(tmp_path):
+    from tests.test_memory_schema import SCHEMA, validate
+
+    folder, held = quantized_folder(tmp_path / "q", KV_FP8)
+    doc = memory_doc("--checkpoint", str(folder), "--budget", "1GiB", "--context", "1000")
+    validate(doc, SCHEMA)
+    rec = doc["models"][0]
+    bud, tot = rec["budget"], rec["total"]
+    assert bud["weights_format"] == "folder" and bud["weights_by_dtype"] == held
+    assert bud["weights_bytes"] == sum(held.values()) == 64 * 256 + 8 + 64 * 128 + 512 + 12800
+    room = (1 << 30) - bud["weights_bytes"]
+    assert {f["fits"] for f in bud["longest_context"]} == {True, False}
+    for f in (f for f in bud["longest_context"] if f["fits"]):
+        b, L = f["batch"], f["context"]
+        assert b * (tot["bytes_per_token"] * L + tot["bytes_per_sequence_full"]) <= room
+        assert b * (tot["bytes_per_token"] * (L + 1) + tot["bytes_per_sequence_full"]) > room
+    # --weights-dtype asks what-if: parameters x that format, the headers aside
+    asked = memory_doc("--checkpoint", str(folder), "--budget", "1TiB", "--weights-dtype", "fp8")["models"][0]["budget"]
+    assert asked["weights_format"] == "fp8" and asked["weights_bytes"] == asked["stored_params"]
+    out = run("memory", "--checkpoint", str(folder), "--budget", "1GiB").stdout
+    assert "parameters, as stored" in out
+    # a config.json alone: parameters x bf16, as before
+    alone = write(tmp_path / "alone", QWEN36_TEXT)
+    bud = memory_doc("--checkpoint", str(alone), "--budget", "1TiB")["models"][0]["budget"]
+    assert bud["weights_format"] == "bf16" and bud["weights_bytes"] == 2 * bud["stored_params"]

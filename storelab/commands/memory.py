@@ -6,6 +6,12 @@ folder or its config.json; no weights needed). Formats: ``--cache-dtype`` for ca
 published format when not given), ``--state-dtype`` for recurrent states and open pools,
 ``--weights-dtype`` for the weights beside them under ``--budget``.
 
+From a checkpoint folder: the cache format its config states (``quantization_config.kv_cache_scheme``,
+``kv_cache_quant_algo``, ``kv_cache_dtype``; ``storelab.models.memory_terms.folder_cache_format``) when no
+``--cache-dtype`` is given, the record naming the field (``cache_format_source``); and with safetensors
+beside it, ``--budget`` takes the weights' bytes from the shards' headers, tensor by tensor in its stored
+dtype (fp8 and packed fp4 experts, their block scales), unless ``--weights-dtype`` is given.
+
 ``--engine``: what an engine allocates beside the ideal (``storelab.models.engines``: ideal, the
 default, stated in the output; transformers, llama.cpp, vllm, each rule from its source): per layer in
 the JSON (``engine_bytes``, ``engine_rule``), its total in the text.
@@ -38,7 +44,8 @@ def register(app: typer.Typer) -> None:
         cache_dtype: str = typer.Option(None, "--cache-dtype", help="Cache format: f32, f16, bf16, fp8, fp4, "
                                         "q8_0, q4_0 (default: each store's published format, else bf16)."),
         state_dtype: str = typer.Option("f32", "--state-dtype", help="Recurrent states and open pools: f32 or bf16."),
-        weights_dtype: str = typer.Option("bf16", "--weights-dtype", help="Weights beside the cache (--budget)."),
+        weights_dtype: str = typer.Option(None, "--weights-dtype", help="Weights beside the cache (--budget; "
+                                          "default: a folder's safetensors headers, else bf16)."),
         budget: str = typer.Option(None, "--budget", help="Memory to fill, e.g. 24GiB: the longest context per "
                                                           "batch size that fits beside the weights."),
         engine: str = typer.Option("ideal", "--engine", help="Whose allocation: ideal (what the stores need), "
@@ -64,7 +71,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             cache = read_cache(cache_dtype if cache_dtype is not None else dtype)
-            state, wdt = read_state(state_dtype), read_weights(weights_dtype)
+            state, wdt = read_state(state_dtype), read_weights(weights_dtype or "bf16")
             room = parse_size(budget) if budget is not None else None
             if batch <= 0:
                 raise ValueError(f"batch: must be > 0, got {batch}")
@@ -83,13 +90,21 @@ def register(app: typer.Typer) -> None:
                     check_apart(f, [*(config or []), *(checkpoint or [])], folder=False)
                 check_files(files, "memory", force=force)
             cfgs = load_configs(config, tiny, name, checkpoint)
+            folders = [None] * (len(cfgs) - len(checkpoint or [])) + list(checkpoint or [])
             reports = []
-            for cfg in cfgs:
+            for cfg, folder in zip(cfgs, folders):
                 L = context or cfg.context or 1_000_000
-                rec = memory_record(cfg, L, cache=cache, state=state, batch=batch, engine=engine)
+                stated = folder_format(folder) if folder is not None and cache is None else None
+                rec = memory_record(cfg, L, cache=stated[0] if stated else cache, state=state, batch=batch,
+                                    engine=engine)
+                if stated:
+                    rec["cache_format_source"] = stated[1]
                 if room is not None:
                     rec["budget"] = budget_record(rec["total"], budget=room, weights_format=wdt,
                                                   stored=count_params(cfg).stored, batches=sorted({*BATCHES, batch}))
+                    held = folder_weights(folder) if folder is not None and weights_dtype is None else None
+                    if held:
+                        from_headers(rec["budget"], rec["total"], held)
                 reports.append((cfg, rec))
         except ValueError as e:  # CheckpointError is one
             opt.fail(str(e))
@@ -140,3 +155,48 @@ def engine_text(rec) -> list[str]:
         out.append("  " + ", ".join(f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
                                     for k, v in e["settings"].items()))
     return out
+
+
+# bytes per element of each safetensors dtype (a packed fp4 tensor is stored as I8 / U8: its bytes as stored)
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+
+
+def folder_format(path: Path) -> tuple[str, str] | None:
+    """The cache format a checkpoint's config.json states and the field it came from (None: it states none)."""
+    from storelab.checkpoint.config_only import read_hf_config
+    from storelab.models.memory_terms import folder_cache_format
+
+    hf, file = read_hf_config(path)
+    try:
+        return folder_cache_format(hf)
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
+
+
+def folder_weights(path: Path) -> dict[str, int] | None:
+    """Bytes of the folder's tensors per safetensors dtype, from the shards' headers (None: no safetensors)."""
+    import math
+
+    from storelab.checkpoint.shards import CheckpointError, Shards
+
+    folder = path if path.is_dir() else path.parent
+    if not any(folder.glob("*.safetensors")):
+        return None
+    shards = Shards(folder)
+    out: dict[str, int] = {}
+    for name, (shape, dt) in shards.info.items():
+        if dt not in SAFETENSORS_BYTES:
+            raise CheckpointError(f"tensor {name!r} in {shards.where[name]}: dtype {dt} has no size known to storelab")
+        out[dt] = out.get(dt, 0) + math.prod(shape) * SAFETENSORS_BYTES[dt]
+    return dict(sorted(out.items()))
+
+
+def from_headers(bud: dict, total: dict, held: dict[str, int]) -> None:
+    """A budget record's weights replaced by the bytes the shards hold, and what fits beside them."""
+    from storelab.models.memory_terms import longest_contexts
+
+    bud["weights_format"], bud["weights_bytes"], bud["weights_by_dtype"] = "folder", sum(held.values()), held
+    bud["longest_context"] = longest_contexts(total["bytes_per_token"], total["bytes_per_sequence_full"],
+                                              budget=bud["budget_bytes"], weights=bud["weights_bytes"],
+                                              batches=[f["batch"] for f in bud["longest_context"]])

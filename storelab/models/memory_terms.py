@@ -15,6 +15,12 @@ per block, bf16 rope channels); on plain attention rows fp8 is one byte per numb
 per-tensor scales, as vLLM keeps it. With no cache format given, each store is accounted in
 its publisher's format (``published_cache_format()``: V4-Pro fp8, V4.1-Flash fp4), else bf16.
 
+A checkpoint folder may state its cache format (``folder_cache_format``): compressed-tensors'
+``quantization_config.kv_cache_scheme`` (``num_bits`` 8 / 4 of ``type`` "float": fp8 / fp4), ModelOpt's
+``quantization_config.kv_cache_quant_algo`` ("FP8", "NVFP4"), or a ``kv_cache_dtype`` string ("fp8_e4m3");
+``storelab memory --checkpoint`` takes it when no ``--cache-dtype`` is given, and says which field it
+came from. A scheme storelab has no format for (int8 caches) is refused naming the field.
+
 A layer that reads another layer's cache (``cache_owner``) holds none of its own: the shared
 cache is counted once, at its owner.
 
@@ -35,7 +41,7 @@ from storelab.models.config import ModelConfig
 from storelab.stores.base import DTYPE_BYTES, STATE_DTYPES
 
 __all__ = ["CACHE_DTYPES", "STATE_DTYPES", "WEIGHT_DTYPES", "cache_dtype", "state_dtype", "weights_dtype",
-           "parse_size", "layer_terms", "model_terms", "longest_contexts", "run_bytes", "check_run_fits", "GIB",
+           "parse_size", "folder_cache_format", "layer_terms", "model_terms", "longest_contexts", "run_bytes", "check_run_fits", "GIB",
            "MIB"]
 
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
@@ -65,6 +71,38 @@ def state_dtype(value: str) -> str:
 
 def weights_dtype(value: str) -> str:
     return _dtype("weights dtype", value, WEIGHT_DTYPES, _SHOWN)
+
+
+def folder_cache_format(hf: dict) -> tuple[str, str] | None:
+    """(cache format, the config field it came from) a checkpoint's config.json states, or None; the
+    fields are read at the top and under ``text_config`` (multimodal wrappers)."""
+    for where, d in (("", hf), ("text_config.", hf.get("text_config"))):
+        q = d.get("quantization_config") if isinstance(d, dict) else None
+        if not isinstance(q, dict):
+            continue
+        field = f"{where}quantization_config"
+        scheme = q.get("kv_cache_scheme")
+        if isinstance(scheme, dict):
+            bits, kind = scheme.get("num_bits"), str(scheme.get("type", "float")).lower()
+            fmt = {(8, "float"): "fp8", (4, "float"): "fp4"}.get((bits, kind))
+            if fmt is None:
+                raise ValueError(f"{field}.kv_cache_scheme: {bits}-bit {kind} caches have no format in storelab "
+                                 f"(known: 8-bit and 4-bit float); give --cache-dtype")
+            return fmt, f"{field}.kv_cache_scheme"
+        algo = q.get("kv_cache_quant_algo")
+        if algo:
+            fmt = {"FP8": "fp8", "NVFP4": "fp4"}.get(str(algo).upper())
+            if fmt is None:
+                raise ValueError(f"{field}.kv_cache_quant_algo: {algo!r} has no format in storelab "
+                                 f"(known: FP8, NVFP4); give --cache-dtype")
+            return fmt, f"{field}.kv_cache_quant_algo"
+        name = q.get("kv_cache_dtype")
+        if isinstance(name, str) and name.lower() not in ("auto", ""):
+            fmt = "fp8" if name.lower().startswith("fp8") else _ALIASES.get(name.lower(), name.lower())
+            if fmt not in CACHE_DTYPES:
+                raise ValueError(f"{field}.kv_cache_dtype: {name!r} has no format in storelab (accepted: {_SHOWN})")
+            return fmt, f"{field}.kv_cache_dtype"
+    return None
 
 
 _UNITS = {"": 1, "b": 1, "k": KIB, "kb": 10**3, "kib": KIB, "m": MIB, "mb": 10**6, "mib": MIB,
