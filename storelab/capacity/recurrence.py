@@ -13,18 +13,25 @@
   e1^T S_t e1 = (-1)^(x_1 + ... + x_t). With beta in [0, 1] the same read is
   (1 - beta)^(number of ones) >= 0, a non-increasing function of the count: any threshold
   on it separates small counts from large ones, never even from odd.
-* Parity by training, any recurrent rule (full runs only): a one-layer model (token mixer, SwiGLU,
-  residual) per store table, trained on running parity of 2..16 bits and read at every position of
-  64-bit strings. The tables come from the registry, every rule of the shared recurrent pipeline
-  (``stores/recurrent.py``, whose configs share the fields set here), at its defaults; those that declare
-  ``DELTA`` (a write step beta_max) twice, beta up to 1 and up to 2. Recurrent kinds with a module of
-  their own (Mamba-2, whose fields differ) are not in it.
-  A new rule joins by registering; ``exp_parity_trained(stores=[...])`` runs any list of tables.
+* Parity by training, every recurrent kind: a one-layer model (token mixer, SwiGLU, residual) per store
+  table, trained on running parity of 2..16 bits and read at every position of 64-bit strings. Each
+  recurrent config in the registry says which tables it brings at a width (``parity_stores(d_model,
+  n_heads, head_dim)``: the delta rules twice, beta up to 1 and up to 2; Mamba, Mamba-2 and RG-LRU at the
+  delta rules' state size) and what its transition is (``transition()``), from which the prediction
+  follows: a diagonal recurrence with decays in (0, 1] (Mamba, Mamba-2, RG-LRU, GLA, linear attention) is
+  in TC0 (Merrill, Petty and Sabharwal, arXiv 2404.08819) and no transition with eigenvalues all >= 0
+  tracks parity at every length, while one with a negative eigenvalue (beta > 1) can (Grazzi et al.,
+  arXiv 2411.12537). The rows print the accuracy at trained lengths (positions 4..15: the prefix is
+  longer than a width-4 convolution sees) and past them (positions 32..63) beside that prediction; the
+  report marks a run whose accuracy at trained lengths is not above chance as not learned. At the full
+  sizes (300 steps) only; ``--quick`` trains a few steps, to show the rows, and no model learns there.
+  A new kind joins by declaring both; ``exp_parity_trained(stores=[...])`` runs any list of tables.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 from typing import Iterable
 
 import torch
@@ -33,6 +40,7 @@ from torch import Tensor
 
 from storelab.capacity.common import Curve, Result, gen, row, unit_rows
 from storelab.ops.scan import affine_compose, affine_scan
+from storelab.stores.base import Transition
 
 
 def associativity_error(d: int, seed: int) -> float:
@@ -131,45 +139,83 @@ def monotone_parity_bound(L: int) -> float:
 
 
 # ---------------------------------------------------------------------------- parity by training, any rule
-# fields every recurrent config has; the per-token loop, because the chunked ops refuse autograd
-# (they write into preallocated buffers)
-PARITY_STORE = dict(n_heads=1, head_k_dim=16, mode="recurrent")
+PARITY_WIDTH = dict(n_heads=1, head_dim=16)        # what each kind's parity_stores(d_model, ...) is asked for
 PARITY_MODEL = dict(d_model=32, d_ff=64)
-PARITY_TRAIN = dict(steps=300, batch=32, lr=3e-3, warmup=20, len_max=16, eval_len=64)
+PARITY_TRAIN = dict(steps=300, batch=32, lr=3e-3, warmup=20, len_max=16, eval_len=64, eval_n=64, past_conv=4)
+# --quick: the same model, a few steps, to show the rows and their checks; no model learns parity in them
+PARITY_QUICK = dict(PARITY_TRAIN, steps=8, batch=8, warmup=2, eval_n=8)
+PARITY_CHANCE = 0.5
 
 
 def parity_stores() -> list[dict]:
-    """A store table per rule of the shared recurrent pipeline in the registry, at its defaults, in the
-    cards' order; kinds that write by the delta rule (``DELTA``) twice, with beta_max 1 and 2."""
+    """The store tables of every recurrent kind registered, in the cards' order: each config's own
+    ``parity_stores(d_model, n_heads, head_dim)`` at ``PARITY_MODEL`` / ``PARITY_WIDTH`` (the rules of the
+    shared pipeline at their defaults, delta rules with beta_max 1 and 2; Mamba, Mamba-2, RG-LRU their own)."""
     from storelab.stores import REGISTRY
-    from storelab.stores.recurrent import _RecurrentConfig  # the pipeline's configs: the fields PARITY_STORE sets
 
     out = []
-    for kind, cls in sorted(REGISTRY.items(), key=lambda kc: (kc[1].CARD_ORDER, kc[0])):
-        if cls.RECURRENT and issubclass(cls, _RecurrentConfig):
-            steps = ({"beta_max": 1.0}, {"beta_max": 2.0}) if cls.DELTA else ({},)
-            out += [{"kind": kind, **PARITY_STORE, **b} for b in steps]
+    for _, cls in sorted(REGISTRY.items(), key=lambda kc: (kc[1].CARD_ORDER, kc[0])):
+        if cls.RECURRENT:
+            out += [dict(t) for t in cls.parity_stores(PARITY_MODEL["d_model"], **PARITY_WIDTH)]
     return out
 
 
 def store_label(store: dict) -> str:
-    """``kind`` and the fields a table sets beyond the experiment's own (``gated_deltaproduct num_householder=3``)."""
-    extra = [f"{k}={v}" for k, v in store.items() if k not in ("kind", "beta_max", *PARITY_STORE)]
+    """``kind`` and the fields a table sets beyond its kind's own parity tables (``gated_deltanet n_v_heads=2``);
+    beta_max is said apart (the experiment's axis)."""
+    from storelab.stores import REGISTRY
+
+    own: dict = {}
+    for t in REGISTRY[store["kind"]].parity_stores(PARITY_MODEL["d_model"], **PARITY_WIDTH):
+        own.update(t)
+    extra = [f"{k}={v}" for k, v in store.items() if k not in ("kind", "beta_max") and (k not in own or own[k] != v)]
     return " ".join([store["kind"], *extra])
 
 
-def parity_by_training(store: dict, *, seed: int = 0, steps: int = PARITY_TRAIN["steps"]) -> tuple[float, float]:
+def parity_theory(tr) -> tuple[bool, str]:
+    """Whether a one-layer model of transition ``tr`` (``storelab.stores.base.Transition``) can track parity
+    at every length, and why, in a few words with the source."""
+    if tr.negative:
+        return True, "can: a negative eigenvalue flips a sign per 1 bit (arXiv 2411.12537)"
+    if tr.diagonal:
+        return False, "cannot at every length: diagonal, decays in (0, 1]: TC0 (arXiv 2404.08819, 2411.12537)"
+    return False, "cannot at every length: eigenvalues all >= 0 (arXiv 2411.12537)"
+
+
+@dataclass
+class ParityRun:
+    """One store table trained on running parity: what it is, what theory says, what it reached."""
+
+    store: dict
+    label: str
+    transition: Transition
+    can: bool                    # theory: one layer of this transition can track parity at every length
+    theory: str                  # the same in words, with its source
+    trained: float               # accuracy at positions past_conv .. len_max - 1 (trained lengths), mean over seeds
+    long: float                  # accuracy at positions 2 len_max .. eval_len - 1, mean over seeds
+    per_seed: list[tuple[float, float]]
+    steps: int
+    chance: float = PARITY_CHANCE
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "transition": asdict(self.transition)}
+
+
+def parity_by_training(store: dict, *, seed: int = 0, steps: int | None = None,
+                       train: dict = PARITY_TRAIN) -> tuple[float, float]:
     """Train a one-layer model whose token mixer is ``store`` (a store table) on running parity.
 
     Strings of 2..16 bits (``storelab.tasks.Parity``), AdamW with warmup and a cosine schedule; returns
-    the accuracy over 64 strings of 64 bits at positions < 16 (the lengths trained on) and >= 32.
+    the accuracy over ``eval_n`` strings of 64 bits at positions 4..15 (trained lengths, past what a width-4
+    short convolution sees of the prefix: parity of <= 4 bits needs no state) and at positions >= 32.
     """
     from storelab.models.config import ModelConfig
     from storelab.models.model import Model
     from storelab.tasks.base import IGNORE
     from storelab.tasks.state_tracking import Parity
 
-    c = PARITY_TRAIN
+    c = train
+    steps = c["steps"] if steps is None else steps
     torch.manual_seed(seed)
     model = Model(ModelConfig.from_dict({
         "name": "parity", "vocab_size": 2, "n_layers": 1, "d_model": PARITY_MODEL["d_model"],
@@ -189,40 +235,75 @@ def parity_by_training(store: dict, *, seed: int = 0, steps: int = PARITY_TRAIN[
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-    b = task.sample_eval(64, 10_000 + seed)
+    b = task.sample_eval(c["eval_n"], 10_000 + seed)
     with torch.no_grad():
         logits, _ = model(b.inputs)
     ok = (logits.argmax(-1) == b.targets).float().mean(0)
     L = c["len_max"]
-    return ok[:L].mean().item(), ok[2 * L:].mean().item()
+    return ok[c["past_conv"]:L].mean().item(), ok[2 * L:].mean().item()
 
 
-def exp_parity_trained(stores: Iterable[dict] | None = None, *, seeds: Iterable[int] = (0,),
-                       steps: int = PARITY_TRAIN["steps"]) -> Result:
-    """Rows (accuracy at positions >= 32, the mean over ``seeds``) and a curve over beta_max, one line per
-    rule, for ``stores`` (default: ``parity_stores()``, every recurrent kind registered)."""
+def parity_runs(stores: Iterable[dict] | None = None, *, seeds: Iterable[int] = (0,), quick: bool = False,
+                steps: int | None = None) -> list[ParityRun]:
+    """Train each of ``stores`` (default: ``parity_stores()``, every recurrent kind registered) on parity at
+    the full or ``quick`` sizes (``steps`` overrides), one run per seed, beside what theory predicts."""
+    from storelab.stores import build_store
+
+    train = PARITY_QUICK if quick else PARITY_TRAIN
+    steps = train["steps"] if steps is None else steps
     stores, seeds = list(parity_stores() if stores is None else stores), list(seeds)
-    res, lines = Result(), {}
+    out = []
     for st in stores:
-        runs = [parity_by_training(st, seed=s, steps=steps) for s in seeds]
-        short, long = (sum(r[i] for r in runs) / len(runs) for i in (0, 1))
-        label, bm = store_label(st), st.get("beta_max")
-        res.rows.append(row("11 parity, trained", st["head_k_dim"],
-                            f"{label}{'' if bm is None else f', beta <= {bm:g}'}: accuracy at positions 32..63",
-                            None, None, long,
-                            f"positions < 16 (trained lengths): {short:.3f}; one layer, {steps} steps, "
-                            f"{len(seeds)} seed(s): " + ", ".join(f"{r[1]:.3f}" for r in runs)))
-        if bm is not None:
-            lines.setdefault(label, []).append((bm, long))
+        tr = build_store({"d_model": PARITY_MODEL["d_model"], **st}).transition()
+        can, theory = parity_theory(tr)
+        runs = [parity_by_training(st, seed=s, steps=steps, train=train) for s in seeds]
+        trained, long = (sum(r[i] for r in runs) / len(runs) for i in (0, 1))
+        out.append(ParityRun(dict(st), store_label(st), tr, can, theory, trained, long, runs, steps))
+    return out
+
+
+def run_title(run: ParityRun) -> str:
+    """The table's name for a run: its label and, for a table that sets one, the write step's bound."""
+    bm = run.store.get("beta_max")
+    return run.label + ("" if bm is None else f", beta <= {bm:g}")
+
+
+def parity_result(runs: list[ParityRun], *, train: dict = PARITY_TRAIN) -> Result:
+    """Rows (accuracy at positions >= 32 beside theory's 1 where a construction exists, chance where none
+    can) and a curve over beta_max, one line per rule that sets it."""
+    from storelab.stores import build_store
+
+    res, lines = Result(), {}
+    L = train["len_max"]
+    for run in runs:
+        d = build_store({"d_model": PARITY_MODEL["d_model"], **run.store}).head_k_dim
+        res.rows.append(row("11 parity, trained", d, f"{run_title(run)}: accuracy at positions {2 * L}..63",
+                            1.0 if run.can else run.chance, None, run.long,
+                            f"A_t = {run.transition.form}; theory: {run.theory}; positions {train['past_conv']}.."
+                            f"{L - 1} (trained lengths): {run.trained:.3f}; chance {run.chance:g}; one layer, "
+                            f"{run.steps} steps, {len(run.per_seed)} seed(s): "
+                            + ", ".join(f"{r[1]:.3f}" for r in run.per_seed)))
+        if run.store.get("beta_max") is not None:
+            lines.setdefault(run.label, []).append((run.store["beta_max"], run.long))
     curve = Curve("11 parity, trained one-layer models", "largest write step beta_max", "accuracy, positions 32..63",
-                  hline=0.5)
+                  hline=PARITY_CHANCE)
     for label, pts in lines.items():
         curve.measured(label, [p[0] for p in pts], [p[1] for p in pts])
     res.curves.append(curve)
     return res
 
 
-def exp_recurrence(quick: bool) -> Result:
+def exp_parity_trained(stores: Iterable[dict] | None = None, *, seeds: Iterable[int] = (0,),
+                       steps: int | None = None, quick: bool = False) -> Result:
+    """Rows (accuracy at positions >= 32, the mean over ``seeds``) and a curve over beta_max, one line per
+    rule, for ``stores`` (default: ``parity_stores()``, every recurrent kind registered)."""
+    runs = parity_runs(stores, seeds=seeds, quick=quick, steps=steps)
+    return parity_result(runs, train=PARITY_QUICK if quick else PARITY_TRAIN)
+
+
+def exp_recurrence(quick: bool, *, trained: bool = True) -> Result:
+    """The rows and curves of experiment 11; ``trained``: with the parity training of every recurrent kind
+    (``exp_parity_trained``, at the quick sizes under ``quick``: a few steps, rows that say no model learned)."""
     d, L, n = (8, 33, 64) if quick else (16, 257, 256)
     res = Result()
     assoc = max(associativity_error(d, s) for s in range(5))
@@ -251,8 +332,8 @@ def exp_recurrence(quick: bool) -> Result:
     res.curves.append(Curve("11 parity by one Gated DeltaNet layer", "write step beta for a 1 bit", "accuracy",
                             hline=0.5).measured("measured", betas + [2.0], accs + [acc2])
                       .theory("exact parity needs beta = 2", [2.0, 2.0], [0.5, 1.0]))
-    if not quick:  # a few seconds of training per store table
-        trained = exp_parity_trained()
-        res.rows += trained.rows
-        res.curves += trained.curves
+    if trained:  # a few seconds of training per store table (under a second each at the quick sizes)
+        runs = exp_parity_trained(quick=quick)
+        res.rows += runs.rows
+        res.curves += runs.curves
     return res

@@ -37,7 +37,7 @@ from storelab.ops.norm import rms_norm
 from storelab.ops.precision import at_least_fp32
 from storelab.state import RecurrentState
 from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount,
-                                  StoreConfig, check_input, register)
+                                  StoreConfig, Transition, check_input, register)
 
 __all__ = ["LightningConfig", "LightningAttention"]
 
@@ -77,6 +77,15 @@ class LightningConfig(StoreConfig):
 
     def build(self) -> "LightningAttention":
         return LightningAttention(self)
+
+    @classmethod
+    def parity_stores(cls, d_model: int, n_heads: int, head_dim: int) -> tuple[dict, ...]:
+        """The section-6 parity experiment's table: ``n_heads`` heads of ``head_dim`` x ``head_dim``."""
+        return ({"kind": cls.KIND, "n_heads": n_heads, "head_dim": head_dim},)
+
+    def transition(self) -> Transition:
+        """A fixed decay per head: S_t = exp(-slope_h) S_{t-1} + k v^T."""
+        return Transition("exp(-slope_h) I, a fixed decay in (0, 1] per head", diagonal=True, negative=False)
 
     def log_decay(self, device=None) -> Tensor:
         """-slope_h [H]: the log of what each step keeps of a head's state."""

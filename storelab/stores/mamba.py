@@ -64,7 +64,7 @@ from storelab.ops.precision import at_least_fp32
 from storelab.ops.selective_scan import MODES, selective_ssm
 from storelab.state import RecurrentState
 from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount,
-                                  StoreConfig, check_input, register)
+                                  StoreConfig, Transition, check_input, register)
 
 __all__ = ["MambaConfig", "MambaStore"]
 
@@ -121,6 +121,17 @@ class MambaConfig(StoreConfig):
 
     def build(self) -> nn.Module:
         return MambaStore(self)
+
+    @classmethod
+    def parity_stores(cls, d_model: int, n_heads: int, head_dim: int) -> tuple[dict, ...]:
+        """The section-6 parity experiment's table: ``n_heads`` * ``head_dim`` channels of ``head_dim`` numbers
+        (the delta rules' state size), the chunked scan (its backward is written by hand)."""
+        return ({"kind": cls.KIND, "d_inner": n_heads * head_dim, "d_state": head_dim},)
+
+    def transition(self) -> Transition:
+        """A decay per channel and state column: h_t = exp(dt A) * h_{t-1} + dt B u, exp(dt A) in (0, 1)."""
+        return Transition("diag(exp(dt A)), one decay in (0, 1) per channel, state column and token",
+                          diagonal=True, negative=False)
 
     def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
         E, N = self.d_inner, self.d_state

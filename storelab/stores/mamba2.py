@@ -70,7 +70,7 @@ from storelab.ops.precision import at_least_fp32
 from storelab.ops.ssd import MODES, ssd
 from storelab.state import RecurrentState
 from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount,
-                                  StoreConfig, check_input, register)
+                                  StoreConfig, Transition, check_input, register)
 
 __all__ = ["Mamba2Config", "Mamba2Store"]
 
@@ -148,6 +148,16 @@ class Mamba2Config(StoreConfig):
 
     def build(self) -> nn.Module:
         return Mamba2Store(self)
+
+    @classmethod
+    def parity_stores(cls, d_model: int, n_heads: int, head_dim: int) -> tuple[dict, ...]:
+        """The section-6 parity experiment's table: ``n_heads`` heads of P x N = ``head_dim`` x ``head_dim``
+        (the delta rules' state size), one group, the chunked form (its backward is written by hand)."""
+        return ({"kind": cls.KIND, "n_heads": n_heads, "head_dim": head_dim, "d_state": head_dim},)
+
+    def transition(self) -> Transition:
+        """A scalar decay per head: S_t = exp(dt A) S_{t-1} + dt x B^T, exp(dt A) in (0, 1)."""
+        return Transition("exp(dt A) I, one decay in (0, 1) per head and token", diagonal=True, negative=False)
 
     def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
         H, P, N = self.n_heads, self.head_dim, self.d_state

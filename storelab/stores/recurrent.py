@@ -72,7 +72,7 @@ from storelab.ops.delta import MODES, delta_rule, gated_delta_rule, kda, linear_
 from storelab.ops.delta_product import gated_delta_product
 from storelab.ops.precision import at_least_fp32
 from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount,
-                                  StoreConfig, register)
+                                  StoreConfig, Transition, register)
 from storelab.stores.recurrent_pipeline import RecurrentStore, Rule
 
 __all__ = ["LinearAttentionConfig", "DeltaNetConfig", "GatedDeltaNetConfig", "GatedDeltaProductConfig", "KDAConfig",
@@ -151,6 +151,22 @@ class _RecurrentConfig(StoreConfig):
     def rule(self) -> Rule:  # pragma: no cover - each kind says
         """The kind's update rule and gates, as data (``storelab.stores.recurrent_pipeline.Rule``)."""
         raise NotImplementedError
+
+    @classmethod
+    def parity_stores(cls, d_model: int, n_heads: int, head_dim: int) -> tuple[dict, ...]:
+        """The section-6 parity experiment's tables: ``n_heads`` heads of ``head_dim`` x ``head_dim``, the
+        per-token reference form (the strings are short), at the kind's defaults; a kind that writes by the
+        delta rule twice, beta_max 1 (eigenvalues >= 0) and 2 (down to -alpha)."""
+        table = {"kind": cls.KIND, "n_heads": n_heads, "head_k_dim": head_dim, "mode": "recurrent"}
+        steps = ({"beta_max": 1.0}, {"beta_max": 2.0}) if cls.DELTA else ({},)
+        return tuple({**table, **step} for step in steps)
+
+    def _delta_transition(self, decay: str, diagonal_decay: str = "") -> Transition:
+        """``decay`` (I - beta k k^T): the factor has eigenvalue 1 - beta along k, negative once beta > 1."""
+        form = f"{decay}(I - beta k k^T)" if decay else "I - beta k k^T"
+        form += f", beta in (0, {self.beta_max:g})"
+        form += f", {diagonal_decay}" if diagonal_decay else ""
+        return Transition(form, diagonal=False, negative=self.beta_max > 1.0)
 
     @property
     def n_value_heads(self) -> int:
@@ -237,6 +253,10 @@ class LinearAttentionConfig(_RecurrentConfig):
     def rule(self) -> Rule:
         return LINEAR_ATTENTION_FIXED_DECAY if self.decay == "fixed" else LINEAR_ATTENTION
 
+    def transition(self) -> Transition:
+        form = "a_h I, a fixed a_h in (0, 1) per head" if self.decay == "fixed" else "I (no decay)"
+        return Transition(form, diagonal=True, negative=False)
+
     def _extra_params(self) -> int:
         return 0
 
@@ -262,6 +282,9 @@ class DeltaNetConfig(_RecurrentConfig):
 
     def rule(self) -> Rule:
         return DELTANET
+
+    def transition(self) -> Transition:
+        return self._delta_transition("")
 
     def _extra_params(self) -> int:
         return self.d_model * self.n_heads
@@ -313,6 +336,9 @@ class GatedDeltaNetConfig(_GroupedValueHeads):
     def rule(self) -> Rule:
         return GATED_DELTANET
 
+    def transition(self) -> Transition:
+        return self._delta_transition("alpha ", "alpha in (0, 1) per head")
+
     def _extra_params(self) -> int:
         D, HV = self.d_model, self.n_v_heads
         return D * HV * self.head_v_dim + 2 * D * HV + 2 * HV
@@ -359,6 +385,12 @@ class GatedDeltaProductConfig(_GroupedValueHeads):
 
     def rule(self) -> Rule:
         return GATED_DELTAPRODUCT if self.gated else DELTAPRODUCT
+
+    def transition(self) -> Transition:
+        n = self.num_householder
+        form = (f"{'alpha ' if self.gated else ''}(I - beta_1 k_1 k_1^T) ... (I - beta_{n} k_{n} k_{n}^T), "
+                f"beta_i in (0, {self.beta_max:g})" + (", alpha in (0, 1) per head" if self.gated else ""))
+        return Transition(form, diagonal=False, negative=self.beta_max > 1.0)
 
     def _extra_params(self) -> int:
         D, HV, n = self.d_model, self.n_v_heads, self.num_householder
@@ -447,6 +479,9 @@ class KDAConfig(_RecurrentConfig):
         self.check_positive("gate_rank")
         self.check(self.gate_lower_bound is None or self.gate_lower_bound < 0, "gate_lower_bound",
                    f"must be < 0 (a log retention) or None, got {self.gate_lower_bound}")
+
+    def transition(self) -> Transition:
+        return self._delta_transition("diag(alpha) ", "alpha in (0, 1) per key channel")
 
     def rule(self) -> Rule:
         if self.full_rank_output_gate:

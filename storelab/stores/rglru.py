@@ -54,7 +54,7 @@ from storelab.ops.rglru import rg_lru, rg_lru_log_decay
 from storelab.ops.selective_scan import MODES
 from storelab.state import RecurrentState
 from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount,
-                                  StoreConfig, check_input, register)
+                                  StoreConfig, Transition, check_input, register)
 
 __all__ = ["RGLRUConfig", "RGLRUStore"]
 
@@ -96,6 +96,17 @@ class RGLRUConfig(StoreConfig):
 
     def build(self) -> nn.Module:
         return RGLRUStore(self)
+
+    @classmethod
+    def parity_stores(cls, d_model: int, n_heads: int, head_dim: int) -> tuple[dict, ...]:
+        """The section-6 parity experiment's table: ``n_heads`` gate blocks of ``head_dim`` channels (the state
+        is a vector of ``n_heads`` * ``head_dim`` numbers), the chunked scan."""
+        return ({"kind": cls.KIND, "lru_width": n_heads * head_dim, "n_heads": n_heads},)
+
+    def transition(self) -> Transition:
+        """A decay per channel: h_t = a_t * h_{t-1} + sqrt(1 - a_t^2) (i_t * u_t), a_t in (0, 1)."""
+        return Transition(f"diag(a), a = sigmoid(-p)^({self.gate_exponent:g} r) in (0, 1) per channel and token",
+                          diagonal=True, negative=False)
 
     def footprint(self, context: int, *, dtype: str = "bf16") -> Footprint:
         C = self.lru_width
