@@ -126,3 +126,22 @@ def test_memory_equals_transformers_cache(model_type, T, saved):
         past = hf(ids_of(T), use_cache=True).past_key_values
     assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == cache_bytes(past)
 
+
+
+def test_longrope_read_but_not_run(tmp_path, saved):
+    """The 128k releases' ``longrope`` scaling: the config is read (accounting), loading the weights refuses it
+    naming the field."""
+    import json
+    import shutil
+
+    from storelab.checkpoint.shards import CheckpointError
+
+    _, folder = saved("phi3")
+    shutil.copytree(folder, tmp_path / "long")
+    hf = json.loads((folder / "config.json").read_text())
+    hf.pop("rope_parameters", None)
+    long = dict(type="longrope", long_factor=[1.0] * 4, short_factor=[1.0] * 4)
+    (tmp_path / "long" / "config.json").write_text(json.dumps(dict(hf, rope_theta=10000.0, rope_scaling=long)))
+    assert read_model_config(tmp_path / "long").n_layers == 4
+    with pytest.raises(CheckpointError, match=r"rope_scaling.rope_type: 'longrope'"):
+        load(tmp_path / "long")
