@@ -96,6 +96,12 @@ def test_llama_cpp_padding_by_hand():
     # a window longer than the context: the SWA cache is no bigger than n_ctx
     small = engine_layers(cfg, 100, batch=1, engine="llama.cpp", n_ubatch=2048)
     assert small["settings"]["n_ctx"] == 256 and small["layers"][0]["bytes"] == 256 * entry
+    # one stream per sequence (kv_unified off): n_ctx_seq = pad(2048 / 2, 256) = 1,024 cells each, and a window
+    # of pad(min(1024, 100 + 512), 256) = 768 cells each
+    split = [r["bytes"] for r in engine_layers(cfg, 1000, batch=2, engine="llama.cpp", kv_unified=False)["layers"]]
+    assert split == [2 * 768 * entry, 2 * 1024 * entry, 2 * mamba_numbers(m) * 4, 2 * 768 * entry]
+    odd = engine_layers(cfg, 300, batch=3, engine="llama.cpp", kv_unified=False)         # n_ctx pad(900) = 1,024
+    assert odd["layers"][1]["bytes"] == 3 * 512 * entry                               # pad(1024 // 3, 256) each
     q8 = engine_layers(cfg, 1000, batch=2, engine="llama.cpp", cache="q8_0")["layers"][1]["bytes"]
     assert q8 == n_ctx * 2 * 32 / 32 * 34                                              # 2 blocks of 34 B per cell
 
@@ -121,6 +127,24 @@ def test_vllm_pages_and_hybrid_block_by_hand():
     rec = engine_layers(plain, 1000, batch=1, engine="vllm")
     assert rec["settings"]["block_size"] == 16
     assert [r["bytes"] for r in rec["layers"]] == [(63 + 1) * 16 * entry, 1008 * entry]  # W - 1 + M > L
+
+
+def test_short_convolution_is_state_in_both_engines():
+    """LFM2's short convolution: llama.cpp keeps its W - 1 inputs as an f32 r row per sequence, vLLM as a
+    MambaSpec page, padded to the attention page in a hybrid."""
+    from storelab.stores.short_conv import ShortConvConfig
+
+    conv = ShortConvConfig(d_model=D, conv_kernel=3)
+    res = ResidualConfig(d_model=D)
+    cfg = ModelConfig(name="lfm", d_model=D, vocab_size=64,
+                      layers=[LayerConfig(token=conv, channel=FFNConfig(d_model=D, d_ff=96), depth=res),
+                              LayerConfig(token=AttentionConfig(**ATT), channel=FFNConfig(d_model=D, d_ff=96),
+                                          depth=res)])
+    llama = engine_layers(cfg, 500, batch=3, engine="llama.cpp", state="bf16")["layers"][0]
+    assert llama["bytes"] == 3 * 2 * D * 4 and "r + s rows in f32" in llama["rule"]      # f32 whatever asked
+    vllm = engine_layers(cfg, 500, batch=3, engine="vllm", state="bf16")
+    assert vllm["settings"]["block_size"] == 16 and vllm["layers"][0]["bytes"] == 3 * 16 * 128  # padded page
+    assert vllm["layers"][1]["bytes"] == 3 * 512 * 128                                   # 500 in pages of 16
 
 
 def test_vllm_qwen36_hybrid_block(tmp_path):

@@ -30,16 +30,17 @@ a multiple of n, ``cdiv``: division rounded up):
   ``src/llama-kv-cache-iswa.cpp`` at 02c28f533ebba3e4ea944fc4a0719a012b3e7097,
   ``src/llama-memory-recurrent.cpp`` at 0054ee8ca80bb64d4a56eec854f2753cab5b51be and
   ``src/llama-model.cpp``'s ``create_memory``): B sequences of L tokens need ``-c B L -np B``; the
-  context is padded, ``n_ctx = pad(B L, 256)`` cells, one unified cache (``kv_unified``) whose cells
-  any sequence takes. K and V are kept in ``type_k`` / ``type_v``, f16 unless ``--cache-dtype``
+  context is padded, ``n_ctx = pad(B L, 256)`` cells, one unified cache (``kv_unified``, llama-server's
+  default with its automatic slots) whose cells any sequence takes; with ``kv_unified=False`` (the
+  library's default) one stream per sequence of ``n_ctx_seq = pad(n_ctx / B, 256)`` cells. K and V are kept in ``type_k`` / ``type_v``, f16 unless ``--cache-dtype``
   says (q8_0, q4_0: blocks of 32 codes with an f16 scale).
 
   - a full cache: ``n_ctx`` cells of the layer's entry (K and V, or MLA's latent row), so the bytes
     per token x ``n_ctx``; a store's fixed part (DeepSeek-V4's pools) beside it, per sequence;
   - a window or chunk layer (``llama_kv_cache_iswa``; llama.cpp keeps Llama 4's chunks as an SWA cache
     with ``n_swa`` = the chunk): ``pad(min(n_ctx, W B + n_ubatch), 256)`` cells (``n_ubatch`` = 512),
-    or ``n_ctx`` with ``swa_full``;
-  - a recurrent layer (``llama_memory_recurrent``, also the recurrent half of
+    or ``n_ctx`` with ``swa_full``; per stream ``pad(min(n_ctx_seq, W + n_ubatch), 256)`` when not unified;
+  - a recurrent layer or a short convolution (``llama_memory_recurrent``, also the recurrent half of
     ``llama_memory_hybrid``): ``max(1, n_seq_max)`` = B rows of ``r`` (the convolution's last W - 1
     inputs) and ``s`` (the state), both created ``GGML_TYPE_F32`` whatever the KV type: the store's
     fixed part in f32 per sequence.
@@ -57,8 +58,8 @@ a multiple of n, ``cdiv``: division rounded up):
   - a window: ``(cdiv(min(W - 1 + M, L), block) + 1) block`` tokens, ``M`` = ``max_num_batched_tokens``
     (8,192: the API server's default on a large GPU; an argument here), the last page maybe partial;
   - a chunk: ``cdiv(min(C + M, L), block) block`` tokens;
-  - a recurrent layer (``MambaSpec``, ``mamba_cache_mode`` "none"): one page of its state (the
-    convolution's W - 1 inputs and the state, in ``--state-dtype``). In a hybrid model the attention
+  - a recurrent layer or a short convolution (``MambaSpec``, ``mamba_cache_mode`` "none"): one page of
+    its state (the convolution's W - 1 inputs and the state, in ``--state-dtype``). In a hybrid model the attention
     page must hold a state page: the block grows to ``16 cdiv(state_page, 16 attn_bytes_per_token)``
     tokens (the first full-attention layer's bytes per token) and every state page is padded to that
     attention page (``mamba_page_size_padded``).
@@ -66,8 +67,8 @@ a multiple of n, ``cdiv``: division rounded up):
   Checked against vLLM's DeepSeek-V4-Pro figure (9.62 GiB of bf16 cache per sequence at 2^20 tokens:
   the compressed caches and index keys, whole pages at that length) with the window rings beside it.
 
-MLA's latent row, DeepSeek's compressed entries and index keys are each engine's per-token bytes as the
-store states them in the chosen format; llama.cpp and vLLM keep V4's caches in pools of their own
+A store's other fixed part (Engram's last ids) is taken as the ideal's. MLA's latent row, DeepSeek's
+compressed entries and index keys are each engine's per-token bytes as the store states them in the chosen format; llama.cpp and vLLM keep V4's caches in pools of their own
 (``llama-kv-cache-dsv4.cpp``), whose fixed part is taken here as the store's.
 """
 
@@ -126,6 +127,12 @@ def state_bytes(cfg: ModelConfig, seen: int, *, engine: str = "ideal", dtype: st
     return out
 
 
+def _state_rows(st) -> bool:
+    """Whether the store keeps what llama.cpp's recurrent memory and vLLM's ``MambaSpec`` hold: a recurrent
+    state or a short convolution's inputs (LFM2's are a ``MambaSpec`` and an r row too), by its declarations."""
+    return st.RECURRENT or st.conv_input_bytes("fp32") > 0
+
+
 def _held(cfg: ModelConfig, i: int):
     """The (slot, store) pairs whose state layer ``i`` holds (a reader of another's cache: not its token store)."""
     return [(slot, st) for slot, st in cfg.layers[i].stores().items() if slot != "token" or cfg.owns_cache(i)]
@@ -141,13 +148,18 @@ class LlamaCpp:
     DEFAULT_CACHE = "fp16"  # llama_context_default_params: type_k = type_v = GGML_TYPE_F16
     STATE = "fp32"          # create_memory: llama_memory_recurrent(type_r = type_s = GGML_TYPE_F32)
 
-    def __init__(self, context: int, batch: int, *, n_ubatch: int = 512, swa_full: bool = False):
+    def __init__(self, context: int, batch: int, *, n_ubatch: int = 512, swa_full: bool = False,
+                 kv_unified: bool = True):
         self.context, self.batch, self.n_ubatch, self.swa_full = context, batch, n_ubatch, swa_full
+        self.kv_unified = kv_unified
         self.n_ctx = _pad(batch * context, self.CTX_PAD)
+        # one stream of n_ctx cells, or one stream per sequence of n_ctx_seq cells (llama-context.cpp)
+        self.streams = 1 if kv_unified else batch
+        self.n_ctx_seq = self.n_ctx if kv_unified else _pad(self.n_ctx // batch, self.CTX_PAD)
 
     def settings(self) -> dict[str, Any]:
         return {"n_ctx": self.n_ctx, "n_seq_max": self.batch, "n_ubatch": self.n_ubatch, "swa_full": self.swa_full,
-                "kv_unified": True}
+                "kv_unified": self.kv_unified}
 
     def cache_format(self, st, cache: str | None) -> str:
         return cache or self.DEFAULT_CACHE
@@ -156,17 +168,22 @@ class LlamaCpp:
         B, W = self.batch, st.cache_window() or st.cache_chunk()
         entry = st.cache_entry_bytes(cache)
         t = st.memory_terms(cache=cache, state=self.STATE)
+        S, size = self.streams, self.n_ctx_seq  # streams, and the cells of each
         if W and entry:
-            cells = self.n_ctx if self.swa_full else _pad(min(self.n_ctx, W * B + self.n_ubatch), self.SWA_PAD)
-            how = "n_ctx (swa_full)" if self.swa_full else f"pad(min(n_ctx, {W} x {B} + {self.n_ubatch}), 256)"
-            return cells * entry, f"SWA cache: {cells:,} cells = {how}"
+            seqs = B if self.kv_unified else 1  # the sequences one stream's window serves
+            cells = size if self.swa_full else _pad(min(size, W * seqs + self.n_ubatch), self.SWA_PAD)
+            how = "n_ctx_seq (swa_full)" if self.swa_full else f"pad(min({size:,}, {W} x {seqs} + {self.n_ubatch}), 256)"
+            return S * cells * entry, f"SWA cache: {S} x {cells:,} cells = {how}"
         if t.per_token:
-            rule = f"KV cache: n_ctx = pad({B} x {self.context:,}, 256) = {self.n_ctx:,} cells"
+            rule = f"KV cache: {S} x {size:,} cells (n_ctx = pad({B} x {self.context:,}, 256))"
             if t.per_sequence:
                 rule += "; fixed part per sequence"
-            return self.n_ctx * t.per_token + B * t.per_sequence, rule
-        if t.per_sequence:
+            return S * size * t.per_token + B * t.per_sequence, rule
+        if t.per_sequence and _state_rows(st):
             return B * t.per_sequence, f"recurrent r + s rows in f32, {B} (n_seq_max)"
+        if t.per_sequence:
+            fixed = st.memory_terms(cache=cache, state=state).per_sequence
+            return B * fixed, "fixed part per sequence, as the ideal"
         return 0.0, ""
 
 
@@ -193,7 +210,7 @@ class VLLM:
                 and not (s.cache_window() or s.cache_chunk())]
         pages = [t.per_sequence for s in stores
                  for t in [s.memory_terms(cache=self.cache_format(s, cache), state=state)]
-                 if s.RECURRENT and not t.per_token and t.per_sequence]
+                 if _state_rows(s) and not t.per_token and t.per_sequence]
         if not full or not pages:
             return
         per_token = full[0].cache_entry_bytes(self.cache_format(full[0], cache))
@@ -216,10 +233,12 @@ class VLLM:
             tokens = _cdiv(L, bs) * bs
             rule = f"FullAttentionSpec: {tokens:,} tokens in pages of {bs}"
             return B * (tokens * t.per_token + t.per_sequence), rule + ("; fixed part as is" if t.per_sequence else "")
-        if t.per_sequence:
-            page = max(t.per_sequence, self.state_page) if st.RECURRENT else t.per_sequence
+        if t.per_sequence and _state_rows(st):
+            page = max(t.per_sequence, self.state_page)
             padded = " (padded to the attention page)" if page > t.per_sequence else ""
             return B * page, f"MambaSpec: one page of {math.ceil(page):,} B{padded}"
+        if t.per_sequence:
+            return B * t.per_sequence, "fixed part per sequence, as the ideal"
         return 0.0, ""
 
 
