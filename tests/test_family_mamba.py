@@ -23,14 +23,30 @@ TINY = {
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
                        mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=2, conv_kernel=4,
                        chunk_size=8),
+    # Nemotron 3: ReLU^2 experts with sigmoid routing and a shared expert, one with a latent projection (Super)
+    "nemotron_h_moe": dict(COMMON, num_hidden_layers=6, layers_block_type=["linear_attention", "moe",
+                                                                           "full_attention", "moe",
+                                                                           "linear_attention", "mlp"],
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+                           mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=2, conv_kernel=4,
+                           chunk_size=8, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                           moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1, routed_scaling_factor=2.5),
+    "nemotron_h_latent": dict(COMMON, num_hidden_layers=4, layers_block_type=["linear_attention", "moe",
+                                                                              "full_attention", "moe"],
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+                              mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=2, conv_kernel=4,
+                              chunk_size=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                              moe_shared_expert_intermediate_size=48, moe_latent_size=32),
 }
+TYPE = {"nemotron_h_moe": "nemotron_h", "nemotron_h_latent": "nemotron_h"}
 
 
 def tiny_hf(model_type: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **TINY[model_type])).eval()
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(TYPE.get(model_type, model_type),
+                                                               **TINY[model_type])).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for t in hf.state_dict().values():

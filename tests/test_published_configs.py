@@ -31,6 +31,7 @@ PUBLISHED = {
     "Mixtral-8x7B-v0.1": (46.7, 12.9),              # Mistral AI: 46.7B total, 12.9B per token
     "DeepSeek-V3": (671.0, 37.0),                   # DeepSeek-V3 report: 671B total, 37B activated (MTP apart)
     "Qwen3.5-0.8B-Base": (0.752, 0.752),            # the text model of the 873M release (0.752B)
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (31.6, 3.6),  # NVIDIA: 31.6B total, 3.6B active with embeddings
 }
 
 # what storelab does not read yet, and the word its refusal must name

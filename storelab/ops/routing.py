@@ -169,8 +169,11 @@ Unit = Callable[[Tensor, Tensor], Tensor]  # act(gate, up) of a gated expert
 
 def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up_EFD: Tensor, down_EDI: Tensor,
                    *, limit: float | None = None, act: Unit | None = None, gate_up_bias_EF: Tensor | None = None,
-                   down_bias_ED: Tensor | None = None) -> Tensor:
+                   down_bias_ED: Tensor | None = None, gated: bool = True) -> Tensor:
     """sum_k w_nk * expert_{e_nk}(x_n), each expert run once on its own tokens.
+
+    ``gated=False``: the experts are plain two-layer units (Nemotron-H's ReLU^2 experts): gate_up_EFD holds
+    the up rows only, [E, I, D], and ``act(h)`` takes the one projection.
 
     gate_up_EFD is [E, 2I, D] (gate rows first, then up rows), down_EDI is [E, D_out, I]:
     the layout of transformers' 3-D expert tensors. ``act(gate, up)`` is the experts' unit
@@ -195,8 +198,9 @@ def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up
     for x_c, w_c, gu_FD, dn_DI, gu_b, dn_b in zip(x_sorted.split(counts), w_sorted.split(counts),
                                                   gate_up_EFD.unbind(0), down_EDI.unbind(0), gu_bias, dn_bias):
         if x_c.shape[0]:
-            gate, up = F.linear(x_c, gu_FD, gu_b).chunk(2, dim=-1)                   # [c, I] each
-            outs.append(F.linear(act(gate, up), dn_DI, dn_b) * w_c[:, None])
+            h = F.linear(x_c, gu_FD, gu_b)
+            h = act(*h.chunk(2, dim=-1)) if gated else act(h)                       # [c, I]
+            outs.append(F.linear(h, dn_DI, dn_b) * w_c[:, None])
     out_sorted = torch.cat(outs) if outs else x_ND.new_zeros(0, D_out)
     # back to slot order (a gather by the inverse permutation, no accumulation), then sum each token's K slots
     inverse = torch.empty_like(order)
@@ -206,15 +210,15 @@ def grouped_swiglu(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up
 
 def dense_moe_reference(x_ND: Tensor, experts_NK: Tensor, weights_NK: Tensor, gate_up_EFD: Tensor, down_EDI: Tensor,
                         *, limit: float | None = None, act: Unit | None = None, gate_up_bias_EF: Tensor | None = None,
-                        down_bias_ED: Tensor | None = None) -> Tensor:
+                        down_bias_ED: Tensor | None = None, gated: bool = True) -> Tensor:
     """The slow form: every expert on every token, then keep the chosen ones."""
     act = act if act is not None else partial(swiglu, limit=limit)
     E = gate_up_EFD.shape[0]
     gu_ENF = torch.einsum("nd,efd->enf", x_ND, gate_up_EFD)
     if gate_up_bias_EF is not None:
         gu_ENF = gu_ENF + gate_up_bias_EF[:, None, :]
-    gate, up = gu_ENF.chunk(2, dim=-1)                                            # [E, N, I]
-    out_END = torch.einsum("eni,edi->end", act(gate, up), down_EDI)
+    h_ENI = act(*gu_ENF.chunk(2, dim=-1)) if gated else act(gu_ENF)                 # [E, N, I]
+    out_END = torch.einsum("eni,edi->end", h_ENI, down_EDI)
     if down_bias_ED is not None:
         out_END = out_END + down_bias_ED[:, None, :]
     mix_NE = torch.zeros(x_ND.shape[0], E, dtype=x_ND.dtype, device=x_ND.device)

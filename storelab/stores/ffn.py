@@ -55,6 +55,10 @@ class Pointwise:
     def hidden(self, ffn: "FFN", x_BTD: Tensor) -> Tensor:
         return self.fn(ffn.up_proj(x_BTD), ffn.cfg)
 
+    def unit(self, cfg) -> Callable[[Tensor], Tensor]:
+        """act(h) with this config's parameters (a plain expert's unit, ``grouped_swiglu(gated=False)``)."""
+        return partial(self.fn, cfg=cfg)
+
 
 @dataclass(frozen=True)
 class Gated:

@@ -26,8 +26,10 @@ any expert sees the query. Variants of the seven models:
   SwiGLU of width n_shared * d_shared (the same function); ``shared_gate`` multiplies
   them by sigmoid(w . x) (Qwen3-Next).
 * ``latent_dim`` (Kimi K3's Stable LatentMoE, arXiv 2607.24653; NVIDIA's Nemotron-H LatentMoE):
-  routed experts compute at a narrower width: z = RMSNorm(W_down x), y = W_up sum_k w_k
-  expert_k(z); the router and the shared experts stay at full width.
+  routed experts compute at a narrower width: z = RMSNorm(W_down x) (no norm with ``latent_norm``
+  false, as Nemotron 3 Super), y = W_up sum_k w_k expert_k(z); the router and the shared experts
+  stay at full width.
+* ``activation`` may also be a plain unit (``relu2``: Nemotron-H's experts, up and down only).
 * ``scale_input`` (Llama 4, transformers' ``Llama4TextMoe``): the routing weight multiplies the expert's
   input instead of its output, y = sum_k expert_k(w_k x); with a SwiGLU expert that is another function
   (silu is not linear). Each (token, expert) slot then runs as a token of its own with weight 1.
@@ -71,7 +73,8 @@ from storelab.stores.ffn import ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_UP_SHIFT, chec
 __all__ = ["MoEConfig", "MoE"]
 
 ROUTINGS = ("learned", "hash")
-EXPERT_ACTIVATIONS = tuple(k for k, a in ACTIVATIONS.items() if a.gated)  # experts are gated units
+# gated units (most), or plain ones (Nemotron-H's ReLU^2 experts); "power" needs a field experts do not have
+EXPERT_ACTIVATIONS = tuple(k for k in ACTIVATIONS if k != "power")
 
 
 @register("moe")
@@ -94,6 +97,7 @@ class MoEConfig(StoreConfig):
     d_shared: int | None = None      # default: d_expert
     shared_gate: bool = False
     latent_dim: int | None = None
+    latent_norm: bool = True         # the latent's RMSNorm (Kimi K3); Nemotron-H's latent projection has none
     vocab_size: int | None = None    # hash routing only
     activation: str = "swiglu"       # the experts' unit: "swiglu" or "clamped_swiglu"
     swiglu_limit: float | None = None
@@ -159,6 +163,11 @@ class MoEConfig(StoreConfig):
         return self.latent_dim if self.latent_dim is not None else self.d_model
 
     @property
+    def gated(self) -> bool:
+        """Gated experts (gate and up rows, SwiGLU and kin) or plain ones (one up projection)."""
+        return ACTIVATIONS[self.activation].gated
+
+    @property
     def shared_width(self) -> int:
         return self.n_shared * (self.d_shared if self.d_shared is not None else self.d_expert)
 
@@ -166,11 +175,12 @@ class MoEConfig(StoreConfig):
         D, W = self.d_model, self.expert_width
         n = self.n_experts * D + (self.n_experts if self.router_bias else 0)   # router (+ choice bias)
         n += self.n_experts if self.router_logit_bias else 0                   # the router's own bias
-        n += 3 * experts * self.d_expert * W                                   # routed experts
+        per = 3 if self.gated else 2                                           # gate, up, down (or up, down)
+        n += per * experts * self.d_expert * W                                 # routed experts
         n += experts * (2 * self.d_expert + W) if self.expert_biases else 0    # their biases
         if self.latent_dim is not None:
-            n += 2 * D * W + W                                                 # down, up, RMSNorm
-        n += 3 * D * self.shared_width + (D if self.shared_gate else 0)        # shared experts (+ gate)
+            n += 2 * D * W + (W if self.latent_norm else 0)                    # down, up (+ RMSNorm)
+        n += per * D * self.shared_width + (D if self.shared_gate else 0)      # shared experts (+ gate)
         return n
 
     def experts_per_token(self) -> tuple[int, int, int]:
@@ -200,18 +210,19 @@ class MoE(nn.Module):
             self.register_buffer("choice_bias", torch.zeros(E))
         if cfg.routing == "hash":
             self.register_buffer("table", _default_hash_table(cfg.vocab_size, E, cfg.top_k))
-        self.gate_up = nn.Parameter(torch.randn(E, 2 * I, W) * W ** -0.5)
+        self.gate_up = nn.Parameter(torch.randn(E, (2 if cfg.gated else 1) * I, W) * W ** -0.5)  # plain: up rows
         self.down = nn.Parameter(torch.randn(E, W, I) * I ** -0.5)
         if cfg.expert_biases:
             self.gate_up_bias = nn.Parameter(torch.zeros(E, 2 * I))
             self.down_bias = nn.Parameter(torch.zeros(E, W))
         if cfg.latent_dim is not None:
             self.latent_down = nn.Linear(D, W, bias=False)
-            self.latent_norm = RMSNorm(W, eps=cfg.norm_eps)
+            self.latent_norm = RMSNorm(W, eps=cfg.norm_eps) if cfg.latent_norm else nn.Identity()
             self.latent_up = nn.Linear(W, D, bias=False)
         S = cfg.shared_width
         if S:
-            self.shared_gate_proj = nn.Linear(D, S, bias=False)
+            if cfg.gated:
+                self.shared_gate_proj = nn.Linear(D, S, bias=False)
             self.shared_up_proj = nn.Linear(D, S, bias=False)
             self.shared_down_proj = nn.Linear(S, D, bias=False)
         if cfg.shared_gate:
@@ -262,13 +273,15 @@ class MoE(nn.Module):
             z_NW = (z_NW[:, None] * weights_NK[..., None].to(z_NW.dtype)).reshape(N * K, -1)  # [N K, W]
             experts_NK, weights_NK = experts_NK.reshape(N * K, 1), weights_NK.new_ones(N * K, 1)
         biases = dict(gate_up_bias_EF=self.gate_up_bias, down_bias_ED=self.down_bias) if cfg.expert_biases else {}
-        y_NW = grouped_swiglu(z_NW, experts_NK, weights_NK, self.gate_up, self.down, act=act, **biases)
+        y_NW = grouped_swiglu(z_NW, experts_NK, weights_NK, self.gate_up, self.down, act=act, gated=cfg.gated,
+                              **biases)
         if cfg.scale_input:
             y_NW = y_NW.view(N, K, -1).sum(1)
         y_ND = self.latent_up(y_NW) if cfg.latent_dim is not None else y_NW
 
         if cfg.shared_width:
-            h_NS = act(self.shared_gate_proj(x_ND), self.shared_up_proj(x_ND))
+            h_NS = (act(self.shared_gate_proj(x_ND), self.shared_up_proj(x_ND)) if cfg.gated
+                    else act(self.shared_up_proj(x_ND)))
             shared_ND = self.shared_down_proj(h_NS)
             if cfg.shared_gate:
                 shared_ND = torch.sigmoid(self.shared_gate(x_ND)) * shared_ND

@@ -17,17 +17,20 @@ Published layer j maps to ours as:
 | blocks.k.token.{q,k,v,o}_proj         | backbone.layers.j.mixer.{q,k,v,o}_proj           |
 | blocks.k.channel.{up,down}_proj       | backbone.layers.j+1.mixer.{up,down}_proj          |
 
-An MLP with no mixer before it, and the experts of Nemotron 3 (non-gated ReLU^2 units, which storelab's moe
-store does not run yet), are refused naming the layer.
+Nemotron 3's experts ("E") are the moe store with plain ReLU^2 units (``gate_up`` holds the up rows only),
+sigmoid routing with the choice bias, one shared ReLU^2 expert and Super's latent projection (no norm). An MLP
+with no mixer before it is refused naming the layer.
 """
 
 from __future__ import annotations
+
+import torch
 
 from storelab.checkpoint.families._common import linear, model_config
 from storelab.checkpoint.families._family import Family
 from storelab.checkpoint.families._reader import text_fields
 from storelab.checkpoint.families.mamba import mamba2_store, mixer_entries, tied_default, time_step_limit
-from storelab.checkpoint.table import copy
+from storelab.checkpoint.table import Src, copy
 
 CODES = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 TOKEN_TYPES = ("linear_attention", "full_attention", "mamba", "attention")
@@ -55,15 +58,31 @@ def pairs(t) -> list[tuple[int, int | None]]:
             raise t._err(f"layers_block_type[{j}]", f"{types[j]!r} with no mixer before it: storelab's layers "
                                                     "need a token mixer (not supported yet)")
         if j + 1 < len(types) and types[j + 1] not in TOKEN_TYPES:
-            if types[j + 1] == "moe":
-                raise t._err(f"layers_block_type[{j + 1}]", "'moe': Nemotron's experts are non-gated ReLU^2 units, "
-                                                            "which storelab's moe store does not run yet")
             out.append((j, j + 1))
             j += 2
         else:
             out.append((j, None))
             j += 1
     return out
+
+
+def experts(t, D: int, eps: float):
+    """Nemotron 3's experts: ReLU^2 units (up and down only) chosen by sigmoid scores plus the choice bias among the
+    ``topk_group`` best of ``n_group`` groups, one shared ReLU^2 expert, and (Super) a latent projection without a
+    norm (``moe_latent_size``)."""
+    from storelab.stores.moe import MoEConfig
+
+    if t.bool("mlp_bias", default=False):
+        raise t._err("mlp_bias", "true is not supported for Nemotron's experts (storelab's moe has no bias there)")
+    shared = t.int("moe_shared_expert_intermediate_size", default=0)
+    return MoEConfig(d_model=D, n_experts=t.int("n_routed_experts", "num_local_experts", minimum=1),
+                     top_k=t.int("num_experts_per_tok", minimum=1), d_expert=t.int("moe_intermediate_size", minimum=1),
+                     router="sigmoid", router_bias=True, norm_topk_prob=t.bool("norm_topk_prob", default=True),
+                     routed_scaling=t.float("routed_scaling_factor", default=1.0),
+                     n_group=t.int("n_group", default=1, minimum=1), topk_group=t.int("topk_group", default=1, minimum=1),
+                     n_shared=t.int("n_shared_experts", default=1) if shared else 0, d_shared=shared or None,
+                     latent_dim=t.int("moe_latent_size", default=None, minimum=1), latent_norm=False,
+                     activation="relu2", norm_eps=eps)
 
 
 def to_config(hf: dict):
@@ -91,8 +110,13 @@ def to_config(hf: dict):
                                     head_dim=t.int("head_dim", "attention_head_dim", default=D // H, minimum=1),
                                     partial_rotary=0.0, qkv_bias=t.bool("attention_bias", default=False),
                                     out_bias=t.bool("attention_bias", default=False), norm_eps=eps)
-        channel = None if k is None else FFNConfig(d_model=D, d_ff=t.int("intermediate_size", minimum=1),
-                                                   activation="relu2", bias=t.bool("mlp_bias", default=False))
+        if k is None:
+            channel = None
+        elif types[k] == "moe":
+            channel = experts(t, D, eps)
+        else:
+            channel = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", minimum=1), activation="relu2",
+                                bias=t.bool("mlp_bias", default=False))
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
     import dataclasses
 
@@ -115,9 +139,27 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
             for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 linear(tab, f"{o}.{p}", f"{m}.{p}", bias=lay.token.qkv_bias)
         if k is not None:
+            c, m = f"blocks.{i}.channel", f"backbone.layers.{k}.mixer"
             tab[f"blocks.{i}.norm_channel.weight"] = copy(f"backbone.layers.{k}.norm.weight")
-            for p in ("up_proj", "down_proj"):
-                linear(tab, f"blocks.{i}.channel.{p}", f"backbone.layers.{k}.mixer.{p}", bias=lay.channel.bias)
+            if lay.channel.KIND == "ffn":
+                for p in ("up_proj", "down_proj"):
+                    linear(tab, f"{c}.{p}", f"{m}.{p}", bias=lay.channel.bias)
+                continue
+            tab[f"{c}.router.weight"] = copy(f"{m}.gate.weight")
+            tab[f"{c}.choice_bias"] = copy(f"{m}.gate.e_score_correction_bias")
+            E = lay.channel.n_experts
+            for ours, theirs in (("gate_up", "up_proj"), ("down", "down_proj")):  # gate_up: the up rows only
+                if f"{m}.experts.{theirs}" in names:   # transformers' 3-D layout
+                    tab[f"{c}.{ours}"] = copy(f"{m}.experts.{theirs}")
+                else:                                  # the published per-expert matrices, stacked
+                    tab[f"{c}.{ours}"] = Src(tuple(f"{m}.experts.{e}.{theirs}.weight" for e in range(E)),
+                                             lambda *ws: torch.stack(ws, 0), f"per-expert {theirs} stacked ({E})")
+            if lay.channel.shared_width:
+                linear(tab, f"{c}.shared_up_proj", f"{m}.shared_experts.up_proj")
+                linear(tab, f"{c}.shared_down_proj", f"{m}.shared_experts.down_proj")
+            if lay.channel.latent_dim is not None:
+                linear(tab, f"{c}.latent_down", f"{m}.fc1_latent_proj")
+                linear(tab, f"{c}.latent_up", f"{m}.fc2_latent_proj")
     return tab
 
 
