@@ -192,8 +192,11 @@ def test_command_states_the_engine(tmp_path):
     assert "engine: ideal" in out
     out = run("memory", "--checkpoint", str(folder), "--context", "65536", "--batch", "4",
               "--engine", "llama.cpp").stdout
-    assert "engine llama.cpp (caches in f16): 16.584 GiB (16,982.5 MiB)" in out and "n_ctx 262,144" in out
+    assert "engine llama.cpp, f16 caches: 16.584 GiB (16,982.5 MiB)" in out and "n_ctx 262,144" in out
     assert max(len(x) for x in out.splitlines()) <= 80
+    for engine in ("transformers", "llama.cpp", "vllm"):  # every zoo model, every store kind, in 80 columns
+        out = run("memory", "--engine", engine, "--budget", "1TiB").stdout
+        assert max(len(x) for x in out.splitlines()) <= 80 and f"engine {engine}, " in out
     doc = memory_doc("--checkpoint", str(folder), "--engine", "vllm")
     assert doc["schema_version"] == 3
     rec = doc["models"][0]

@@ -149,11 +149,12 @@ def engine_text(rec) -> list[str]:
     e = rec["engine"]
     if e["name"] == "ideal":
         return ["", "engine: ideal (what the stores need; --engine llama.cpp, vllm, transformers)"]
-    fmt = "the publisher's formats" if e["cache_format"] == "published" else shown(e["cache_format"])
-    out = ["", f"engine {e['name']} (caches in {fmt}): {gib_mib(e['total_bytes'])}"]
-    if e["settings"]:
-        out.append("  " + ", ".join(f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
-                                    for k, v in e["settings"].items()))
+    fmt = "published formats" if e["cache_format"] == "published" else f"{shown(e['cache_format'])} caches"
+    out = ["", f"engine {e['name']}, {fmt}: {gib_mib(e['total_bytes'])}"]
+    shown_settings = [f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
+                      for k, v in e["settings"].items() if v != 0]
+    if shown_settings:
+        out.append("  " + ", ".join(shown_settings))
     return out
 
 
