@@ -82,6 +82,21 @@ def test_llama_cpp_qwen36_27b_log(tmp_path):
     assert bf == eng["total_bytes"]
 
 
+def test_llama_cpp_mla_log(tmp_path):
+    """A published llama.cpp log (ik_llama.cpp's sweep-bench of Kimi-K2-Instruct-0905, deepseek2, -c 65536
+    -ctk f16): "KV self size = 4392.00 MiB, c^KV (f16): 4392.00 MiB, kv^T: not used": MLA keeps its latent
+    and rotary key (512 + 64) per cell, no V. Kimi-K2-Instruct's config.json as published (fixture)."""
+    folder = tmp_path / "Kimi-K2"
+    folder.mkdir()
+    (folder / "config.json").write_text((Path(__file__).parent / "fixtures" / "configs" /
+                                         "Kimi-K2-Instruct.json").read_text())
+    eng = memory_doc("--checkpoint", str(folder), "--context", "65536", "--engine", "llama.cpp")["models"][0]["engine"]
+    assert eng["total_bytes"] == 4392 * MIB == 61 * (512 + 64) * 2 * 65536
+    padded = memory_doc("--checkpoint", str(folder), "--context", "65000", "--engine", "llama.cpp")["models"][0]
+    assert padded["engine"]["settings"]["n_ctx"] == 65024                               # pad(65,000, 256)
+    assert padded["engine"]["total_bytes"] == 61 * 576 * 2 * 65024
+
+
 def test_llama_cpp_padding_by_hand():
     cfg = hybrid()
     entry = 2 * (16 + 16) * 2                                                          # f16 K and V
