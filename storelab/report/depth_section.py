@@ -5,7 +5,7 @@ Beside the scan and the parity construction, every recurrent store registered is
 diagonal recurrences with decays in (0, 1] (Mamba, Mamba-2, RG-LRU, linear and lightning attention) are in
 TC0 and no transition with eigenvalues all >= 0 tracks parity at every length (Merrill, Petty and
 Sabharwal, arXiv 2404.08819; Grazzi et al., arXiv 2411.12537), while a delta rule whose write step may
-exceed 1 (a negative eigenvalue; a product of Householders) can. A run whose accuracy at trained lengths
+reach 2 (eigenvalue -1, a reflection; in products of Householders too) can. A run whose accuracy at trained lengths
 is not above chance (``storelab.probes.validity.learned``) is marked "did not learn": its accuracy past
 them says nothing about the theory, and the row makes no claim.
 """
@@ -51,8 +51,11 @@ def parity_verdict(run) -> tuple[str, dict]:
         return (f"did not learn: {run.trained:.3f} at trained lengths vs chance {run.chance:g} (needs >= {need:.3g})",
                 fit.as_dict())
     far = learned(run.long, run.chance, what="accuracy past the trained lengths").valid
-    if run.can:
-        said = ("tracks parity past the trained lengths, as a negative eigenvalue allows" if far else
+    if run.can is None:
+        said = ("tracks parity past the trained lengths" if far else "learned the trained lengths only") + \
+            "; theory does not settle this transition"
+    elif run.can:
+        said = ("tracks parity past the trained lengths, as eigenvalue -1 allows" if far else
                 "learned the trained lengths only: theory allows more, this training did not find it")
     else:
         said = ("at chance past the trained lengths, as predicted" if not far else

@@ -44,7 +44,7 @@ list of kind names elsewhere:
 * ``parity_stores(d_model, n_heads, head_dim)`` - (class method) its store tables in the section-6
                         parity experiment (``storelab.capacity.recurrence``) at that width; () = not in it;
 * ``transition()``    - what a token does to a recurrent state, S_t = A_t S_{t-1} + b_t: A_t in words,
-                        whether it is diagonal, whether it can have a negative eigenvalue (``Transition``;
+                        whether it is diagonal, whether it can have a negative eigenvalue, down to -1 (``Transition``;
                         None for stores without a recurrent state);
 * ``cache_format``    - the entry format the store itself fixes (None: the caller's dtype);
 * ``published_cache_format()`` - the format its publisher's engine keeps the cache in
@@ -130,12 +130,13 @@ class Card:
 class Transition:
     """A recurrent store's transition, S_t = A_t S_{t-1} + b_t: what decides whether one layer can track
     parity (essay section 6). Diagonal A_t with entries in (0, 1] are in TC0 (Merrill, Petty and Sabharwal,
-    arXiv 2404.08819); no transition whose eigenvalues are all >= 0 tracks parity at every length, one with
-    a negative eigenvalue can (Grazzi et al., arXiv 2411.12537)."""
+    arXiv 2404.08819); no transition whose eigenvalues are all >= 0 tracks parity at every length, one whose
+    eigenvalues reach -1 (a reflection) can (Grazzi et al., arXiv 2411.12537)."""
 
     form: str           # A_t in words, with its gates' ranges ("alpha (I - beta k k^T), beta in (0, 2)")
     diagonal: bool      # A_t is diagonal (a decay per head or channel), with no mixing of coordinates
     negative: bool      # A_t can have a negative eigenvalue
+    reflection: bool = False  # ... down to -1 (at the gates' limits): a sign flip that keeps the magnitude
 
 
 @dataclass(frozen=True)

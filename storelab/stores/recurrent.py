@@ -162,11 +162,12 @@ class _RecurrentConfig(StoreConfig):
         return tuple({**table, **step} for step in steps)
 
     def _delta_transition(self, decay: str, diagonal_decay: str = "") -> Transition:
-        """``decay`` (I - beta k k^T): the factor has eigenvalue 1 - beta along k, negative once beta > 1."""
+        """``decay`` (I - beta k k^T): the factor has eigenvalue 1 - beta along k, negative once beta > 1,
+        -1 (times the decay, which may approach 1) as beta approaches 2."""
         form = f"{decay}(I - beta k k^T)" if decay else "I - beta k k^T"
         form += f", beta in (0, {self.beta_max:g})"
         form += f", {diagonal_decay}" if diagonal_decay else ""
-        return Transition(form, diagonal=False, negative=self.beta_max > 1.0)
+        return Transition(form, diagonal=False, negative=self.beta_max > 1.0, reflection=self.beta_max >= 2.0)
 
     @property
     def n_value_heads(self) -> int:
@@ -387,10 +388,14 @@ class GatedDeltaProductConfig(_GroupedValueHeads):
         return GATED_DELTAPRODUCT if self.gated else DELTAPRODUCT
 
     def transition(self) -> Transition:
+        """n factors I - beta_i k_i k_i^T: with beta <= 1 each is positive semi-definite and a product of two
+        has real eigenvalues >= 0; from three on small negative ones occur (docs/deltaproduct.md); beta
+        up to 2 lets each factor reflect."""
         n = self.num_householder
         form = (f"{'alpha ' if self.gated else ''}(I - beta_1 k_1 k_1^T) ... (I - beta_{n} k_{n} k_{n}^T), "
                 f"beta_i in (0, {self.beta_max:g})" + (", alpha in (0, 1) per head" if self.gated else ""))
-        return Transition(form, diagonal=False, negative=self.beta_max > 1.0)
+        return Transition(form, diagonal=False, negative=self.beta_max > 1.0 or n >= 3,
+                          reflection=self.beta_max >= 2.0)
 
     def _extra_params(self) -> int:
         D, HV, n = self.d_model, self.n_v_heads, self.num_householder
