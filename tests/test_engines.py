@@ -1,8 +1,9 @@
 """Engine conventions (``storelab.models.engines``, ``storelab memory --engine``): llama.cpp's and vLLM's
 rules against their published figures and against cases computed here by hand from the rules' source.
 
-* llama.cpp's log for Qwen3.5/3.6-27B: 16,384 MiB of f16 KV at 262,144 cells (4 sequences of 65,536),
-  149.625 MiB of f32 R + S per sequence.
+* llama.cpp's logs: Qwen3.5/3.6-27B, 16,384 MiB of f16 KV at 262,144 cells (4 sequences of 65,536),
+  149.625 MiB of f32 R + S per sequence; Kimi-K2 (MLA), 4,392 MiB at 65,536 cells; Gemma-4-12B with
+  ``-c 8192 -np 2``, 4,096 full and 1,536 SWA cells per sequence, 128 and 960 MiB.
 * vLLM's DeepSeek-V4-Pro: 9.62 GiB of bf16 cache per sequence at 2^20 tokens.
 * A hand-made hybrid (a window, a full cache, a Mamba-2 layer, a chunk) at L = 1,000, B = 2: llama.cpp's
   padding of n_ctx and of the SWA cache, vLLM's pages, its hybrid block size and padded state page.
@@ -64,6 +65,8 @@ def mamba_numbers(m: Mamba2Config) -> int:
 
 # -- llama.cpp ----------------------------------------------------------------------------------------
 def test_llama_cpp_qwen36_27b_log(tmp_path):
+    from storelab.checkpoint import read_model_config
+
     folder = write(tmp_path / "Qwen3.6-27B", {"model_type": "qwen3_5", "text_config": QWEN36_TEXT})
     (rec,) = memory_doc("--checkpoint", str(folder), "--context", "65536", "--batch", "4",
                         "--engine", "llama.cpp")["models"]
@@ -75,7 +78,9 @@ def test_llama_cpp_qwen36_27b_log(tmp_path):
     assert kv == 16384 * MIB                                                          # the log's KV, f16
     assert rs == 4 * 149.625 * MIB                                                    # R + S in f32, 4 seqs
     assert eng["total_bytes"] == kv + rs
-    assert all("262,144 cells" in r["engine_rule"] for r in rows if r["kind"] == "attention")
+    assert all("4 x 65,536 cells" in r["engine_rule"] for r in rows if r["kind"] == "attention")   # per stream
+    unified = engine_layers(read_model_config(folder), 65536, batch=4, engine="llama.cpp", kv_unified=True)
+    assert unified["total_bytes"] == kv + rs and "1 x 262,144 cells" in unified["layers"][3]["rule"]
     # the state stays f32 whatever --state-dtype says (llama.cpp creates r and s as GGML_TYPE_F32)
     bf = memory_doc("--checkpoint", str(folder), "--context", "65536", "--batch", "4", "--engine", "llama.cpp",
                     "--state-dtype", "bf16")["models"][0]["engine"]["total_bytes"]
@@ -97,26 +102,44 @@ def test_llama_cpp_mla_log(tmp_path):
     assert padded["engine"]["total_bytes"] == 61 * 576 * 2 * 65024
 
 
+def test_llama_cpp_swa_log():
+    """A published llama-server log (Gemma-4-12B, ``-c 8192 -np 2``, f16): "creating non-SWA KV cache, size =
+    4096 cells ... size = 128.00 MiB (4096 cells, 8 layers, 2/2 seqs)", "creating SWA KV cache, size = 1536
+    cells ... size = 960.00 MiB (1536 cells, 40 layers, 2/2 seqs)". The layers as its GGUF states them: 48,
+    every 6th full attention with 1 KV head of 512, the others a window of 1,024 with 8 KV heads of 256."""
+    res, ffn = ResidualConfig(d_model=3840), FFNConfig(d_model=3840, d_ff=15360)
+    full = AttentionConfig(d_model=3840, n_heads=16, head_dim=512, n_kv_heads=1)
+    swa = WindowConfig(d_model=3840, n_heads=16, head_dim=256, n_kv_heads=8, window=1024)
+    layers = [LayerConfig(token=full if i % 6 == 5 else swa, channel=ffn, depth=res) for i in range(48)]
+    cfg = ModelConfig(name="gemma-4-12b", d_model=3840, vocab_size=262144, layers=layers)
+    rec = engine_layers(cfg, 4096, batch=2, engine="llama.cpp")                       # -c 8192 -np 2
+    kinds = [lay.token.KIND for lay in cfg.layers]
+    assert sum(r["bytes"] for r, k in zip(rec["layers"], kinds) if k == "attention") == 128 * MIB
+    assert sum(r["bytes"] for r, k in zip(rec["layers"], kinds) if k == "window") == 960 * MIB
+    assert "2 x 1,536 cells" in rec["layers"][0]["rule"] and "2 x 4,096 cells" in rec["layers"][5]["rule"]
+
+
 def test_llama_cpp_padding_by_hand():
     cfg = hybrid()
     entry = 2 * (16 + 16) * 2                                                          # f16 K and V
     m = cfg.layers[2].token
+    # one stream per sequence (the default): n_ctx = pad(2 x 1000, 256) = 2,048, n_ctx_seq = pad(2048 / 2, 256)
+    # = 1,024 cells each; a window pad(min(1024, 100 + 512), 256) = 768 cells each, a chunk pad(64 + 512) = 768
     got = [r["bytes"] for r in engine_layers(cfg, 1000, batch=2, engine="llama.cpp")["layers"]]
-    n_ctx = 2048                                                                       # pad(2 x 1000, 256)
-    swa = 768                                                                          # pad(min(2048, 100 x 2 + 512), 256)
-    chunk = 768                                                                        # pad(min(2048, 64 x 2 + 512), 256)
-    assert got == [swa * entry, n_ctx * entry, 2 * mamba_numbers(m) * 4, chunk * entry]
+    assert got == [2 * 768 * entry, 2 * 1024 * entry, 2 * mamba_numbers(m) * 4, 2 * 768 * entry]
+    odd = engine_layers(cfg, 300, batch=3, engine="llama.cpp")                        # n_ctx pad(900) = 1,024
+    assert odd["layers"][1]["bytes"] == 3 * 512 * entry                               # pad(1024 // 3, 256) each
+    # one unified stream: n_ctx cells; a window pad(min(2048, 100 x 2 + 512), 256) = 768 cells for both
+    n_ctx = 2048
+    got = [r["bytes"] for r in engine_layers(cfg, 1000, batch=2, engine="llama.cpp", kv_unified=True)["layers"]]
+    assert got == [768 * entry, n_ctx * entry, 2 * mamba_numbers(m) * 4, 768 * entry]
+    unified = engine_layers(cfg, 1000, batch=4, engine="llama.cpp", kv_unified=True)["layers"][0]["bytes"]
+    assert unified == 1024 * entry                                                    # pad(100 x 4 + 512, 256)
     full = engine_layers(cfg, 1000, batch=2, engine="llama.cpp", swa_full=True)["layers"]
-    assert full[0]["bytes"] == n_ctx * entry and "swa_full" in full[0]["rule"]
+    assert full[0]["bytes"] == 2 * 1024 * entry and "swa_full" in full[0]["rule"]
     # a window longer than the context: the SWA cache is no bigger than n_ctx
     small = engine_layers(cfg, 100, batch=1, engine="llama.cpp", n_ubatch=2048)
     assert small["settings"]["n_ctx"] == 256 and small["layers"][0]["bytes"] == 256 * entry
-    # one stream per sequence (kv_unified off): n_ctx_seq = pad(2048 / 2, 256) = 1,024 cells each, and a window
-    # of pad(min(1024, 100 + 512), 256) = 768 cells each
-    split = [r["bytes"] for r in engine_layers(cfg, 1000, batch=2, engine="llama.cpp", kv_unified=False)["layers"]]
-    assert split == [2 * 768 * entry, 2 * 1024 * entry, 2 * mamba_numbers(m) * 4, 2 * 768 * entry]
-    odd = engine_layers(cfg, 300, batch=3, engine="llama.cpp", kv_unified=False)         # n_ctx pad(900) = 1,024
-    assert odd["layers"][1]["bytes"] == 3 * 512 * entry                               # pad(1024 // 3, 256) each
     q8 = engine_layers(cfg, 1000, batch=2, engine="llama.cpp", cache="q8_0")["layers"][1]["bytes"]
     assert q8 == n_ctx * 2 * 32 / 32 * 34                                              # 2 blocks of 34 B per cell
 

@@ -30,23 +30,27 @@ a multiple of n, ``cdiv``: division rounded up):
   ``src/llama-kv-cache-iswa.cpp`` at 02c28f533ebba3e4ea944fc4a0719a012b3e7097,
   ``src/llama-memory-recurrent.cpp`` at 0054ee8ca80bb64d4a56eec854f2753cab5b51be and
   ``src/llama-model.cpp``'s ``create_memory``): B sequences of L tokens need ``-c B L -np B``; the
-  context is padded, ``n_ctx = pad(B L, 256)`` cells, one unified cache (``kv_unified``, llama-server's
-  default with its automatic slots) whose cells any sequence takes; with ``kv_unified=False`` (the
-  library's default) one stream per sequence of ``n_ctx_seq = pad(n_ctx / B, 256)`` cells. K and V are kept in ``type_k`` / ``type_v``, f16 unless ``--cache-dtype``
+  context is padded, ``n_ctx = pad(B L, 256)``, and each sequence has a stream of its own of
+  ``n_ctx_seq = pad(n_ctx / B, 256)`` cells (``kv_unified`` false: the library's default, and
+  llama-server's with ``-np B``); with ``kv_unified`` (``-kvu``, llama-server's automatic slots) one
+  stream of ``n_ctx`` cells that any sequence takes. K and V are kept in ``type_k`` / ``type_v``, f16 unless ``--cache-dtype``
   says (q8_0, q4_0: blocks of 32 codes with an f16 scale).
 
   - a full cache: ``n_ctx`` cells of the layer's entry (K and V, or MLA's latent row), so the bytes
     per token x ``n_ctx``; a store's fixed part (DeepSeek-V4's pools) beside it, per sequence;
   - a window or chunk layer (``llama_kv_cache_iswa``; llama.cpp keeps Llama 4's chunks as an SWA cache
-    with ``n_swa`` = the chunk): ``pad(min(n_ctx, W B + n_ubatch), 256)`` cells (``n_ubatch`` = 512),
-    or ``n_ctx`` with ``swa_full``; per stream ``pad(min(n_ctx_seq, W + n_ubatch), 256)`` when not unified;
+    with ``n_swa`` = the chunk): per stream ``pad(min(n_ctx_seq, W + n_ubatch), 256)`` cells
+    (``n_ubatch`` = 512), ``pad(min(n_ctx, W B + n_ubatch), 256)`` in a unified cache, or ``n_ctx_seq``
+    with ``swa_full``;
   - a recurrent layer or a short convolution (``llama_memory_recurrent``, also the recurrent half of
     ``llama_memory_hybrid``): ``max(1, n_seq_max)`` = B rows of ``r`` (the convolution's last W - 1
     inputs) and ``s`` (the state), both created ``GGML_TYPE_F32`` whatever the KV type: the store's
     fixed part in f32 per sequence.
 
-  Checked against llama.cpp's log for Qwen3.5/3.6-27B: 16,384 MiB of f16 KV at 262,144 cells and
-  149.625 MiB of f32 R + S per sequence (``tests/test_engines.py``).
+  Checked against published logs (``tests/test_engines.py``): Qwen3.5/3.6-27B, 16,384 MiB of f16 KV at
+  262,144 cells and 149.625 MiB of f32 R + S per sequence; Kimi-K2 (MLA: the latent and rotary key per
+  cell, no V), 4,392 MiB of f16 at 65,536 cells; Gemma-4-12B with ``-c 8192 -np 2``, 4,096 full cells and
+  1,536 SWA cells (1,024 + 512) per sequence, 128 + 960 MiB.
 
 * ``vllm`` (vllm-project/vllm; ``vllm/v1/kv_cache_interface.py`` at
   001cabc1be16a59a70d720ed61a13b678c060a18: ``FullAttentionSpec``, ``SlidingWindowSpec``,
@@ -149,7 +153,7 @@ class LlamaCpp:
     STATE = "fp32"          # create_memory: llama_memory_recurrent(type_r = type_s = GGML_TYPE_F32)
 
     def __init__(self, context: int, batch: int, *, n_ubatch: int = 512, swa_full: bool = False,
-                 kv_unified: bool = True):
+                 kv_unified: bool = False):
         self.context, self.batch, self.n_ubatch, self.swa_full = context, batch, n_ubatch, swa_full
         self.kv_unified = kv_unified
         self.n_ctx = _pad(batch * context, self.CTX_PAD)
