@@ -149,7 +149,7 @@ def test_vllm_pages_and_hybrid_block_by_hand():
     cfg = hybrid()
     m = cfg.layers[2].token
     entry = 2 * (16 + 16) * 2                                                          # bf16 K and V
-    state = mamba_numbers(m) * 4                                                       # f32
+    state = m.n_heads * m.head_dim * m.d_state * 4 + (m.conv_kernel - 1) * m.conv_channels * 2  # f32, bf16 inputs
     rec = engine_layers(cfg, 1000, batch=2, engine="vllm", max_num_batched_tokens=256)
     block = 16 * -(-state // (16 * entry))                                             # the hybrid block
     assert state > 16 * entry and rec["settings"]["block_size"] == block == 32
@@ -185,14 +185,52 @@ def test_short_convolution_is_state_in_both_engines():
     assert vllm["layers"][1]["bytes"] == 3 * 512 * 128                                   # 500 in pages of 16
 
 
-def test_vllm_qwen36_hybrid_block(tmp_path):
+def fixture(tmp_path: Path, name: str) -> Path:
+    """A published config.json (tests/fixtures/configs, SOURCES.md) in a folder of its own."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text((Path(__file__).parent / "fixtures" / "configs" / f"{name}.json").read_text())
+    return folder
+
+
+@pytest.mark.parametrize("name,state,block,padding", [
+    ("Qwen3.5-0.8B-Base", None, 544, 2.64),        # mamba_ssm_dtype float32 in its config
+    ("Qwen3.5-27B", None, 784, None),
+    ("Qwen3-Next-80B-A3B-Thinking", None, 544, 1.49),  # no mamba_ssm_dtype: the model's bf16
+])
+def test_vllm_hybrid_block_logs(tmp_path, name, state, block, padding):
+    """vLLM's logs: "Setting attention block size to 544 tokens to ensure that attention page size is >=
+    mamba page size", "Padding mamba page size by 2.64% (1.49%) ..." (Qwen3.5-0.8B, Qwen3-Next-80B), and
+    784 for Qwen3.5-27B: GDN pages of the convolution's 3 inputs in bf16 and the state in the config's
+    mamba_ssm_dtype, attention pages of 16-token multiples."""
+    rec = memory_doc("--checkpoint", str(fixture(tmp_path, name)), "--context", "4096", "--engine", "vllm")
+    eng = rec["models"][0]["engine"]
+    assert eng["settings"]["block_size"] == block
+    rules = [r["engine_rule"] for r in rec["models"][0]["layers"] if r["kind"] == "gated_deltanet"]
+    own = int(rules[0].split("its ")[1].split(" B")[0].replace(",", ""))
+    assert own < eng["settings"]["state_page_bytes"] <= own + 16 * eng["settings"]["state_page_bytes"] / block
+    if padding is not None:
+        assert round(100 * (eng["settings"]["state_page_bytes"] - own) / own, 2) == padding
+
+
+def test_vllm_state_formats(tmp_path):
+    """Qwen3.6-27B as storelab writes it (no dtype named): bf16 convolution inputs, the states in
+    --state-dtype when given."""
     folder = write(tmp_path / "q", QWEN36_TEXT)
-    rec = memory_doc("--checkpoint", str(folder), "--context", "4096", "--engine", "vllm")["models"][0]
-    state = 48 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 48 * 128) * 4                    # 3,268,608 B
+    conv = 3 * (2 * 16 * 128 + 48 * 128)                                               # W - 1 inputs of C
     per_token = 4 * 256 * 2 * 2                                                        # bf16 K and V
-    assert rec["engine"]["settings"]["block_size"] == 16 * -(-state // (16 * per_token)) == 800
-    att = [r for r in rec["layers"] if r["kind"] == "attention"]
-    assert all(r["engine_bytes"] == 4800 * per_token for r in att)                     # 4,096 in pages of 800
+    for asked, page in (("f32", 48 * 128 * 128 * 4 + conv * 2), ("bf16", 48 * 128 * 128 * 2 + conv * 2)):
+        rec = memory_doc("--checkpoint", str(folder), "--context", "4096", "--engine", "vllm",
+                         "--state-dtype", asked)["models"][0]
+        block = 16 * -(-page // (16 * per_token))
+        assert rec["engine"]["settings"]["block_size"] == block and rec["engine"]["state_format"] == (
+            "fp32" if asked == "f32" else "bf16")
+        att = [r for r in rec["layers"] if r["kind"] == "attention"]
+        assert all(r["engine_bytes"] == -(-4096 // block) * block * per_token for r in att)
+    bare = memory_doc("--checkpoint", str(folder), "--context", "4096", "--engine", "vllm")["models"][0]
+    assert bare["engine"]["state_format"] == "bf16"                                   # the model's, 'auto'
+    out = run("memory", "--checkpoint", str(folder), "--engine", "vllm").stdout
+    assert max(len(x) for x in out.splitlines()) <= 80 and "states bf16" in out
 
 
 def test_vllm_deepseek_v4_pro(tmp_path):
@@ -324,3 +362,53 @@ def test_budget_takes_the_weights_from_the_headers(tmp_path):
     alone = write(tmp_path / "alone", QWEN36_TEXT)
     bud = memory_doc("--checkpoint", str(alone), "--budget", "1TiB")["models"][0]["budget"]
     assert bud["weights_format"] == "bf16" and bud["weights_bytes"] == 2 * bud["stored_params"]
+
+
+# -- transformers' cache of the linear-attention families, measured ------------------------------------------
+def _held_bytes(past) -> int:
+    """Bytes of every tensor transformers' cache holds, each storage once, including those its linear-attention
+    layers keep in dicts (``conv_states``, ``recurrent_states``)."""
+    import torch
+
+    def tensors(v):
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, dict):
+            for x in v.values():
+                yield from tensors(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                yield from tensors(x)
+
+    seen, total = set(), 0
+    for layer in past.layers:
+        for v in vars(layer).values():
+            for t in tensors(v):
+                key = t.untyped_storage().data_ptr()
+                if t.numel() and key not in seen:
+                    seen.add(key)
+                    total += t.untyped_storage().nbytes()
+    return total
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "kimi_linear"])
+def test_transformers_rule_equals_its_linear_attention_cache(model_type, tmp_path):
+    """Gated DeltaNet (qwen3_5) and KDA (kimi_linear) with attention: after a prefill of T tokens, the
+    ``transformers`` rule equals the bytes of transformers' own cache (fp32): the state, and the
+    convolution's whole kernel of W inputs (``LinearAttentionLayer.conv_states``), one more than the ideal."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from storelab.checkpoint import read_model_config
+    from tests.test_checkpoint import FAMILIES
+
+    torch.manual_seed(0)
+    hf_cfg = AutoConfig.for_model(model_type, **FAMILIES[model_type])
+    hf = AutoModelForCausalLM.from_config(hf_cfg).eval()
+    hf_cfg.save_pretrained(tmp_path)
+    cfg = read_model_config(tmp_path)
+    for T in (2, 5, 17):                                                               # below, at, over W
+        with torch.no_grad():
+            past = hf(torch.randint(3, 100, (1, T)), use_cache=True).past_key_values
+        assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == _held_bytes(past), T
+        assert sum(state_bytes(cfg, T, engine="ideal", dtype="fp32").values()) < _held_bytes(past)

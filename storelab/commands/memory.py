@@ -43,7 +43,8 @@ def register(app: typer.Typer) -> None:
         batch: int = typer.Option(1, "--batch", help="Sequences held at once (totals at L are for all of them)."),
         cache_dtype: str = typer.Option(None, "--cache-dtype", help="Cache format: f32, f16, bf16, fp8, fp4, "
                                         "q8_0, q4_0 (default: each store's published format, else bf16)."),
-        state_dtype: str = typer.Option("f32", "--state-dtype", help="Recurrent states and open pools: f32 or bf16."),
+        state_dtype: str = typer.Option(None, "--state-dtype", help="Recurrent states and open pools: f32 or bf16 "
+                                        "(default f32; vllm: the config's mamba_ssm_dtype, else the model's)."),
         weights_dtype: str = typer.Option(None, "--weights-dtype", help="Weights beside the cache (--budget; "
                                           "default: a folder's safetensors headers, else bf16)."),
         budget: str = typer.Option(None, "--budget", help="Memory to fill, e.g. 24GiB: the longest context per "
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             cache = read_cache(cache_dtype if cache_dtype is not None else dtype)
-            state, wdt = read_state(state_dtype), read_weights(weights_dtype or "bf16")
+            state, wdt = read_state(state_dtype or "f32"), read_weights(weights_dtype or "bf16")
             room = parse_size(budget) if budget is not None else None
             if batch <= 0:
                 raise ValueError(f"batch: must be > 0, got {batch}")
@@ -95,8 +96,9 @@ def register(app: typer.Typer) -> None:
             for cfg, folder in zip(cfgs, folders):
                 L = context or cfg.context or 1_000_000
                 stated = folder_format(folder) if folder is not None and cache is None else None
+                eng_state, eng_settings = vllm_formats(folder, state_dtype and state) if engine == "vllm" else (None, {})
                 rec = memory_record(cfg, L, cache=stated[0] if stated else cache, state=state, batch=batch,
-                                    engine=engine)
+                                    engine=engine, engine_state=eng_state, engine_settings=eng_settings)
                 if stated:
                     rec["cache_format_source"] = stated[1]
                 if room is not None:
@@ -151,10 +153,19 @@ def engine_text(rec) -> list[str]:
         return ["", "engine: ideal (what the stores need; --engine llama.cpp, vllm, transformers)"]
     fmt = "published formats" if e["cache_format"] == "published" else f"{shown(e['cache_format'])} caches"
     out = ["", f"engine {e['name']}, {fmt}: {gib_mib(e['total_bytes'])}"]
-    shown_settings = [f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
-                      for k, v in e["settings"].items() if v != 0]
-    if shown_settings:
-        out.append("  " + ", ".join(shown_settings))
+    if e["state_format"] != rec["state_format"]:
+        out[-1] += f", states {shown(e['state_format'])}"
+    items = [f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
+             for k, v in e["settings"].items() if v not in (0, "")]
+    line = ""
+    for i, item in enumerate(items):  # the settings, wrapped at 80 columns
+        piece = item + ("," if i < len(items) - 1 else "")
+        if line and len(line) + 1 + len(piece) > 80:
+            out.append(line)
+            line = ""
+        line = f"{line} {piece}" if line else f"  {piece}"
+    if line:
+        out.append(line)
     return out
 
 
@@ -173,6 +184,17 @@ def folder_format(path: Path) -> tuple[str, str] | None:
         return folder_cache_format(hf)
     except ValueError as e:
         raise ValueError(f"{file}: {e}") from None
+
+
+def vllm_formats(folder: Path | None, state: str | None) -> tuple[str, dict[str, str]]:
+    """vLLM's formats for a model: the states' (``state`` when given, else the config's ``mamba_ssm_dtype``,
+    else the model's dtype: its "auto") and the model's dtype (the convolution states'; bf16 when unnamed)."""
+    from storelab.checkpoint.config_only import read_hf_config
+    from storelab.models.memory_terms import folder_dtypes
+
+    named = folder_dtypes(read_hf_config(folder)[0]) if folder is not None else {}
+    model = named.get("model", "bf16")
+    return state or named.get("ssm", model), {"model_dtype": model}
 
 
 def folder_weights(path: Path) -> dict[str, int] | None:

@@ -63,13 +63,17 @@ a multiple of n, ``cdiv``: division rounded up):
     (8,192: the API server's default on a large GPU; an argument here), the last page maybe partial;
   - a chunk: ``cdiv(min(C + M, L), block) block`` tokens;
   - a recurrent layer or a short convolution (``MambaSpec``, ``mamba_cache_mode`` "none"): one page of
-    its state (the convolution's W - 1 inputs and the state, in ``--state-dtype``). In a hybrid model the attention
+    its state: the convolution's W - 1 inputs in the model's dtype (``mamba_cache_dtype`` "auto"; bf16)
+    and the state in ``mamba_ssm_cache_dtype`` (the ``state`` argument: ``storelab memory`` takes the
+    config's ``mamba_ssm_dtype``, float32 in Qwen3.5's, else the model's dtype, unless --state-dtype). In a hybrid model the attention
     page must hold a state page: the block grows to ``16 cdiv(state_page, 16 attn_bytes_per_token)``
     tokens (the first full-attention layer's bytes per token) and every state page is padded to that
     attention page (``mamba_page_size_padded``).
 
   Checked against vLLM's DeepSeek-V4-Pro figure (9.62 GiB of bf16 cache per sequence at 2^20 tokens:
-  the compressed caches and index keys, whole pages at that length) with the window rings beside it.
+  the compressed caches and index keys, whole pages at that length) with the window rings beside it, and
+  its logs of the hybrid block: Qwen3.5-0.8B 544 tokens (state page padded by 2.64 %), Qwen3.5-27B 784,
+  Qwen3-Next-80B 544 (padded by 1.49 %).
 
 A store's other fixed part (Engram's last ids) is taken as the ideal's. MLA's latent row, DeepSeek's
 compressed entries and index keys are each engine's per-token bytes as the store states them in the chosen format; llama.cpp and vLLM keep V4's caches in pools of their own
@@ -83,7 +87,8 @@ from typing import Any
 
 from storelab.models.config import ModelConfig
 
-__all__ = ["ENGINES", "LlamaCpp", "VLLM", "engine_cache_format", "engine_layers", "state_bytes", "store_state_bytes"]
+__all__ = ["ENGINES", "LlamaCpp", "VLLM", "engine_cache_format", "engine_layers", "engine_state_format", "state_bytes",
+           "store_state_bytes"]
 
 ENGINES = ("ideal", "transformers", "llama.cpp", "vllm")
 FAR = 1 << 20  # past any window
@@ -197,12 +202,23 @@ class VLLM:
     name = "vllm"
     BLOCK = 16         # CacheConfig.block_size; the CUDA kernels' block alignment (16)
 
-    def __init__(self, context: int, batch: int, *, max_num_batched_tokens: int = 8192, block_size: int = BLOCK):
+    def __init__(self, context: int, batch: int, *, max_num_batched_tokens: int = 8192, block_size: int = BLOCK,
+                 model_dtype: str = "bf16"):
         self.context, self.batch, self.M, self.block = context, batch, max_num_batched_tokens, block_size
+        self.model_dtype = model_dtype  # the convolution states' format (mamba_cache_dtype "auto")
         self.state_page = 0  # a hybrid model's padded state page (set by ``fit``)
+        self.ssm = ""        # the states' format (mamba_ssm_cache_dtype; set by ``fit``)
 
     def settings(self) -> dict[str, Any]:
-        return {"block_size": self.block, "max_num_batched_tokens": self.M, "state_page_bytes": self.state_page}
+        return {"block_size": self.block, "max_num_batched_tokens": self.M, "state_page_bytes": self.state_page,
+                "model_dtype": self.model_dtype, "ssm_dtype": self.ssm}
+
+    def page(self, st, *, cache: str, state: str) -> float:
+        """One ``MambaSpec`` page of a store: its convolution's W - 1 inputs in the model's dtype, the state
+        (the rest of its fixed part) in ``state``."""
+        tail = max(st.conv_width() - 1, 0)
+        fixed = st.memory_terms(cache=cache, state=state).per_sequence
+        return fixed - tail * st.conv_input_bytes(state) + tail * st.conv_input_bytes(self.model_dtype)
 
     def cache_format(self, st, cache: str | None) -> str:
         return cache or st.published_cache_format() or "bf16"
@@ -210,9 +226,10 @@ class VLLM:
     def fit(self, stores: list, *, cache: str | None, state: str) -> None:
         """The hybrid rule: with both attention and recurrent layers, grow the block until one attention page
         holds the largest state page, and pad every state page to it."""
+        self.ssm = state
         full = [s for s in stores if s.memory_terms(cache=self.cache_format(s, cache), state=state).per_token
                 and not (s.cache_window() or s.cache_chunk())]
-        pages = [t.per_sequence for s in stores
+        pages = [self.page(s, cache=self.cache_format(s, cache), state=state) for s in stores
                  for t in [s.memory_terms(cache=self.cache_format(s, cache), state=state)]
                  if _state_rows(s) and not t.per_token and t.per_sequence]
         if not full or not pages:
@@ -238,8 +255,9 @@ class VLLM:
             rule = f"FullAttentionSpec: {tokens:,} tokens in pages of {bs}"
             return B * (tokens * t.per_token + t.per_sequence), rule + ("; fixed part as is" if t.per_sequence else "")
         if t.per_sequence and _state_rows(st):
-            page = max(t.per_sequence, self.state_page)
-            padded = " (padded to the attention page)" if page > t.per_sequence else ""
+            own = self.page(st, cache=cache, state=state)
+            page = max(own, self.state_page)
+            padded = f" (its {math.ceil(own):,} B padded to the attention page)" if page > own else ""
             return B * page, f"MambaSpec: one page of {math.ceil(page):,} B{padded}"
         if t.per_sequence:
             return B * t.per_sequence, "fixed part per sequence, as the ideal"
@@ -252,12 +270,19 @@ def engine_cache_format(engine: str, cache: str | None) -> str:
     return cache or (LlamaCpp.DEFAULT_CACHE if engine == "llama.cpp" else "published")
 
 
+def engine_state_format(engine: str, state: str) -> str:
+    """The format ``engine`` keeps recurrent states in when asked for ``state`` (llama.cpp: always f32)."""
+    _check_engine(engine)
+    return LlamaCpp.STATE if engine == "llama.cpp" else state
+
+
 def engine_layers(cfg: ModelConfig, context: int, *, batch: int = 1, engine: str = "ideal",
                   cache: str | None = None, state: str = "fp32", **settings) -> dict[str, Any]:
     """Per layer, the bytes ``engine`` holds for ``batch`` sequences of ``context`` tokens and the rule it
-    applied; ``settings`` are the engine's (llama.cpp: ``n_ubatch``, ``swa_full``; vLLM:
-    ``max_num_batched_tokens``, ``block_size``). ``cache`` None: the engine's default format (llama.cpp
-    f16; vLLM and the ideal each store's published format, else bf16)."""
+    applied; ``settings`` are the engine's (llama.cpp: ``n_ubatch``, ``swa_full``, ``kv_unified``; vLLM:
+    ``max_num_batched_tokens``, ``block_size``, ``model_dtype``). ``cache`` None: the engine's default
+    format (llama.cpp f16; vLLM and the ideal each store's published format, else bf16); ``state``: the
+    recurrent states' format (llama.cpp keeps f32 whatever it is; vLLM's ``mamba_ssm_cache_dtype``)."""
     from storelab.models.memory_terms import layer_terms
 
     _check_engine(engine)

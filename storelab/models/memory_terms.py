@@ -19,7 +19,9 @@ A checkpoint folder may state its cache format (``folder_cache_format``): compre
 ``quantization_config.kv_cache_scheme`` (``num_bits`` 8 / 4 of ``type`` "float": fp8 / fp4), ModelOpt's
 ``quantization_config.kv_cache_quant_algo`` ("FP8", "NVFP4"), or a ``kv_cache_dtype`` string ("fp8_e4m3");
 ``storelab memory --checkpoint`` takes it when no ``--cache-dtype`` is given, and says which field it
-came from. A scheme storelab has no format for (int8 caches) is refused naming the field.
+came from. A scheme storelab has no format for (int8 caches) is refused naming the field. Two more hints
+an engine reads (``folder_dtypes``): the model's dtype (``dtype``, older ``torch_dtype``: vLLM's "auto"
+formats) and ``mamba_ssm_dtype`` (Qwen3.5's "float32": the recurrent states' format in vLLM).
 
 A layer that reads another layer's cache (``cache_owner``) holds none of its own: the shared
 cache is counted once, at its owner.
@@ -41,7 +43,7 @@ from storelab.models.config import ModelConfig
 from storelab.stores.base import DTYPE_BYTES, STATE_DTYPES
 
 __all__ = ["CACHE_DTYPES", "STATE_DTYPES", "WEIGHT_DTYPES", "cache_dtype", "state_dtype", "weights_dtype",
-           "parse_size", "folder_cache_format", "layer_terms", "model_terms", "longest_contexts", "run_bytes", "check_run_fits", "GIB",
+           "parse_size", "folder_cache_format", "folder_dtypes", "layer_terms", "model_terms", "longest_contexts", "run_bytes", "check_run_fits", "GIB",
            "MIB"]
 
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
@@ -103,6 +105,20 @@ def folder_cache_format(hf: dict) -> tuple[str, str] | None:
                 raise ValueError(f"{field}.kv_cache_dtype: {name!r} has no format in storelab (accepted: {_SHOWN})")
             return fmt, f"{field}.kv_cache_dtype"
     return None
+
+
+def folder_dtypes(hf: dict) -> dict[str, str]:
+    """The formats a checkpoint's config.json names, canonical: ``model`` (``dtype`` or ``torch_dtype``) and
+    ``ssm`` (``mamba_ssm_dtype``), each read at the top and under ``text_config``; absent when not named."""
+    out: dict[str, str] = {}
+    for d in (hf.get("text_config"), hf):
+        if not isinstance(d, dict):
+            continue
+        for key, fields in (("model", ("dtype", "torch_dtype")), ("ssm", ("mamba_ssm_dtype",))):
+            for f in fields:
+                if isinstance(d.get(f), str) and key not in out:
+                    out[key] = _dtype(f, d[f], STATE_DTYPES, "float32, bfloat16, float16")
+    return out
 
 
 _UNITS = {"": 1, "b": 1, "k": KIB, "kb": 10**3, "kib": KIB, "m": MIB, "mb": 10**6, "mib": MIB,

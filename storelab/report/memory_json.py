@@ -18,7 +18,8 @@ entries (batch 1), ``read_flops`` the next token's reading cost. The text table
 (``storelab.report.memory_text``) prints these same numbers.
 
 Version 3 (this one) adds the engine (``--engine``, ``storelab.models.engines``): the record's
-``engine`` (its name, the cache format it keeps, its settings, ``total_bytes`` for the batch at L) and per
+``engine`` (its name, the cache and state formats it keeps, its settings, ``total_bytes`` for the batch at
+L) and per
 layer ``engine_bytes`` and ``engine_rule`` (the rule applied, with its numbers). With the default engine,
 "ideal", ``engine_bytes`` is the layer's ``total_bytes``.
 
@@ -42,17 +43,20 @@ COUNT_FIELDS = ("kept", "read", "scored", "read_flops")
 
 
 def memory_record(cfg, context: int, *, cache: str | None, state: str, batch: int,
-                  engine: str = "ideal") -> dict[str, Any]:
+                  engine: str = "ideal", engine_state: str | None = None,
+                  engine_settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """One model at ``context`` for ``batch`` sequences: its layers and their total, and what ``engine``
     allocates for them (module docstring)."""
     from storelab.models.accounting import layer_rows
-    from storelab.models.engines import engine_cache_format, engine_layers
+    from storelab.models.engines import engine_cache_format, engine_layers, engine_state_format
     from storelab.models.memory_terms import layer_terms
 
     if context <= 0 or batch <= 0:
         raise ValueError(f"context, batch: must be > 0, got {context}, {batch}")
     terms = layer_terms(cfg, cache=cache, state=state, context=context)
-    eng = engine_layers(cfg, context, batch=batch, engine=engine, cache=cache, state=state)
+    eng_state = engine_state or state
+    eng = engine_layers(cfg, context, batch=batch, engine=engine, cache=cache, state=eng_state,
+                        **(engine_settings or {}))
     layers = []
     for row, t in zip(layer_rows(cfg, context), terms):
         lay = {"layer": row["layer"], "kind": row["kind"], "channel": row["channel"],
@@ -71,7 +75,8 @@ def memory_record(cfg, context: int, *, cache: str | None, state: str, batch: in
     total["total_bytes"] = batch * (total["bytes_per_token"] * context + total["bytes_per_sequence"])
     return {"model": cfg.name, "context": context, "batch": batch, "cache_format": cache or "published",
             "state_format": state,
-            "engine": {"name": engine, "cache_format": engine_cache_format(engine, cache), "settings": eng["settings"],
+            "engine": {"name": engine, "cache_format": engine_cache_format(engine, cache),
+                       "state_format": engine_state_format(engine, eng_state), "settings": eng["settings"],
                        "total_bytes": eng["total_bytes"]},
             "layers": layers, "total": {**total, "layers": cfg.n_layers, "mix": cfg.mix()}}
 

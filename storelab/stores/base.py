@@ -37,6 +37,8 @@ list of kind names elsewhere:
                         (0 for a store that keeps no entry per token);
 * ``conv_input_bytes(fmt)`` - bytes of one input of its short causal convolution (0: none); it keeps
                         W - 1 of them, an engine that keeps the kernel's whole window one more;
+* ``conv_width()``    - W, the taps of that convolution (0: none), so that an engine can keep its W - 1
+                        inputs in a format of their own (vLLM: the model's dtype beside an fp32 state);
 * ``cache_window()``  - the tokens a sliding-window cache keeps (W; 0: it keeps every token, or no
                         entries): engines size such a cache by it (``storelab.models.engines``);
 * ``cache_chunk()``   - the tokens per chunk of a chunked-attention cache (0: not chunked);
@@ -278,6 +280,10 @@ class StoreConfig:
     def conv_input_bytes(self, fmt: str) -> float:
         """Bytes of one input of the store's short causal convolution in ``fmt`` (0: it has none)."""
         return 0.0
+
+    def conv_width(self) -> int:
+        """W, the taps of the store's short causal convolution (0: it has none); it keeps W - 1 inputs."""
+        return 0
 
     def cache_window(self) -> int:
         """The tokens a sliding-window cache keeps, W (0: it keeps every token, or keeps no entries)."""

@@ -140,6 +140,9 @@ class MambaConfig(StoreConfig):
         return Footprint(context=context, kept=E, read=E, state_bytes=S_bytes + tail_bytes, read_flops=2 * E * N,
                          note="state rows (one of N per channel) per layer; the conv tail is counted in bytes")
 
+    def conv_width(self) -> int:
+        return self.conv_kernel
+
     def conv_input_bytes(self, fmt: str) -> float:
         """One input of the convolution, E channels (transformers' conv state keeps W of them, ours W - 1)."""
         return self.d_inner * DTYPE_BYTES[fmt]

@@ -166,6 +166,9 @@ class Mamba2Config(StoreConfig):
         return Footprint(context=context, kept=H, read=H, state_bytes=S_bytes + tail_bytes,
                          read_flops=2 * H * P * N, note="matrices per layer; the conv tail is counted in bytes")
 
+    def conv_width(self) -> int:
+        return self.conv_kernel
+
     def conv_input_bytes(self, fmt: str) -> float:
         """One input of the convolution, C channels (transformers' conv state keeps W of them, ours W - 1)."""
         return self.conv_channels * DTYPE_BYTES[fmt]

@@ -199,6 +199,13 @@ class _RecurrentConfig(StoreConfig):
         return Footprint(context=context, kept=HV, read=HV, state_bytes=S_bytes + tail_bytes,
                          read_flops=2 * reads * HV * K * V, note="matrices per layer; the conv tail is counted in bytes")
 
+    def conv_input_bytes(self, fmt: str) -> float:
+        """One input of the convolution, C channels (transformers' conv state keeps W of them, ours W - 1)."""
+        return self.conv_channels * DTYPE_BYTES[fmt]
+
+    def conv_width(self) -> int:
+        return self.conv_kernel
+
     def memory_terms(self, *, cache: str = "bf16", state: str = "fp32") -> MemoryTerms:
         """Nothing grows with context: the matrices S [HV, K, V] and the convolution's last W - 1
         inputs, both in ``state`` (llama.cpp's s and r tensors; fp32 there and in Qwen3-Next)."""

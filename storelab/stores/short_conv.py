@@ -121,6 +121,9 @@ class ShortConvConfig(StoreConfig):
     def conv_input_bytes(self, fmt: str) -> float:
         return self.d_model * DTYPE_BYTES[fmt]
 
+    def conv_width(self) -> int:
+        return self.conv_kernel
+
     def memory_terms(self, *, cache: str = "bf16", state: str = "fp32") -> MemoryTerms:
         """Nothing grows with context: the W - 1 inputs of the tail, in ``state`` (as the recurrent stores' tails)."""
         self.check(state in STATE_DTYPES, "state dtype", f"unknown {state!r} (accepted: {', '.join(STATE_DTYPES)})")
