@@ -95,7 +95,8 @@ def test_llama_cpp_mla_log(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text((Path(__file__).parent / "fixtures" / "configs" /
                                          "Kimi-K2-Instruct.json").read_text())
-    eng = memory_doc("--checkpoint", str(folder), "--context", "65536", "--engine", "llama.cpp")["models"][0]["engine"]
+    doc = memory_doc("--checkpoint", str(folder), "--context", "65536", "--engine", "llama.cpp")
+    eng = doc["models"][0]["engine"]
     assert eng["total_bytes"] == 4392 * MIB == 61 * (512 + 64) * 2 * 65536
     padded = memory_doc("--checkpoint", str(folder), "--context", "65000", "--engine", "llama.cpp")["models"][0]
     assert padded["engine"]["settings"]["n_ctx"] == 65024                               # pad(65,000, 256)
@@ -354,7 +355,8 @@ def test_budget_takes_the_weights_from_the_headers(tmp_path):
         assert b * (tot["bytes_per_token"] * L + tot["bytes_per_sequence_full"]) <= room
         assert b * (tot["bytes_per_token"] * (L + 1) + tot["bytes_per_sequence_full"]) > room
     # --weights-dtype asks what-if: parameters x that format, the headers aside
-    asked = memory_doc("--checkpoint", str(folder), "--budget", "1TiB", "--weights-dtype", "fp8")["models"][0]["budget"]
+    asked = memory_doc("--checkpoint", str(folder), "--budget", "1TiB", "--weights-dtype", "fp8")
+    asked = asked["models"][0]["budget"]
     assert asked["weights_format"] == "fp8" and asked["weights_bytes"] == asked["stored_params"]
     out = run("memory", "--checkpoint", str(folder), "--budget", "1GiB").stdout
     assert "parameters, as stored" in out

@@ -96,7 +96,8 @@ def register(app: typer.Typer) -> None:
             for cfg, folder in zip(cfgs, folders):
                 L = context or cfg.context or 1_000_000
                 stated = folder_format(folder) if folder is not None and cache is None else None
-                eng_state, eng_settings = vllm_formats(folder, state_dtype and state) if engine == "vllm" else (None, {})
+                eng_state, eng_settings = (vllm_formats(folder, state_dtype and state) if engine == "vllm"
+                                           else (None, {}))
                 rec = memory_record(cfg, L, cache=stated[0] if stated else cache, state=state, batch=batch,
                                     engine=engine, engine_state=eng_state, engine_settings=eng_settings)
                 if stated:
@@ -210,7 +211,8 @@ def folder_weights(path: Path) -> dict[str, int] | None:
     out: dict[str, int] = {}
     for name, (shape, dt) in shards.info.items():
         if dt not in SAFETENSORS_BYTES:
-            raise CheckpointError(f"tensor {name!r} in {shards.where[name]}: dtype {dt} has no size known to storelab")
+            raise CheckpointError(f"tensor {name!r} in {shards.where[name]}: dtype {dt} has no size known to "
+                                  f"storelab")
         out[dt] = out.get(dt, 0) + math.prod(shape) * SAFETENSORS_BYTES[dt]
     return dict(sorted(out.items()))
 

@@ -4,11 +4,13 @@ The accounting (``storelab.models.accounting``) counts what a store needs to kee
 last W entries, a full cache one entry per token. An engine allocates by its own conventions, and a
 user sizing a machine wants those bytes. Every rule here asks each store config only for what it
 declares (``memory_terms``, ``cache_entry_bytes``, ``cache_window``, ``cache_chunk``,
-``conv_input_bytes``, ``footprint``), never its kind's name, so a new store is ruled by what it says.
+``conv_input_bytes``, ``conv_width``, ``RECURRENT``, ``footprint``), never its kind's name, so a new store
+is ruled by what it says.
 
 ``engine_layers(cfg, L, batch=B, engine=...)`` gives, per layer, the bytes the engine holds for B
 sequences of L tokens and the rule it applied; ``state_bytes(cfg, seen, engine="transformers")`` the
-transformers cache per store kind, measured against transformers in ``tests/test_families.py``.
+transformers cache per store kind, measured against transformers in ``tests/test_families.py`` and
+``tests/test_engines.py``.
 
 Engines and their rules (``L``: tokens per sequence, ``B``: sequences, ``pad(x, n)``: x rounded up to
 a multiple of n, ``cdiv``: division rounded up):
@@ -22,9 +24,10 @@ a multiple of n, ``cdiv``: division rounded up):
   (``DynamicSlidingWindowLayer``) returns a view of its last W - 1 entries, but the view keeps the
   storage of the whole prefill's keys and values alive until the next call, so it holds ``seen``
   entries, plus the 8 bytes of its int64 ``_sliding_window_tensor``. (After a decoding step it holds
-  W entries' storage; the rule here is the one after a prefill.) A short convolution
-  (``LinearAttentionLayer.conv_states``) keeps the kernel's whole window, W inputs (zeros before the
-  first), where the next token needs W - 1: one input more than the ideal (``conv_input_bytes``).
+  W entries' storage; the rule here is the one after a prefill.) A short convolution, LFM2's or the one
+  in front of a Mamba, Gated DeltaNet or KDA store (``LinearAttentionLayer.conv_states``), keeps the
+  kernel's whole window, W inputs (zeros before the first), where the next token needs W - 1: one input
+  more than the ideal (``conv_input_bytes``).
 
 * ``llama.cpp`` (ggml-org/llama.cpp; ``src/llama-context.cpp``, ``src/llama-kv-cache.cpp``,
   ``src/llama-kv-cache-iswa.cpp`` at 02c28f533ebba3e4ea944fc4a0719a012b3e7097,
@@ -33,11 +36,11 @@ a multiple of n, ``cdiv``: division rounded up):
   context is padded, ``n_ctx = pad(B L, 256)``, and each sequence has a stream of its own of
   ``n_ctx_seq = pad(n_ctx / B, 256)`` cells (``kv_unified`` false: the library's default, and
   llama-server's with ``-np B``); with ``kv_unified`` (``-kvu``, llama-server's automatic slots) one
-  stream of ``n_ctx`` cells that any sequence takes. K and V are kept in ``type_k`` / ``type_v``, f16 unless ``--cache-dtype``
-  says (q8_0, q4_0: blocks of 32 codes with an f16 scale).
+  stream of ``n_ctx`` cells that any sequence takes. K and V are kept in ``type_k`` / ``type_v``, f16
+  unless ``--cache-dtype`` says (q8_0, q4_0: blocks of 32 codes with an f16 scale).
 
-  - a full cache: ``n_ctx`` cells of the layer's entry (K and V, or MLA's latent row), so the bytes
-    per token x ``n_ctx``; a store's fixed part (DeepSeek-V4's pools) beside it, per sequence;
+  - a full cache: ``n_ctx_seq`` cells per stream of the layer's entry (K and V, or MLA's latent row),
+    the bytes per token x the cells; a store's fixed part (DeepSeek-V4's pools) beside it, per sequence;
   - a window or chunk layer (``llama_kv_cache_iswa``; llama.cpp keeps Llama 4's chunks as an SWA cache
     with ``n_swa`` = the chunk): per stream ``pad(min(n_ctx_seq, W + n_ubatch), 256)`` cells
     (``n_ubatch`` = 512), ``pad(min(n_ctx, W B + n_ubatch), 256)`` in a unified cache, or ``n_ctx_seq``
@@ -65,8 +68,9 @@ a multiple of n, ``cdiv``: division rounded up):
   - a recurrent layer or a short convolution (``MambaSpec``, ``mamba_cache_mode`` "none"): one page of
     its state: the convolution's W - 1 inputs in the model's dtype (``mamba_cache_dtype`` "auto"; bf16)
     and the state in ``mamba_ssm_cache_dtype`` (the ``state`` argument: ``storelab memory`` takes the
-    config's ``mamba_ssm_dtype``, float32 in Qwen3.5's, else the model's dtype, unless --state-dtype). In a hybrid model the attention
-    page must hold a state page: the block grows to ``16 cdiv(state_page, 16 attn_bytes_per_token)``
+    config's ``mamba_ssm_dtype``, float32 in Qwen3.5's, else the model's dtype, unless --state-dtype).
+    In a hybrid model the attention page must hold a state page: the block grows to
+    ``16 cdiv(state_page, 16 attn_bytes_per_token)``
     tokens (the first full-attention layer's bytes per token) and every state page is padded to that
     attention page (``mamba_page_size_padded``).
 
@@ -76,8 +80,9 @@ a multiple of n, ``cdiv``: division rounded up):
   Qwen3-Next-80B 544 (padded by 1.49 %).
 
 A store's other fixed part (Engram's last ids) is taken as the ideal's. MLA's latent row, DeepSeek's
-compressed entries and index keys are each engine's per-token bytes as the store states them in the chosen format; llama.cpp and vLLM keep V4's caches in pools of their own
-(``llama-kv-cache-dsv4.cpp``), whose fixed part is taken here as the store's.
+compressed entries and index keys are each engine's per-token bytes as the store states them in the
+chosen format; llama.cpp and vLLM keep V4's caches in pools of their own kind, whose fixed part (window
+rings, open pools) is taken here as the store's.
 """
 
 from __future__ import annotations
@@ -87,11 +92,10 @@ from typing import Any
 
 from storelab.models.config import ModelConfig
 
-__all__ = ["ENGINES", "LlamaCpp", "VLLM", "engine_cache_format", "engine_layers", "engine_state_format", "state_bytes",
-           "store_state_bytes"]
+__all__ = ["ENGINES", "LlamaCpp", "VLLM", "engine_cache_format", "engine_layers", "engine_state_format",
+           "state_bytes", "store_state_bytes"]
 
 ENGINES = ("ideal", "transformers", "llama.cpp", "vllm")
-FAR = 1 << 20  # past any window
 SLIDING_TENSOR_BYTES = 8  # transformers' DynamicSlidingWindowLayer._sliding_window_tensor (int64 scalar)
 
 
@@ -181,7 +185,8 @@ class LlamaCpp:
         if W and entry:
             seqs = B if self.kv_unified else 1  # the sequences one stream's window serves
             cells = size if self.swa_full else _pad(min(size, W * seqs + self.n_ubatch), self.SWA_PAD)
-            how = "n_ctx_seq (swa_full)" if self.swa_full else f"pad(min({size:,}, {W} x {seqs} + {self.n_ubatch}), 256)"
+            how = ("n_ctx_seq (swa_full)" if self.swa_full
+                   else f"pad(min({size:,}, {W} x {seqs} + {self.n_ubatch}), 256)")
             return S * cells * entry, f"SWA cache: {S} x {cells:,} cells = {how}"
         if t.per_token:
             rule = f"KV cache: {S} x {size:,} cells (n_ctx = pad({B} x {self.context:,}, 256))"
@@ -253,7 +258,8 @@ class VLLM:
         if t.per_token:
             tokens = _cdiv(L, bs) * bs
             rule = f"FullAttentionSpec: {tokens:,} tokens in pages of {bs}"
-            return B * (tokens * t.per_token + t.per_sequence), rule + ("; fixed part as is" if t.per_sequence else "")
+            rule += "; fixed part as is" if t.per_sequence else ""
+            return B * (tokens * t.per_token + t.per_sequence), rule
         if t.per_sequence and _state_rows(st):
             own = self.page(st, cache=cache, state=state)
             page = max(own, self.state_page)
@@ -265,7 +271,8 @@ class VLLM:
 
 
 def engine_cache_format(engine: str, cache: str | None) -> str:
-    """The cache format ``engine`` keeps when asked for ``cache`` ("published": each store's publisher's, else bf16)."""
+    """The cache format ``engine`` keeps when asked for ``cache`` ("published": each store's publisher's,
+    else bf16)."""
     _check_engine(engine)
     return cache or (LlamaCpp.DEFAULT_CACHE if engine == "llama.cpp" else "published")
 
@@ -291,8 +298,8 @@ def engine_layers(cfg: ModelConfig, context: int, *, batch: int = 1, engine: str
     rows = []
     if engine == "ideal":
         for t in layer_terms(cfg, cache=cache, state=state, context=context):
-            rows.append({"layer": t["layer"], "bytes": batch * (t["bytes_per_token"] * context + t["bytes_per_sequence"]),
-                         "rule": "ideal: the stores' two terms"})
+            held = batch * (t["bytes_per_token"] * context + t["bytes_per_sequence"])
+            rows.append({"layer": t["layer"], "bytes": held, "rule": "ideal: the stores' two terms"})
         return {"engine": engine, "settings": {}, "layers": rows, "total_bytes": sum(r["bytes"] for r in rows)}
     if engine == "transformers":
         if settings:
@@ -314,4 +321,5 @@ def engine_layers(cfg: ModelConfig, context: int, *, batch: int = 1, engine: str
             b += sb
             rules += [rule] if rule else []
         rows.append({"layer": i, "bytes": math.ceil(b), "rule": "; ".join(rules) or "nothing kept"})
-    return {"engine": engine, "settings": eng.settings(), "layers": rows, "total_bytes": sum(r["bytes"] for r in rows)}
+    return {"engine": engine, "settings": eng.settings(), "layers": rows,
+            "total_bytes": sum(r["bytes"] for r in rows)}

@@ -43,8 +43,8 @@ from storelab.models.config import ModelConfig
 from storelab.stores.base import DTYPE_BYTES, STATE_DTYPES
 
 __all__ = ["CACHE_DTYPES", "STATE_DTYPES", "WEIGHT_DTYPES", "cache_dtype", "state_dtype", "weights_dtype",
-           "parse_size", "folder_cache_format", "folder_dtypes", "layer_terms", "model_terms", "longest_contexts", "run_bytes", "check_run_fits", "GIB",
-           "MIB"]
+           "parse_size", "folder_cache_format", "folder_dtypes", "layer_terms", "model_terms", "longest_contexts",
+           "run_bytes", "check_run_fits", "GIB", "MIB"]
 
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
 CACHE_DTYPES = tuple(DTYPE_BYTES)   # fp32, bf16, fp16, fp8, fp4, q8_0, q4_0
