@@ -414,3 +414,22 @@ def test_transformers_rule_equals_its_linear_attention_cache(model_type, tmp_pat
             past = hf(torch.randint(3, 100, (1, T)), use_cache=True).past_key_values
         assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == _held_bytes(past), T
         assert sum(state_bytes(cfg, T, engine="ideal", dtype="fp32").values()) < _held_bytes(past)
+
+
+def test_engine_options(tmp_path):
+    folder = write(tmp_path / "q", QWEN36_TEXT)
+    base = ("--checkpoint", str(folder), "--context", "4096")
+    eng = memory_doc(*base, "--engine", "llama.cpp", "--engine-option", "kv_unified=true",
+                     "--engine-option", "n_ubatch=2048")["models"][0]["engine"]
+    assert eng["settings"]["kv_unified"] is True and eng["settings"]["n_ubatch"] == 2048
+    eng = memory_doc(*base, "--engine", "vllm", "--engine-option", "model_dtype=float16")["models"][0]["engine"]
+    assert eng["settings"]["model_dtype"] == "fp16" and eng["state_format"] == "fp16"   # 'auto' follows it
+    for args, match in ((["--engine", "llama.cpp", "--engine-option", "block_size=32"],
+                         "engine option: 'block_size=32' is not KEY=VALUE with a key of llama.cpp"),
+                        (["--engine", "llama.cpp", "--engine-option", "n_ubatch=0"],
+                         "engine option n_ubatch: must be a whole number > 0"),
+                        (["--engine", "llama.cpp", "--engine-option", "swa_full=maybe"],
+                         "engine option swa_full: must be true or false"),
+                        (["--engine-option", "n_ubatch=512"], "key of ideal (known: none)")):
+        r = run("memory", *base, *args, ok=False)
+        assert r.exit_code == 2 and match in r.output, r.output

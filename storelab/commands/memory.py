@@ -52,6 +52,9 @@ def register(app: typer.Typer) -> None:
         engine: str = typer.Option("ideal", "--engine", help="Whose allocation: ideal (what the stores need), "
                                    "transformers, llama.cpp or vllm (their conventions: padding, pages, f32 "
                                    "states)."),
+        engine_option: list[str] = typer.Option(None, "--engine-option", help="An engine's setting, KEY=VALUE "
+                                                "(llama.cpp: n_ubatch, swa_full, kv_unified; vllm: "
+                                                "max_num_batched_tokens, block_size, model_dtype)."),
         dtype: str = typer.Option(None, "--dtype", hidden=True, help="Old name of --cache-dtype."),
         config: list[Path] = typer.Option(None, "--config", help="A model file instead of the zoo."),
         checkpoint: list[Path] = typer.Option(None, "--checkpoint", help="A checkpoint folder or its config.json."),
@@ -65,7 +68,7 @@ def register(app: typer.Typer) -> None:
         """Per layer and model at context L: bytes per token and per sequence, entries kept and read."""
         from storelab.commands.models import load_configs
         from storelab.models.accounting import count_params
-        from storelab.models.engines import ENGINES
+        from storelab.models.engines import ENGINES, engine_options
         from storelab.models.memory_terms import (cache_dtype as read_cache, parse_size, state_dtype as read_state,
                                                   weights_dtype as read_weights)
         from storelab.report.memory_json import budget_record, memory_document, memory_record
@@ -78,6 +81,7 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"batch: must be > 0, got {batch}")
             if engine not in ENGINES:
                 raise ValueError(f"engine: unknown {engine!r} (known: {', '.join(ENGINES)})")
+            options = engine_options(engine, engine_option or [])
             if context is not None and context <= 0:
                 raise ValueError(f"context: must be > 0, got {context}")
             if out is not None and not plot:
@@ -96,8 +100,9 @@ def register(app: typer.Typer) -> None:
             for cfg, folder in zip(cfgs, folders):
                 L = context or cfg.context or 1_000_000
                 stated = folder_format(folder) if folder is not None and cache is None else None
-                eng_state, eng_settings = (vllm_formats(folder, state_dtype and state) if engine == "vllm"
-                                           else (None, {}))
+                eng_state, eng_settings = (vllm_formats(folder, state_dtype and state, options.get("model_dtype"))
+                                           if engine == "vllm" else (None, {}))
+                eng_settings = {**eng_settings, **options}
                 rec = memory_record(cfg, L, cache=stated[0] if stated else cache, state=state, batch=batch,
                                     engine=engine, engine_state=eng_state, engine_settings=eng_settings)
                 if stated:
@@ -187,14 +192,15 @@ def folder_format(path: Path) -> tuple[str, str] | None:
         raise ValueError(f"{file}: {e}") from None
 
 
-def vllm_formats(folder: Path | None, state: str | None) -> tuple[str, dict[str, str]]:
+def vllm_formats(folder: Path | None, state: str | None, model: str | None = None) -> tuple[str, dict[str, str]]:
     """vLLM's formats for a model: the states' (``state`` when given, else the config's ``mamba_ssm_dtype``,
-    else the model's dtype: its "auto") and the model's dtype (the convolution states'; bf16 when unnamed)."""
+    else the model's dtype: its "auto") and the model's dtype (the convolution states': ``model`` when given,
+    else the config's, else bf16)."""
     from storelab.checkpoint.config_only import read_hf_config
     from storelab.models.memory_terms import folder_dtypes
 
     named = folder_dtypes(read_hf_config(folder)[0]) if folder is not None else {}
-    model = named.get("model", "bf16")
+    model = model or named.get("model", "bf16")
     return state or named.get("ssm", model), {"model_dtype": model}
 
 

@@ -92,8 +92,8 @@ from typing import Any
 
 from storelab.models.config import ModelConfig
 
-__all__ = ["ENGINES", "LlamaCpp", "VLLM", "engine_cache_format", "engine_layers", "engine_state_format",
-           "state_bytes", "store_state_bytes"]
+__all__ = ["ENGINES", "LlamaCpp", "VLLM", "engine_cache_format", "engine_layers", "engine_options",
+           "engine_state_format", "state_bytes", "store_state_bytes"]
 
 ENGINES = ("ideal", "transformers", "llama.cpp", "vllm")
 SLIDING_TENSOR_BYTES = 8  # transformers' DynamicSlidingWindowLayer._sliding_window_tensor (int64 scalar)
@@ -156,6 +156,7 @@ class LlamaCpp:
     """llama.cpp's allocation for ``batch`` sequences of ``context`` tokens (module docstring)."""
 
     name = "llama.cpp"
+    OPTIONS = {"n_ubatch": int, "swa_full": bool, "kv_unified": bool}  # -ub, -swa-full, -kvu
     CTX_PAD = 256          # llama-context.cpp: cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256)
     SWA_PAD = 256          # llama-kv-cache-iswa.cpp: the SWA cache is always padded to 256
     DEFAULT_CACHE = "fp16"  # llama_context_default_params: type_k = type_v = GGML_TYPE_F16
@@ -205,6 +206,7 @@ class VLLM:
     """vLLM's allocation for ``batch`` sequences of ``context`` tokens (module docstring)."""
 
     name = "vllm"
+    OPTIONS = {"max_num_batched_tokens": int, "block_size": int, "model_dtype": str}
     BLOCK = 16         # CacheConfig.block_size; the CUDA kernels' block alignment (16)
 
     def __init__(self, context: int, batch: int, *, max_num_batched_tokens: int = 8192, block_size: int = BLOCK,
@@ -283,6 +285,34 @@ def engine_state_format(engine: str, state: str) -> str:
     return LlamaCpp.STATE if engine == "llama.cpp" else state
 
 
+def engine_options(engine: str, pairs: list[str]) -> dict[str, Any]:
+    """An engine's settings from ``KEY=VALUE`` strings (``storelab memory --engine-option``), each checked:
+    a key the engine has (``OPTIONS``), an integer > 0, a boolean (true/false), or a state format."""
+    _check_engine(engine)
+    known = {"llama.cpp": LlamaCpp.OPTIONS, "vllm": VLLM.OPTIONS}.get(engine, {})
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in known:
+            raise ValueError(f"engine option: {pair!r} is not KEY=VALUE with a key of {engine} "
+                             f"(known: {', '.join(known) or 'none'})")
+        kind = known[key]
+        if kind is bool:
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"engine option {key}: must be true or false, got {value!r}")
+            out[key] = value.lower() in ("true", "1")
+        elif kind is int:
+            if not value.isdigit() or int(value) <= 0:
+                raise ValueError(f"engine option {key}: must be a whole number > 0, got {value!r}")
+            out[key] = int(value)
+        else:
+            from storelab.models.memory_terms import state_dtype
+
+            out[key] = state_dtype(value)
+    return out
+
+
 def engine_layers(cfg: ModelConfig, context: int, *, batch: int = 1, engine: str = "ideal",
                   cache: str | None = None, state: str = "fp32", **settings) -> dict[str, Any]:
     """Per layer, the bytes ``engine`` holds for ``batch`` sequences of ``context`` tokens and the rule it
@@ -296,14 +326,14 @@ def engine_layers(cfg: ModelConfig, context: int, *, batch: int = 1, engine: str
     if context <= 0 or batch <= 0:
         raise ValueError(f"context, batch: must be > 0, got {context}, {batch}")
     rows = []
+    if settings and engine in ("ideal", "transformers"):
+        raise ValueError(f"engine option: {engine} takes none, got {', '.join(settings)}")
     if engine == "ideal":
         for t in layer_terms(cfg, cache=cache, state=state, context=context):
             held = batch * (t["bytes_per_token"] * context + t["bytes_per_sequence"])
             rows.append({"layer": t["layer"], "bytes": held, "rule": "ideal: the stores' two terms"})
         return {"engine": engine, "settings": {}, "layers": rows, "total_bytes": sum(r["bytes"] for r in rows)}
     if engine == "transformers":
-        if settings:
-            raise ValueError(f"engine settings: transformers takes none, got {', '.join(settings)}")
         for i in range(cfg.n_layers):
             b = sum(store_state_bytes(st, context, engine="transformers",
                                       dtype=st.cache_format or cache or st.published_cache_format() or "bf16")
