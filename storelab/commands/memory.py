@@ -14,7 +14,8 @@ dtype (fp8 and packed fp4 experts, their block scales), unless ``--weights-dtype
 
 ``--engine``: what an engine allocates beside the ideal (``storelab.models.engines``: ideal, the
 default, stated in the output; transformers, llama.cpp, vllm, each rule from its source): per layer in
-the JSON (``engine_bytes``, ``engine_rule``), its total in the text.
+the JSON (``engine_bytes``, ``engine_rule``), its total in the text; ``--engine-option KEY=VALUE`` sets
+the engine's settings (``storelab.models.engines.engine_options``).
 
 ``--json`` prints one document of ``storelab.report.memory_json`` (docs/memory.schema.json, versioned);
 the text is made from the same records. ``--plot`` writes the figure and a JSON beside it, both checked
