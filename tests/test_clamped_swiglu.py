@@ -76,7 +76,7 @@ def test_moe_clamped_swiglu_matches_a_per_token_loop():
     (FFNConfig, dict(activation="relu", swiglu_limit=1.0), "swiglu_limit"),
     (FFNConfig, dict(activation="clamped_swiglu", swiglu_limit=-1.0), "swiglu_limit"),
     (FFNConfig, dict(activation="geglu"), "activation"),
-    (MoEConfig, dict(activation="relu"), "activation"),           # experts are gated units
+    (MoEConfig, dict(activation="power"), "activation"),          # plain experts have no exponent field
     (MoEConfig, dict(swiglu_alpha=2.0), "swiglu_alpha"),
     (MoEConfig, dict(activation="clamped_swiglu", swiglu_alpha=-1.0), "swiglu_alpha"),
 ])
