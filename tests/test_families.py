@@ -46,6 +46,11 @@ TINY = {
                              rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, mscale=1.0,
                                                   mscale_all_dim=1.0, beta_fast=32, beta_slow=1,
                                                   original_max_position_embeddings=16)),
+    # DeepSeek-V2: softmax scores, the best single score per group (group_limited_greedy), no renormalising
+    "deepseek_v2": dict(COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+                        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+                        topk_group=1, topk_method="group_limited_greedy", first_k_dense_replace=1, n_shared_experts=1,
+                        moe_intermediate_size=32, routed_scaling_factor=1.5),
     "deepseek_v32": dict(COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
                          qk_nope_head_dim=16, v_head_dim=16, index_topk=8, index_head_dim=16, index_n_heads=8,
                          n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,

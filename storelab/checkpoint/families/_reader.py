@@ -320,6 +320,8 @@ def _channel(t: Fields, i: int, sparse: bool, decl: Decl, D: int, eps: float):
             or t.str("topk_method", default="") == "noaux_tc")
     n_group = t.int("n_group", "num_expert_group", default=1, minimum=1)
     topk_group = t.int("topk_group", default=n_group, minimum=1)
+    if t.str("topk_method", default="") == "greedy":  # DeepSeek-V2's plain top-k: the groups are not used
+        n_group = topk_group = 1
     S = t.int("shared_expert_intermediate_size", default=0)
     n_shared = 1 if S else t.int("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", default=0)
     return MoEConfig(d_model=D, n_experts=E, top_k=k, d_expert=width, router=score, router_bias=bias,
