@@ -92,20 +92,32 @@ def _recurrent(x, dt, A, B, C, S_BHPN):
     return torch.stack(ys, dim=1), S_BHPN
 
 
-def _segment_sums(a_XL: Tensor) -> Tensor:
-    """seg[..., l, s] = a_{s+1} + ... + a_l for s <= l (0 on the diagonal), -inf for s > l.
+def _segment_decays(a_XL: Tensor) -> Tensor:
+    """exp(seg[..., l, s]) with seg[l, s] = a_{s+1} + ... + a_l for s <= l (1 on the diagonal), 0 for s > l.
 
     Each segment is summed on its own (a cumulative sum down the masked columns), not as the difference
     G_l - G_s of two running sums: with strong decays those run to thousands, and their difference would
-    lose the few units that matter (fp32 keeps about 7 digits)."""
+    lose the few units that matter (fp32 keeps about 7 digits). Three passes over the L x L blocks, the last
+    two in place."""
     L = a_XL.shape[-1]
     below = torch.ones(L, L, dtype=torch.bool, device=a_XL.device).tril(-1)        # [i, s]: i > s
-    seg = torch.cumsum(a_XL[..., :, None].expand(*a_XL.shape, L).masked_fill(~below, 0.0), dim=-2)
-    return seg.masked_fill(~below.logical_or(torch.eye(L, dtype=torch.bool, device=a_XL.device)), float("-inf"))
+    seg_XLL = torch.where(below, a_XL[..., :, None], 0.0).cumsum_(-2)
+    return seg_XLL.exp_().masked_fill_(~below.logical_or_(torch.eye(L, dtype=torch.bool, device=a_XL.device)), 0.0)
+
+
+def _segment_grad(dseg_XLL: Tensor) -> Tensor:
+    """The gradient of the log decays a_i from that of their segment sums seg[l, s] = a_{s+1} + ... + a_l:
+    da_i = sum over l >= i and s < i of dseg[l, s] (dseg zero above the diagonal). dseg is overwritten."""
+    L = dseg_XLL.shape[-1]
+    before_XLL = dseg_XLL.cumsum_(-1)                                                 # [l, j]: sum_{s <= j} dseg[l, s]
+    after_LL = torch.ones(L, L - 1, dtype=torch.bool, device=dseg_XLL.device).tril(-1)  # [l, j]: l > j (l >= i = j + 1)
+    return F.pad(before_XLL[..., :-1].mul_(after_LL).sum(-2), (1, 0))
 
 
 def _chunk_layout(x, dt, B, C, L: int):
-    """x, dt, B, C padded to whole chunks and viewed [B, n, L, G, R, P], [B, n, G, R, L], [B, n, L, G, N] x 2.
+    """x, dt, B, C padded to whole chunks, copied once into the layout every product runs in:
+    x [B, G, n, R, L, P], dt [B, G, n, R, L], B and C [B, G, n, L, N] (each head's and group's chunks
+    contiguous L x P and L x N blocks, so every product is a plain batched matrix product).
     Past the end dt = 0: a = 1 and nothing written, so the final state is the last token's."""
     b, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
@@ -113,132 +125,138 @@ def _chunk_layout(x, dt, B, C, L: int):
     if pad:
         x, dt, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, B, C))
     n = (T + pad) // L
-    return (x.reshape(b, n, L, G, R, P), dt.reshape(b, n, L, G, R).permute(0, 1, 3, 4, 2),
-            B.reshape(b, n, L, G, N), C.reshape(b, n, L, G, N))
+    return (x.reshape(b, n, L, G, R, P).permute(0, 3, 1, 4, 2, 5).contiguous(),
+            dt.reshape(b, n, L, G, R).permute(0, 3, 1, 4, 2).contiguous(),
+            B.reshape(b, n, L, G, N).permute(0, 3, 1, 2, 4).contiguous(),
+            C.reshape(b, n, L, G, N).permute(0, 3, 1, 2, 4).contiguous())
 
 
-def _chunk_forward(x_BnLGRP, dt_BnGRL, A_GR, B_BnLGN, C_BnLGN, S_BGRPN):
-    """The chunked form (module docstring) in chunk layout, groups kept apart so C . B is made once per
-    group. Returns y [B, n, L, G, R, P], the final state and the state each chunk starts from."""
-    a_BnGRL = dt_BnGRL * A_GR[..., None]                                              # log decay of each token
-    E_BnGRLL = _segment_sums(a_BnGRL).exp()                                           # exp(G_l - G_s), 0 above
+def _tokens(t_BGnRL_: Tensor, T: int) -> Tensor:
+    """[B, G, n, R, L(, P)] in chunk layout back to [B, T, H(, P)]."""
+    b, G, n, R, L = t_BGnRL_.shape[:5]
+    order = (0, 2, 4, 1, 3) + tuple(range(5, t_BGnRL_.dim()))
+    return t_BGnRL_.permute(order).reshape(b, n * L, G * R, *t_BGnRL_.shape[5:])[:, :T]
 
-    # intra-chunk: scores C_l . B_s per group, weighted by the segment's decay exp(G_l - G_s) (s <= l) and dt_s
-    CB_BnGLL = torch.einsum("bclgn,bcsgn->bcgls", C_BnLGN, B_BnLGN)
-    M_BnGRLL = CB_BnGLL[:, :, :, None] * E_BnGRLL * dt_BnGRL[..., None, :]
-    y_BnLGRP = torch.einsum("bcgrls,bcsgrp->bclgrp", M_BnGRLL, x_BnLGRP)
 
-    # each chunk's own write, decayed to its end: sum_s exp(G_L - G_s) dt_s x_s B_s^T (G_L - G_s: the last row)
-    w_BnGRL = E_BnGRLL[..., -1, :] * dt_BnGRL
-    writes_BnGRPN = torch.einsum("bclgrp,bclgn->bcgrpn", w_BnGRL.permute(0, 1, 4, 2, 3)[..., None] * x_BnLGRP,
-                                 B_BnLGN)
-    e_BnGRL = torch.cumsum(a_BnGRL, dim=-1).exp()                                     # exp(G_l): decay from the start
+def _chunk_forward(x, dt, A_GR, B, C, D_GR, S_BGRPN):
+    """The chunked form (module docstring) in chunk layout (``_chunk_layout``; the groups kept apart so
+    C . B is made once per group). Returns y [B, G, n, R, L, P] (the skip D x included), the final state,
+    the state each chunk starts from [B, G, n, R, P, N] and the decays E [B, G, n, R, L, L]."""
+    a = dt * A_GR[:, None, :, None]                                                   # log decay of each token
+    E = _segment_decays(a)                                                            # exp(G_l - G_s), 0 above
+    e = torch.cumsum(a, dim=-1).exp_()                                                # exp(G_l): from the start
+    w = E[..., -1, :] * dt                                                            # exp(G_L - G_s) dt_s
 
-    # inter-chunk: pass the state along the chunks (n steps), keeping the state each chunk starts from
-    decay_BnGR = e_BnGRL[..., -1]
+    # intra-chunk: y_l = sum_s (C_l . B_s) exp(G_l - G_s) (dt_s x_s); dt scales x, not the L x L scores
+    CE = (C @ B.transpose(-1, -2)).unsqueeze(3) * E                                   # [b, G, n, R, L, L]
+    y = CE @ (x * dt[..., None])
+    if D_GR is not None:
+        y.add_(x * D_GR[:, None, :, None, None])
+
+    # each chunk's own write decayed to its end, W = (w x)^T B [P, N], then the states along the chunks
+    writes = (x * w[..., None]).transpose(-1, -2) @ B.unsqueeze(3)                    # [b, G, n, R, P, N]
+    decay = e[..., -1]
     starts = []
-    for c in range(x_BnLGRP.shape[1]):
+    for c in range(x.shape[2]):
         starts.append(S_BGRPN)
-        S_BGRPN = decay_BnGR[:, c, :, :, None, None] * S_BGRPN + writes_BnGRPN[:, c]
-    S0_BnGRPN = torch.stack(starts, dim=1)
-    carried_BnLGRP = torch.einsum("bclgn,bcgrpn->bclgrp", C_BnLGN, S0_BnGRPN)
-    y_BnLGRP = y_BnLGRP + carried_BnLGRP * e_BnGRL.permute(0, 1, 4, 2, 3)[..., None]
-    return y_BnLGRP, S_BGRPN, S0_BnGRPN
+        S_BGRPN = decay[:, :, c, :, None, None] * S_BGRPN + writes[:, :, c]
+    S0 = torch.stack(starts, dim=2)
 
-
-def _segment_grad(dseg_XLL: Tensor) -> Tensor:
-    """The gradient of the log decays a_i from that of their segment sums seg[l, s] = a_{s+1} + ... + a_l:
-    da_i = sum over l >= i and s < i of dseg[l, s] (dseg zero above the diagonal)."""
-    L = dseg_XLL.shape[-1]
-    before_i = F.pad(torch.cumsum(dseg_XLL, dim=-1)[..., :-1], (1, 0))                # [l, i]: sum_{s < i} dseg[l, s]
-    at_or_after = torch.ones(L, L, dtype=torch.bool, device=dseg_XLL.device).tril()  # [l, i]: l >= i
-    return before_i.masked_fill(~at_or_after, 0.0).sum(-2)
+    # the carried state: y_l += exp(G_l) S_0 C_l
+    y.addcmul_(C.unsqueeze(3) @ S0.transpose(-1, -2), e[..., None])
+    return y, S_BGRPN, S0, E
 
 
 class _ChunkedSSD(torch.autograd.Function):
-    """The chunked form with its backward by hand: the forward keeps only its inputs and each chunk's
-    starting state; the backward recomputes the decays and scores chunk by chunk in parallel and passes
-    the state's gradient back along the chunks (the forward's loop, reversed). Its gradients are autograd's
-    through the per-token reference (tests/test_mamba2.py: float64 to 1e-10, fp32, gradcheck).
+    """The chunked form with its backward by hand: the forward keeps its inputs in chunk layout, each
+    chunk's starting state and the decays E; the backward recomputes the scores C . B (one product per
+    group) and passes the state's gradient back along the chunks (the forward's loop, reversed). Its
+    gradients are autograd's through the per-token reference (tests/test_mamba2.py: float64 to 1e-10, fp32,
+    gradcheck).
 
-    The backward's tensors are in chunk layout without suffixes: x, dy, dx [B, n, L, G, R, P]; dt, a, e
-    (exp of the running sum), w and their gradients [B, n, G, R, L]; E, M, dM, dseg [B, n, G, R, L, L];
-    CB, dCB [B, n, G, L, L]; B, C, dB, dC [B, n, L, G, N]; states [B, (n,) G, R, P, N]."""
+    The backward's tensors are in chunk layout without suffixes: x, dy, dx [B, G, n, R, L, P]; dt, a, e
+    (exp of the running sum), w and their gradients [B, G, n, R, L]; E, CE, dCE, dseg [B, G, n, R, L, L];
+    CB, dCB [B, G, n, L, L]; B, C, dB, dC [B, G, n, L, N]; states [B, G, (n,) R, P, N]."""
 
     @staticmethod
-    def forward(ctx, x, dt, A, B, C, S_BHPN, L: int):
+    def forward(ctx, x, dt, A, B, C, D, S_BHPN, L: int):
         b, T, H, P = x.shape
         G, N = B.shape[2], B.shape[3]
         xc, dtc, Bc, Cc = _chunk_layout(x, dt, B, C, L)
-        A_GR = A.reshape(G, H // G)
-        y_BnLGRP, S_BGRPN, S0_BnGRPN = _chunk_forward(xc, dtc, A_GR, Bc, Cc, S_BHPN.reshape(b, G, H // G, P, N))
-        ctx.save_for_backward(xc, dtc, A_GR, Bc, Cc, S0_BnGRPN)
+        A_GR, D_GR = A.reshape(G, H // G), None if D is None else D.reshape(G, H // G)
+        y, S_BGRPN, S0, E = _chunk_forward(xc, dtc, A_GR, Bc, Cc, D_GR, S_BHPN.reshape(b, G, H // G, P, N))
+        ctx.save_for_backward(xc, dtc, A_GR, Bc, Cc, D_GR, S0, E)
         ctx.T = T
-        return y_BnLGRP.reshape(b, -1, H, P)[:, :T], S_BGRPN.reshape(b, H, P, N)
+        return _tokens(y, T), S_BGRPN.reshape(b, H, P, N)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy_BTHP, dS_BHPN):
-        x, dt, A, B, C, S0 = ctx.saved_tensors                                         # chunk layout (see forward)
-        b, n, L, G, R, P = x.shape
+        x, dt, A, B, C, D, S0, E = ctx.saved_tensors                                   # chunk layout (see forward)
+        b, G, n, R, L, P = x.shape
         N, T = B.shape[-1], ctx.T
-        dy = torch.zeros_like(x) if dy_BTHP is None else F.pad(
-            dy_BTHP.to(x.dtype), (0, 0, 0, 0, 0, n * L - T)).reshape(b, n, L, G, R, P)
+        if dy_BTHP is None:
+            dy = torch.zeros_like(x)
+        else:
+            dy = F.pad(dy_BTHP.to(x.dtype), (0, 0, 0, 0, 0, n * L - T)).reshape(b, n, L, G, R, P)
+            dy = dy.permute(0, 3, 1, 4, 2, 5).contiguous()
         dS = x.new_zeros(b, G, R, P, N) if dS_BHPN is None else dS_BHPN.to(x.dtype).reshape(b, G, R, P, N)
 
-        # recompute the forward's decays and scores
-        a = dt * A[..., None]                                                             # [b, n, G, R, L]
-        E = _segment_sums(a).exp()                                                        # [b, n, G, R, L, L]
-        e = torch.cumsum(a, dim=-1).exp()
-        CB = torch.einsum("bclgn,bcsgn->bcgls", C, B)
-        CE = CB[:, :, :, None] * E
-        M = CE * dt[..., None, :]
+        # recompute the scores and the small decays
+        a = dt * A[:, None, :, None]
+        e = torch.cumsum(a, dim=-1).exp_()
         w = E[..., -1, :] * dt
-        e_LGR1 = e.permute(0, 1, 4, 2, 3)[..., None]                                     # [b, n, L, G, R, 1]
+        CE = (C @ B.transpose(-1, -2)).unsqueeze(3) * E
+        xd = x * dt[..., None]
 
-        # intra-chunk: y_l += sum_s M[l, s] x_s
-        dM = torch.einsum("bclgrp,bcsgrp->bcgrls", dy, x)
-        dx = torch.einsum("bcgrls,bclgrp->bcsgrp", M, dy)
-        dseg = dM * M
-        ddt = (dM * CE).sum(-2)
-        dCB = (dM * E * dt[..., None, :]).sum(3)
-        dC = torch.einsum("bcgls,bcsgn->bclgn", dCB, B)
-        dB = torch.einsum("bcgls,bclgn->bcsgn", dCB, C)
+        # intra-chunk: y = CE (dt x)
+        dCE = dy @ xd.transpose(-1, -2)
+        dxd = CE.transpose(-1, -2) @ dy
+        dx = dxd * dt[..., None]
+        ddt = (dxd * x).sum(-1)
+        dCB = (dCE * E).sum(3)
+        dseg = dCE.mul_(CE)                                                               # d(log E) = dCE * CE
+        dC = dCB @ B
+        dB = dCB.transpose(-1, -2) @ C
+
+        # the skip: y += D x
+        dD = None
+        if D is not None:
+            dx.add_(dy * D[:, None, :, None, None])
+            dD = (dy * x).sum((0, 2, 4, 5)).reshape(G * R)
 
         # carried state: y_l += exp(G_l) S0 C_l
-        dye = dy * e_LGR1
-        de = (dy * torch.einsum("bclgn,bcgrpn->bclgrp", C, S0)).sum(-1).permute(0, 1, 3, 4, 2) * e
-        dC = dC + torch.einsum("bclgrp,bcgrpn->bclgn", dye, S0)
-        dS0_own = torch.einsum("bclgrp,bclgn->bcgrpn", dye, C)
+        de = (dy * (C.unsqueeze(3) @ S0.transpose(-1, -2))).sum(-1).mul_(e)
+        dye = dy.mul_(e[..., None])
+        dC.add_((dye @ S0).sum(3))
+        dS0_own = dye.transpose(-1, -2) @ C.unsqueeze(3)                                  # [b, G, n, R, P, N]
 
         # along the chunks, reversed: S_{c+1} = exp(G_L) S_c + W_c
         decay = e[..., -1]
         dW, ddecay = [None] * n, [None] * n
         for c in reversed(range(n)):
-            dW[c], ddecay[c] = dS, (dS * S0[:, c]).sum((-2, -1))
-            dS = decay[:, c, :, :, None, None] * dS + dS0_own[:, c]
-        dW, ddecay = torch.stack(dW, dim=1), torch.stack(ddecay, dim=1)
+            dW[c], ddecay[c] = dS, (dS * S0[:, :, c]).sum((-2, -1))
+            dS = decay[:, :, c, :, None, None] * dS + dS0_own[:, :, c]
+        dW, ddecay = torch.stack(dW, dim=2), torch.stack(ddecay, dim=2)
         de[..., -1] += ddecay * decay
 
-        # each chunk's write W = sum_s w_s x_s B_s^T
-        dWB = torch.einsum("bcgrpn,bclgn->bclgrp", dW, B)
-        w_LGR1 = w.permute(0, 1, 4, 2, 3)[..., None]
-        dx = dx + w_LGR1 * dWB
-        dw = (dWB * x).sum(-1).permute(0, 1, 3, 4, 2)
-        dB = dB + torch.einsum("bclgrp,bcgrpn->bclgn", w_LGR1 * x, dW)
-        ddt = ddt + E[..., -1, :] * dw
+        # each chunk's write W = (w x)^T B
+        dWB = B.unsqueeze(3) @ dW.transpose(-1, -2)                                       # [b, G, n, R, L, P]
+        dx.addcmul_(dWB, w[..., None])
+        dw = (dWB * x).sum(-1)
+        dB.add_(((x * w[..., None]) @ dW).sum(3))
+        ddt.addcmul_(E[..., -1, :], dw)
         dseg[..., -1, :] += w * dw
 
         # the log decays a = dt A, through the segment sums and the running sums exp(G_l)
         da = _segment_grad(dseg) + torch.flip(torch.cumsum(torch.flip(de, [-1]), -1), [-1])
-        ddt = ddt + A[..., None] * da
-        dA = (dt * da).sum((0, 1, 4)).reshape(G * R)
+        ddt.addcmul_(da, A[:, None, :, None])
+        dA = (dt * da).sum((0, 2, 4)).reshape(G * R)
 
-        def tokens(t, *tail):                                                             # back to [B, T, ...]
-            return t.reshape(b, n * L, *tail)[:, :T]
-        dx = tokens(dx, G * R, P)
-        ddt = tokens(ddt.permute(0, 1, 4, 2, 3), G * R)
-        return dx, ddt, dA, tokens(dB, G, N), tokens(dC, G, N), dS.reshape(b, G * R, P, N), None
+        def groups(t):                                                                    # [b, G, n, L, N] -> [b, T, G, N]
+            return t.permute(0, 2, 3, 1, 4).reshape(b, n * L, G, N)[:, :T]
+        return (_tokens(dx, T), _tokens(ddt, T), dA, groups(dB), groups(dC), dD, dS.reshape(b, G * R, P, N),
+                None)
 
 
 def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *, D: Tensor | None = None,
@@ -256,10 +274,12 @@ def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *, D: Tensor | N
     S = (x.new_zeros(b, H, P, B.shape[3]) if initial_state is None else initial_state.to(cdt))
     if T == 0:
         y = x
-    elif mode == "recurrent" or T == 1:  # one token: the step is the whole algorithm
+    elif mode == "chunk" and T > 1:  # the skip D x is summed inside, in chunk layout
+        D_H = None if D is None else D.to(cdt)
+        y, S = _ChunkedSSD.apply(x, dt, A, B, C, D_H, S, min(chunk_size, T))
+        return y, (S if output_final_state else None)
+    else:  # the reference, or one token: the step is the whole algorithm
         y, S = _recurrent(x, dt, A, B, C, S)
-    else:
-        y, S = _ChunkedSSD.apply(x, dt, A, B, C, S, min(chunk_size, T))
     if D is not None:
         y = y + D.to(cdt)[:, None] * x
     return y, (S if output_final_state else None)
