@@ -59,6 +59,10 @@ __all__ = ["ssd"]
 
 MODES = ("chunk", "recurrent")
 
+# The backward goes through the chunks in groups whose L x L tensors hold about this many numbers (1 MiB in
+# fp32): a group's work is done while its tensors are in cache (docs/bench.md)
+GROUP_FLOATS = 1 << 18
+
 
 def _check(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, S: Tensor | None) -> None:
     if x.dim() != 4:
@@ -115,9 +119,10 @@ def _segment_grad(dseg_XLL: Tensor) -> Tensor:
 
 
 def _chunk_layout(x, dt, B, C, L: int):
-    """x, dt, B, C padded to whole chunks, copied once into the layout every product runs in:
-    x [B, G, n, R, L, P], dt [B, G, n, R, L], B and C [B, G, n, L, N] (each head's and group's chunks
-    contiguous L x P and L x N blocks, so every product is a plain batched matrix product).
+    """x, dt, B, C padded to whole chunks, in the layouts the products run in: x per head [B, G, n, R, L, P]
+    (a copy: each head's chunk a contiguous L x P block, for the L x L products) and per group
+    [B, G, n, L, R P] (a view of the input when G = 1: the products with the state, shared B and C, take
+    all R heads of a group as one matrix), dt [B, G, n, R, L], B and C [B, G, n, L, N].
     Past the end dt = 0: a = 1 and nothing written, so the final state is the last token's."""
     b, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
@@ -125,7 +130,8 @@ def _chunk_layout(x, dt, B, C, L: int):
     if pad:
         x, dt, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, B, C))
     n = (T + pad) // L
-    return (x.reshape(b, n, L, G, R, P).permute(0, 3, 1, 4, 2, 5).contiguous(),
+    x_BnLGRP = x.reshape(b, n, L, G, R, P)
+    return (x_BnLGRP.permute(0, 3, 1, 4, 2, 5).contiguous(), x_BnLGRP.flatten(-2).permute(0, 3, 1, 2, 4),
             dt.reshape(b, n, L, G, R).permute(0, 3, 1, 4, 2).contiguous(),
             B.reshape(b, n, L, G, N).permute(0, 3, 1, 2, 4).contiguous(),
             C.reshape(b, n, L, G, N).permute(0, 3, 1, 2, 4).contiguous())
@@ -138,10 +144,22 @@ def _tokens(t_BGnRL_: Tensor, T: int) -> Tensor:
     return t_BGnRL_.permute(order).reshape(b, n * L, G * R, *t_BGnRL_.shape[5:])[:, :T]
 
 
-def _chunk_forward(x, dt, A_GR, B, C, D_GR, S_BGRPN):
-    """The chunked form (module docstring) in chunk layout (``_chunk_layout``; the groups kept apart so
-    C . B is made once per group). Returns y [B, G, n, R, L, P] (the skip D x included), the final state,
-    the state each chunk starts from [B, G, n, R, P, N] and the decays E [B, G, n, R, L, L]."""
+def _heads(t_BGnLRP: Tensor, R: int) -> Tensor:
+    """A per-group [B, G, n, L, R P] viewed per head, [B, G, n, R, L, P] (no copy)."""
+    return t_BGnLRP.unflatten(-1, (R, -1)).transpose(3, 4)
+
+
+def _per_group(t_BGnRL: Tensor) -> Tensor:
+    """[B, G, n, R, L] viewed [B, G, n, L, R, 1], to scale a per-group [B, G, n, L, R, P]."""
+    return t_BGnRL.transpose(-1, -2)[..., None]
+
+
+def _chunk_forward(xh, xg, dt, A_GR, B, C, D_GR, ST):
+    """The chunked form (module docstring) in chunk layout (``_chunk_layout``); the state transposed per group,
+    ST [B, G, N, R P] (S^T of every head of the group side by side). Returns y [B, G, n, R, L, P] (the skip
+    D x included), the final ST, the transposed state each chunk starts from [B, G, n, N, R P] and the
+    decays E [B, G, n, R, L, L]."""
+    b, G, n, R, L, P = xh.shape
     a = dt * A_GR[:, None, :, None]                                                   # log decay of each token
     E = _segment_decays(a)                                                            # exp(G_l - G_s), 0 above
     e = torch.cumsum(a, dim=-1).exp_()                                                # exp(G_l): from the start
@@ -149,22 +167,74 @@ def _chunk_forward(x, dt, A_GR, B, C, D_GR, S_BGRPN):
 
     # intra-chunk: y_l = sum_s (C_l . B_s) exp(G_l - G_s) (dt_s x_s); dt scales x, not the L x L scores
     CE = (C @ B.transpose(-1, -2)).unsqueeze(3) * E                                   # [b, G, n, R, L, L]
-    y = CE @ (x * dt[..., None])
+    y = CE @ (xh * dt[..., None])
     if D_GR is not None:
-        y.add_(x * D_GR[:, None, :, None, None])
+        y.add_(xh * D_GR[:, None, :, None, None])
 
-    # each chunk's own write decayed to its end, W = (w x)^T B [P, N], then the states along the chunks
-    writes = (x * w[..., None]).transpose(-1, -2) @ B.unsqueeze(3)                    # [b, G, n, R, P, N]
+    # each chunk's own write decayed to its end, W^T = B^T (w x) [N, R P] per group, then along the chunks
+    xw = (xg.unflatten(-1, (R, P)) * _per_group(w)).flatten(-2)                       # [b, G, n, L, R P]
+    writes = B.transpose(-1, -2) @ xw                                                 # [b, G, n, N, R P]
     decay = e[..., -1]
     starts = []
-    for c in range(x.shape[2]):
-        starts.append(S_BGRPN)
-        S_BGRPN = decay[:, :, c, :, None, None] * S_BGRPN + writes[:, :, c]
-    S0 = torch.stack(starts, dim=2)
+    for c in range(n):
+        starts.append(ST)
+        ST = (decay[:, :, c, None, :, None] * ST.unflatten(-1, (R, P))).flatten(-2) + writes[:, :, c]
+    S0T = torch.stack(starts, dim=2)
 
-    # the carried state: y_l += exp(G_l) S_0 C_l
-    y.addcmul_(C.unsqueeze(3) @ S0.transpose(-1, -2), e[..., None])
-    return y, S_BGRPN, S0, E
+    # the carried state: y_l += exp(G_l) S_0 C_l, all heads of a group in one product C S_0^T [L, R P]
+    y.addcmul_(_heads(C @ S0T, R), e[..., None])
+    return y, ST, S0T, E
+
+
+def _groups(n: int, per_chunk: int) -> list[slice]:
+    """The n chunks in groups whose L x L tensors hold about ``GROUP_FLOATS`` numbers each."""
+    g = max(1, GROUP_FLOATS // per_chunk)
+    return [slice(i, min(n, i + g)) for i in range(0, n, g)]
+
+
+def _backward_group(x, xg, dt, B, C, S0T, E, dy, dyg, dye, dW, ddecay, e, dx, ddt, dB, dC, A, D, dA, dD):
+    """The backward of one group of chunks (tensors sliced along n, ``_ChunkedSSD``'s names), given the
+    gradient on each chunk's write dW and on its decay ddecay: writes its slices of dx, ddt, dB, dC, adds to
+    dA and dD [G, R]."""
+    R, P = x.shape[3], x.shape[5]
+    w = E[..., -1, :] * dt
+    CE = (C @ B.transpose(-1, -2)).unsqueeze(3) * E
+    xd = x * dt[..., None]
+
+    # intra-chunk: y = CE (dt x)
+    dCE = dy @ xd.transpose(-1, -2)
+    dxd = CE.transpose(-1, -2) @ dy
+    torch.mul(dxd, dt[..., None], out=dx)
+    torch.sum(dxd * x, -1, out=ddt)
+    dCB = (dCE * E).sum(3)
+    dseg = dCE.mul_(CE)                                                                   # d(log E) = dCE * CE
+    torch.matmul(dCB, B, out=dC)
+    torch.matmul(dCB.transpose(-1, -2), C, out=dB)
+
+    # the skip: y += D x
+    if D is not None:
+        dx.add_(dy * D[:, None, :, None, None])
+        dD.add_((dy * x).sum((0, 2, 4, 5)))
+
+    # carried state: y_l += exp(G_l) S0 C_l
+    dyg_RP = dyg.unflatten(-1, (R, P))
+    de = (dyg_RP * (C @ S0T).unflatten(-1, (R, P))).sum(-1).transpose(-1, -2).mul_(e)
+    dC.add_(dye @ S0T.transpose(-1, -2))
+    de[..., -1] += ddecay * e[..., -1]
+
+    # each chunk's write W^T = B^T (w x), per group [N, R P]
+    xg_RP = xg.unflatten(-1, (R, P))
+    dxw = (B @ dW).unflatten(-1, (R, P))                                                  # [b, G, n, L, R, P]
+    dx.addcmul_(dxw.transpose(3, 4), w[..., None])
+    dw = (dxw * xg_RP).sum(-1).transpose(-1, -2)
+    dB.add_((xg_RP * _per_group(w)).flatten(-2) @ dW.transpose(-1, -2))
+    ddt.addcmul_(E[..., -1, :], dw)
+    dseg[..., -1, :] += w * dw
+
+    # the log decays a = dt A, through the segment sums and the running sums exp(G_l)
+    da = _segment_grad(dseg) + torch.flip(torch.cumsum(torch.flip(de, [-1]), -1), [-1])
+    ddt.addcmul_(da, A[:, None, :, None])
+    dA.add_((dt * da).sum((0, 2, 4)))
 
 
 class _ChunkedSSD(torch.autograd.Function):
@@ -174,89 +244,68 @@ class _ChunkedSSD(torch.autograd.Function):
     gradients are autograd's through the per-token reference (tests/test_mamba2.py: float64 to 1e-10, fp32,
     gradcheck).
 
-    The backward's tensors are in chunk layout without suffixes: x, dy, dx [B, G, n, R, L, P]; dt, a, e
-    (exp of the running sum), w and their gradients [B, G, n, R, L]; E, CE, dCE, dseg [B, G, n, R, L, L];
-    CB, dCB [B, G, n, L, L]; B, C, dB, dC [B, G, n, L, N]; states [B, G, (n,) R, P, N]."""
+    The backward's tensors are in chunk layout without suffixes: x, dy, dx per head [B, G, n, R, L, P] and
+    xg, dyg per group [B, G, n, L, R P]; dt, a, e (exp of the running sum), w and their gradients
+    [B, G, n, R, L]; E, CE, dCE, dseg [B, G, n, R, L, L]; dCB [B, G, n, L, L]; B, C, dB, dC [B, G, n, L, N];
+    the transposed states ST, dST [B, G, N, R P], S0T, dW [B, G, n, N, R P]."""
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D, S_BHPN, L: int):
         b, T, H, P = x.shape
         G, N = B.shape[2], B.shape[3]
-        xc, dtc, Bc, Cc = _chunk_layout(x, dt, B, C, L)
-        A_GR, D_GR = A.reshape(G, H // G), None if D is None else D.reshape(G, H // G)
-        y, S_BGRPN, S0, E = _chunk_forward(xc, dtc, A_GR, Bc, Cc, D_GR, S_BHPN.reshape(b, G, H // G, P, N))
-        ctx.save_for_backward(xc, dtc, A_GR, Bc, Cc, D_GR, S0, E)
+        R = H // G
+        xh, xg, dtc, Bc, Cc = _chunk_layout(x, dt, B, C, L)
+        A_GR, D_GR = A.reshape(G, R), None if D is None else D.reshape(G, R)
+        ST = S_BHPN.reshape(b, G, R, P, N).permute(0, 1, 4, 2, 3).reshape(b, G, N, R * P)
+        y, ST, S0T, E = _chunk_forward(xh, xg, dtc, A_GR, Bc, Cc, D_GR, ST)
+        ctx.save_for_backward(xh, xg, dtc, A_GR, Bc, Cc, D_GR, S0T, E)
         ctx.T = T
-        return _tokens(y, T), S_BGRPN.reshape(b, H, P, N)
+        return _tokens(y, T), ST.reshape(b, G, N, R, P).permute(0, 1, 3, 4, 2).reshape(b, H, P, N)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy_BTHP, dS_BHPN):
-        x, dt, A, B, C, D, S0, E = ctx.saved_tensors                                   # chunk layout (see forward)
+        x, xg, dt, A, B, C, D, S0T, E = ctx.saved_tensors                              # chunk layout (see forward)
         b, G, n, R, L, P = x.shape
         N, T = B.shape[-1], ctx.T
         if dy_BTHP is None:
-            dy = torch.zeros_like(x)
-        else:
-            dy = F.pad(dy_BTHP.to(x.dtype), (0, 0, 0, 0, 0, n * L - T)).reshape(b, n, L, G, R, P)
-            dy = dy.permute(0, 3, 1, 4, 2, 5).contiguous()
-        dS = x.new_zeros(b, G, R, P, N) if dS_BHPN is None else dS_BHPN.to(x.dtype).reshape(b, G, R, P, N)
+            dy_BTHP = x.new_zeros(b, T, G * R, P)
+        dy_BnLGRP = F.pad(dy_BTHP.to(x.dtype), (0, 0, 0, 0, 0, n * L - T)).reshape(b, n, L, G, R, P)
+        dy = dy_BnLGRP.permute(0, 3, 1, 4, 2, 5).contiguous()
+        dyg = dy_BnLGRP.flatten(-2).permute(0, 3, 1, 2, 4)
+        dST = (x.new_zeros(b, G, N, R * P) if dS_BHPN is None else
+               dS_BHPN.to(x.dtype).reshape(b, G, R, P, N).permute(0, 1, 4, 2, 3).reshape(b, G, N, R * P))
 
-        # recompute the scores and the small decays
         a = dt * A[:, None, :, None]
         e = torch.cumsum(a, dim=-1).exp_()
-        w = E[..., -1, :] * dt
-        CE = (C @ B.transpose(-1, -2)).unsqueeze(3) * E
-        xd = x * dt[..., None]
+        decay = e[..., -1]
 
-        # intra-chunk: y = CE (dt x)
-        dCE = dy @ xd.transpose(-1, -2)
-        dxd = CE.transpose(-1, -2) @ dy
-        dx = dxd * dt[..., None]
-        ddt = (dxd * x).sum(-1)
-        dCB = (dCE * E).sum(3)
-        dseg = dCE.mul_(CE)                                                               # d(log E) = dCE * CE
-        dC = dCB @ B
-        dB = dCB.transpose(-1, -2) @ C
-
-        # the skip: y += D x
-        dD = None
-        if D is not None:
-            dx.add_(dy * D[:, None, :, None, None])
-            dD = (dy * x).sum((0, 2, 4, 5)).reshape(G * R)
-
-        # carried state: y_l += exp(G_l) S0 C_l
-        de = (dy * (C.unsqueeze(3) @ S0.transpose(-1, -2))).sum(-1).mul_(e)
-        dye = dy.mul_(e[..., None])
-        dC.add_((dye @ S0).sum(3))
-        dS0_own = dye.transpose(-1, -2) @ C.unsqueeze(3)                                  # [b, G, n, R, P, N]
+        # the carried state's part of dS0: y_l += exp(G_l) S0 C_l, per group [L, R P] = C S0^T
+        dyg_RP = dyg.unflatten(-1, (R, P))
+        dye = (dyg_RP * _per_group(e)).flatten(-2)                                        # [b, G, n, L, R P]
+        dS0T_own = C.transpose(-1, -2) @ dye                                              # [b, G, n, N, R P]
 
         # along the chunks, reversed: S_{c+1} = exp(G_L) S_c + W_c
-        decay = e[..., -1]
         dW, ddecay = [None] * n, [None] * n
         for c in reversed(range(n)):
-            dW[c], ddecay[c] = dS, (dS * S0[:, :, c]).sum((-2, -1))
-            dS = decay[:, :, c, :, None, None] * dS + dS0_own[:, :, c]
+            dST_RP = dST.unflatten(-1, (R, P))
+            dW[c], ddecay[c] = dST, (dST_RP * S0T[:, :, c].unflatten(-1, (R, P))).sum((2, 4))
+            dST = (decay[:, :, c, None, :, None] * dST_RP).flatten(-2) + dS0T_own[:, :, c]
         dW, ddecay = torch.stack(dW, dim=2), torch.stack(ddecay, dim=2)
-        de[..., -1] += ddecay * decay
 
-        # each chunk's write W = (w x)^T B
-        dWB = B.unsqueeze(3) @ dW.transpose(-1, -2)                                       # [b, G, n, R, L, P]
-        dx.addcmul_(dWB, w[..., None])
-        dw = (dWB * x).sum(-1)
-        dB.add_(((x * w[..., None]) @ dW).sum(3))
-        ddt.addcmul_(E[..., -1, :], dw)
-        dseg[..., -1, :] += w * dw
-
-        # the log decays a = dt A, through the segment sums and the running sums exp(G_l)
-        da = _segment_grad(dseg) + torch.flip(torch.cumsum(torch.flip(de, [-1]), -1), [-1])
-        ddt.addcmul_(da, A[:, None, :, None])
-        dA = (dt * da).sum((0, 2, 4)).reshape(G * R)
+        # the rest chunk by chunk, in groups of chunks whose work is done while their tensors are in cache
+        dx, ddt, dB, dC = torch.empty_like(x), torch.empty_like(dt), torch.empty_like(B), torch.empty_like(C)
+        dA = A.new_zeros(G, R)
+        dD = None if D is None else A.new_zeros(G, R)
+        for sl in _groups(n, b * G * R * L * L):
+            _backward_group(*(t[:, :, sl] for t in (x, xg, dt, B, C, S0T, E, dy, dyg, dye, dW, ddecay, e,
+                                                     dx, ddt, dB, dC)), A, D, dA, dD)
+        dA, dD = dA.reshape(G * R), None if D is None else dD.reshape(G * R)
 
         def groups(t):                                                                    # [b, G, n, L, N] -> [b, T, G, N]
             return t.permute(0, 2, 3, 1, 4).reshape(b, n * L, G, N)[:, :T]
-        return (_tokens(dx, T), _tokens(ddt, T), dA, groups(dB), groups(dC), dD, dS.reshape(b, G * R, P, N),
-                None)
+        dS = dST.reshape(b, G, N, R, P).permute(0, 1, 3, 4, 2).reshape(b, G * R, P, N)
+        return _tokens(dx, T), _tokens(ddt, T), dA, groups(dB), groups(dC), dD, dS, None
 
 
 def ssd(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *, D: Tensor | None = None,
