@@ -154,26 +154,38 @@ def _per_group(t_BGnRL: Tensor) -> Tensor:
     return t_BGnRL.transpose(-1, -2)[..., None]
 
 
+def _forward_group(xh, xg, dt, B, C, y, E, writes, A_GR, D_GR):
+    """The forward of one group of chunks (tensors sliced along n, ``_chunk_forward``'s names) but for the
+    state they carry in: writes its slices of y (the intra-chunk sums and the skip), of the decays E and of
+    each chunk's own write W^T [N, R P]."""
+    R, P = xh.shape[3], xh.shape[5]
+    a = dt * A_GR[:, None, :, None]                                                   # log decay of each token
+    E.copy_(_segment_decays(a))                                                       # exp(G_l - G_s), 0 above
+    w = E[..., -1, :] * dt                                                            # exp(G_L - G_s) dt_s
+
+    # intra-chunk: y_l = sum_s (C_l . B_s) exp(G_l - G_s) (dt_s x_s); dt scales x, not the L x L scores
+    CE = (C @ B.transpose(-1, -2)).unsqueeze(3) * E                                   # [b, G, n, R, L, L]
+    torch.matmul(CE, xh * dt[..., None], out=y)
+    if D_GR is not None:
+        y.add_(xh * D_GR[:, None, :, None, None])
+
+    # each chunk's own write decayed to its end, W^T = B^T (w x) [N, R P] per group
+    torch.matmul(B.transpose(-1, -2), (xg.unflatten(-1, (R, P)) * _per_group(w)).flatten(-2), out=writes)
+
+
 def _chunk_forward(xh, xg, dt, A_GR, B, C, D_GR, ST):
     """The chunked form (module docstring) in chunk layout (``_chunk_layout``); the state transposed per group,
     ST [B, G, N, R P] (S^T of every head of the group side by side). Returns y [B, G, n, R, L, P] (the skip
     D x included), the final ST, the transposed state each chunk starts from [B, G, n, N, R P] and the
     decays E [B, G, n, R, L, L]."""
     b, G, n, R, L, P = xh.shape
-    a = dt * A_GR[:, None, :, None]                                                   # log decay of each token
-    E = _segment_decays(a)                                                            # exp(G_l - G_s), 0 above
-    e = torch.cumsum(a, dim=-1).exp_()                                                # exp(G_l): from the start
-    w = E[..., -1, :] * dt                                                            # exp(G_L - G_s) dt_s
+    N = B.shape[-1]
+    y, E, writes = xh.new_empty(xh.shape), xh.new_empty(b, G, n, R, L, L), xh.new_empty(b, G, n, N, R * P)
+    for sl in _groups(n, b * G * R * L * L):                                          # while in cache
+        _forward_group(*(t[:, :, sl] for t in (xh, xg, dt, B, C, y, E, writes)), A_GR, D_GR)
+    e = torch.cumsum(dt * A_GR[:, None, :, None], dim=-1).exp_()                      # exp(G_l): from the start
 
-    # intra-chunk: y_l = sum_s (C_l . B_s) exp(G_l - G_s) (dt_s x_s); dt scales x, not the L x L scores
-    CE = (C @ B.transpose(-1, -2)).unsqueeze(3) * E                                   # [b, G, n, R, L, L]
-    y = CE @ (xh * dt[..., None])
-    if D_GR is not None:
-        y.add_(xh * D_GR[:, None, :, None, None])
-
-    # each chunk's own write decayed to its end, W^T = B^T (w x) [N, R P] per group, then along the chunks
-    xw = (xg.unflatten(-1, (R, P)) * _per_group(w)).flatten(-2)                       # [b, G, n, L, R P]
-    writes = B.transpose(-1, -2) @ xw                                                 # [b, G, n, N, R P]
+    # the states along the chunks: S_{c+1} = exp(G_L) S_c + W_c
     decay = e[..., -1]
     starts = []
     for c in range(n):
