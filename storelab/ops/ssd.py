@@ -298,13 +298,14 @@ class _ChunkedSSD(torch.autograd.Function):
         dye = (dyg_RP * _per_group(e)).flatten(-2)                                        # [b, G, n, L, R P]
         dS0T_own = C.transpose(-1, -2) @ dye                                              # [b, G, n, N, R P]
 
-        # along the chunks, reversed: S_{c+1} = exp(G_L) S_c + W_c
-        dW, ddecay = [None] * n, [None] * n
+        # along the chunks, reversed: S_{c+1} = exp(G_L) S_c + W_c; dW[c] the gradient on S_{c+1} (Q[c + 1])
+        decay_BGn1X = decay[..., None, :, None].expand(b, G, n, 1, R, P).flatten(-2)       # [b, G, n, 1, R P]
+        Q = x.new_empty(b, G, n + 1, N, R * P)
+        Q[:, :, n] = dST
         for c in reversed(range(n)):
-            dST_RP = dST.unflatten(-1, (R, P))
-            dW[c], ddecay[c] = dST, (dST_RP * S0T[:, :, c].unflatten(-1, (R, P))).sum((2, 4))
-            dST = (decay[:, :, c, None, :, None] * dST_RP).flatten(-2) + dS0T_own[:, :, c]
-        dW, ddecay = torch.stack(dW, dim=2), torch.stack(ddecay, dim=2)
+            torch.addcmul(dS0T_own[:, :, c], decay_BGn1X[:, :, c], Q[:, :, c + 1], out=Q[:, :, c])
+        dW, dST = Q[:, :, 1:], Q[:, :, 0]
+        ddecay = (dW * S0T).unflatten(-1, (R, P)).sum((3, 5))                              # [b, G, n, R]
 
         # the rest chunk by chunk, in groups of chunks whose work is done while their tensors are in cache
         dx, ddt, dB, dC = torch.empty_like(x), torch.empty_like(dt), torch.empty_like(B), torch.empty_like(C)
