@@ -13,6 +13,8 @@ Full attention (Vaswani et al., arXiv 1706.03762) with the devices today's layer
   ``q_proj`` emits, per head, ``head_dim`` query channels followed by ``v_head_dim`` gate
   channels (the layout of transformers' ``Qwen3NextAttention``), and each head's output is
   multiplied by ``sigmoid(gate)`` before ``o_proj``;
+* ``head_gate``: one sigmoid gate per head from its own projection ``g_proj`` (D -> H, no bias), each
+  head's whole output multiplied by it before ``o_proj`` (LFM3's ``use_attention_gate``);
 * ``sink``: one learned logit per head in the softmax's denominator (StreamingLLM,
   arXiv 2309.17453; learned as in gpt-oss and MiMo's window layers);
 * ``logn``: Qwen's LogN scaling (arXiv 2309.16609): the logits of a query at position p are
@@ -47,7 +49,7 @@ next query needs, so chunked prefill equals one full pass. The essay's count "ke
 
 Parameters (G = n_kv_heads, K = head_dim, V = v_head_dim, D = d_model):
   D*H*(K + V*gate) + D*G*K + D*G*V + H*V*D   (projections)
-  + 2K if qk_norm  + H if sink  + biases (H*(K+V*gate) + G*(K+V) with qkv_bias, D with out_bias).
+  + D*H if head_gate  + 2K if qk_norm  + H if sink  + biases (H*(K+V*gate) + G*(K+V) with qkv_bias, D with out_bias).
 State per token (full): G*(K + V) numbers; the window keeps at most W tokens of that.
 
 Shape legend: B batch, T new tokens, L entries read, H query heads, G key/value heads,
@@ -94,6 +96,7 @@ class AttentionConfig(StoreConfig):
     partial_rotary: float = 1.0          # fraction of head_dim that RoPE rotates; 0 = no RoPE
     rope_theta: float = 10000.0
     gate: bool = False                   # Qwen3-Next per-channel sigmoid output gate
+    head_gate: bool = False              # LFM3: one sigmoid gate per head, from g_proj (D -> H)
     qk_norm: bool = False                # RMSNorm on each query/key head
     rope_scaling: dict | None = None     # a published rope_scaling (linear, llama3, yarn: storelab.ops.rope.SCALINGS)
     qk_norm_scope: str = "head"          # "head": one K-wide norm shared by the heads (Qwen3, Gemma 3); "all": one
@@ -144,6 +147,8 @@ class AttentionConfig(StoreConfig):
         self.check(self.softcap is None or (not isinstance(self.softcap, bool) and self.softcap > 0), "softcap",
                    f"must be None or a number > 0, got {self.softcap!r}")
         check_scaling(self.rope_scaling)
+        self.check(not (self.gate and self.head_gate), "head_gate",
+                   "cannot be true with gate (one output gate or the other)")
         self.check(self.qk_norm_scope in ("head", "all"), "qk_norm_scope",
                    f"must be 'head' or 'all', got {self.qk_norm_scope!r}")
         self.check(isinstance(self.floor_scale, int) and self.floor_scale > 0, "floor_scale",
@@ -191,6 +196,8 @@ class AttentionConfig(StoreConfig):
             n += 2 * K if self.qk_norm_scope == "head" else (H + G) * K
         if self.sink:
             n += H
+        if self.head_gate:
+            n += D * H
         return ParamCount(n, n)
 
 
@@ -241,6 +248,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(H * K if whole else K, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(G * K if whole else K, cfg.norm_eps) if cfg.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(H)) if cfg.sink else None
+        self.g_proj = nn.Linear(D, H, bias=False) if cfg.head_gate else None
         self.kernel = KERNELS[cfg.kernel] if cfg.softcap is None else softcapped(cfg.softcap)
 
     def project(self, x_BTD: Tensor, positions_T: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -254,6 +262,8 @@ class Attention(nn.Module):
             q_BTHK, gate_BTHV = qg.split([K, V], dim=-1)                            # (one backward, no zero fills)
         else:
             q_BTHK = self.q_proj(x_BTD).view(B, T, H, K)
+        if c.head_gate:
+            gate_BTHV = self.g_proj(x_BTD).unsqueeze(-1)                             # [B, T, H, 1]
         k_BTGK = self.k_proj(x_BTD).view(B, T, G, K)
         v_BTGV = self.v_proj(x_BTD).view(B, T, G, V)
         if c.value_scale != 1.0:
