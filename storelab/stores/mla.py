@@ -13,14 +13,15 @@ Features
 * ``use_rope=False``: no rotary anywhere, the rope slot stays (Kimi K3's MLA /
   transformers ``KimiLinearAttention``);
 * ``output_gate``: the heads' output times sigmoid(W_g x), channel by channel,
-  before the output projection (Kimi K3's gated MLA);
+  before the output projection (Kimi K3's gated MLA); ``head_gate``: one sigmoid(W_g x) per head instead,
+  W_g [H, D] (Ling / Ring hybrids' ``BailingHybridAttention``);
 * a layer that reads another layer's cache (``cache_owner``, ``CACHE_SHARING =
   "latent"``) gets a ``LatentView`` of the owner's state from ``new_state(groups,
   owner=...)``: it reads the owner's entries and keeps none of its own.
 
 Update rule: append (c_t, k_r,t) for every token; nothing is ever removed.
 Parameters (no biases): q: D*H*(N+R), or D*Q + Q + Q*H*(N+R) with a q latent of
-width Q; kv: D*(C+R) + C + C*H*(N+V); out: H*V*D; gate: D*H*V if gated.
+width Q; kv: D*(C+R) + C + C*H*(N+V); out: H*V*D; gate: D*H*V if gated (D*H with head_gate).
 State per token: C + R numbers (kv_lora_rank + qk_rope_head_dim), whatever H.
 
 Legend: B batch, T new tokens, L tokens kept, H heads, N qk_nope_head_dim,
@@ -133,6 +134,7 @@ class LatentFields(StoreConfig):
     rope_scaling: dict | None = None     # a published rope_scaling (DeepSeek-V3's yarn: storelab.ops.rope.SCALINGS)
     use_rope: bool = True                # False: Kimi K3 (rope slot kept, never rotated)
     output_gate: bool = False            # sigmoid gate per output channel (Kimi K3)
+    head_gate: bool = False              # sigmoid gate per head, W_g [H, D] (Bailing hybrids)
     softmax_scale: float | None = None   # None: (N + R)^-1/2; give YaRN's mscale^2 folded in here
     norm_eps: float = 1e-6
     serving_format: str | None = None    # the entry format its publisher's engine keeps (accounting only)
@@ -146,6 +148,8 @@ class LatentFields(StoreConfig):
         self.check(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank",
                    f"must be None or > 0, got {self.q_lora_rank}")
         self.check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
+        self.check(not (self.output_gate and self.head_gate), "head_gate",
+                   "cannot be true with output_gate (one output gate or the other)")
         check_scaling(self.rope_scaling)
         self.check(self.softmax_scale is None or self.softmax_scale > 0, "softmax_scale",
                    f"must be None or > 0, got {self.softmax_scale}")
@@ -200,7 +204,7 @@ class LatentFields(StoreConfig):
         Q = self.q_lora_rank
         q = D * H * (N + R) if Q is None else D * Q + Q + Q * H * (N + R)
         kv = D * (C + R) + C + C * H * (N + V)
-        gate = D * H * V if self.output_gate else 0
+        gate = D * H * V if self.output_gate else D * H if self.head_gate else 0
         return q + kv + H * V * D + gate
 
 
@@ -263,7 +267,8 @@ class MLA(nn.Module):
         self.kv_norm = RMSNorm(C, cfg.norm_eps)
         self.kv_up = nn.Linear(C, H * (cfg.qk_nope_head_dim + V), bias=False)  # per head [W_uk ; W_uv]
         self.out = nn.Linear(H * V, D, bias=False)
-        self.gate = nn.Linear(D, H * V, bias=False) if cfg.output_gate else None
+        self.gate = (nn.Linear(D, H * V, bias=False) if cfg.output_gate else
+                     nn.Linear(D, H, bias=False) if cfg.head_gate else None)
         self.absorbed = absorbed
         self._read = self._read_absorbed if absorbed else self._read_naive
 
@@ -381,8 +386,10 @@ class MLA(nn.Module):
         return o.reshape(B, T, H, C)
 
     def finish(self, o_BTHV: Tensor, x_BTD: Tensor) -> Tensor:
+        if self.gate is not None and self.cfg.head_gate:
+            o_BTHV = o_BTHV * torch.sigmoid(self.gate(x_BTD))[..., None]
         o = o_BTHV.flatten(2)
-        if self.gate is not None:
+        if self.gate is not None and self.cfg.output_gate:
             o = o * torch.sigmoid(self.gate(x_BTD))
         return self.out(o)
 

@@ -42,7 +42,8 @@ C = 2HK + HV*V conv channels, W conv_kernel, r gate_rank):
   gated_deltaproduct + D*HV*V + n*D*HV + D*HV + 2*HV        (z, beta n times, decay; C = (n+1)HK + n*HV*V;
                                                              without the decay's D*HV + 2*HV when not gated)
   kda               + D*H + D*r + r*H*K + H*K + H + D*r + r*HV*V   (beta, forget gate, output gate;
-                                                             D*HV*V for the full-rank output gate)
+                                                             D*HV*V for the full-rank output gate,
+                                                            D*H*K for the full-rank forget gate)
 State per layer, whatever the context L: HV matrices K x V kept in fp32 (as Qwen3-Next keeps them) plus
 the conv tail of W-1 inputs x C channels in the entry dtype, HV*K*V*4 + (W-1)*C*bytes bytes; per token
 that falls as 1/L. ``footprint`` counts kept = read = HV matrices; reading costs 2*HV*K*V flops for
@@ -416,7 +417,9 @@ def _kda_params(cfg) -> dict[str, nn.Module | nn.Parameter]:
     D, H, K, V, r = cfg.d_model, cfg.n_heads, cfg.head_k_dim, cfg.head_v_dim, cfg.gate_rank
     gate = ({"g_proj": nn.Linear(D, H * V, bias=False)} if cfg.full_rank_output_gate else
             {"g_a_proj": nn.Linear(D, r, bias=False), "g_b_proj": nn.Linear(r, H * V, bias=False)})
-    return {"f_a_proj": nn.Linear(D, r, bias=False), "f_b_proj": nn.Linear(r, H * K, bias=False), **gate,
+    forget = ({"f_proj": nn.Linear(D, H * K, bias=False)} if cfg.full_rank_forget_gate else
+              {"f_a_proj": nn.Linear(D, r, bias=False), "f_b_proj": nn.Linear(r, H * K, bias=False)})
+    return {**forget, **gate,
             "A_log": nn.Parameter(torch.zeros(H) if cfg.gate_lower_bound is not None
                                   else torch.empty(H).uniform_(1, 16).log()),
             "dt_bias": nn.Parameter(_inverse_softplus(_log_uniform(H * K, 1e-3, 1e-1)))}
@@ -427,9 +430,10 @@ def _kda_rule_params(cfg) -> dict[str, nn.Module | nn.Parameter]:
 
 
 def _kda_forget(store, x_BTD: Tensor) -> tuple[Tensor, Tensor]:
-    """f = W_fb W_fa x + dt_bias [B, T, H, K] and the rate exp(A_log) [H, 1]."""
+    """f = W_fb W_fa x + dt_bias (W_f x + dt_bias with a full-rank gate) [B, T, H, K] and the rate exp(A_log) [H, 1]."""
     B, T, _ = x_BTD.shape
-    f = (at_least_fp32(store.f_b_proj(store.f_a_proj(x_BTD))) + at_least_fp32(store.dt_bias))
+    proj = store.f_proj(x_BTD) if store.cfg.full_rank_forget_gate else store.f_b_proj(store.f_a_proj(x_BTD))
+    f = at_least_fp32(proj) + at_least_fp32(store.dt_bias)
     return f.view(B, T, store.cfg.n_heads, store.cfg.head_k_dim), at_least_fp32(store.A_log).exp()[:, None]
 
 
@@ -473,6 +477,7 @@ class KDAConfig(_RecurrentConfig):
     gate_rank: int | None = None      # rank of the forget and output gates; None = head_k_dim (Kimi)
     gate_lower_bound: float | None = -5.0  # Kimi K3's published bound; None = Kimi Linear's softplus gate
     full_rank_output_gate: bool = False    # Kimi K3's use_full_rank_gate: sigmoid(W_g x), W_g [H*V, D]
+    full_rank_forget_gate: bool = False    # Ling / Ring hybrids: W_f [H*K, D] instead of W_fb W_fa
 
     CARD_ORDER = 150
     CARD = Card(
@@ -503,4 +508,5 @@ class KDAConfig(_RecurrentConfig):
     def _extra_params(self) -> int:
         D, H, K, V, r = self.d_model, self.n_heads, self.head_k_dim, self.head_v_dim, self.gate_rank
         output_gate = D * H * V if self.full_rank_output_gate else D * r + r * H * V
-        return D * H + D * r + r * H * K + H * K + H + output_gate
+        forget_gate = D * H * K if self.full_rank_forget_gate else D * r + r * H * K
+        return D * H + forget_gate + H * K + H + output_gate
