@@ -93,16 +93,20 @@ def test_logits_equal_transformers(name, saved):
 
 @pytest.mark.parametrize("name", list(TINY))
 def test_bf16_logits(name, saved):
+    """Within 5 % of transformers in bf16, and within 2 % of the fp32 logits: transformers rounds the log decay
+    to bf16 before its scan (softplus gate: 4.9 % from its own fp32 logits on this model; ours 1.0 %)."""
     hf, folder = saved(name)
     ours = load(folder, dtype="bf16")
     ids = ids_of(13)
     with torch.no_grad():
+        ref32 = hf(ids).logits
         ref = hf.to(torch.bfloat16)(ids).logits.float()
         hf.to(torch.float32)
         got = ours(ids)[0].float()
     scale = ref.abs().max().item()
     err = (got - ref).abs().max().item()
     assert err <= 0.05 * scale, f"{name}: bf16 logits differ by {err:.3e} (scale {scale:.3e})"
+    assert (got - ref32).abs().max().item() <= 0.02 * ref32.abs().max().item()
 
 
 @pytest.mark.parametrize("name", list(TINY))
