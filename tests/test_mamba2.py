@@ -4,7 +4,7 @@ protocol and accounting, and transformers' Mamba2Mixer and NemotronHMamba2Mixer 
 * ``ssd`` chunked vs recurrent, fp32: lengths 1, 7, 64, 65, 130 around chunks of 16 and 64; strong, typical
   and weak decays (dt A from about -20 to -1e-3 per token); with an initial state; outputs, final states and
   the gradients of x, dt, A, B, C, D and the initial state, a gradient arriving on the final state too;
-  bf16 inputs with fp32 states;
+  bf16 inputs with fp32 states; the chunks in groups of 1 and 3 (float64, 1e-10);
 * the store: chunked prefill then token steps equal one pass, and the chunked store equals the recurrent
   one in value and in every parameter's gradient; ``footprint`` and ``memory_terms`` equal the state's
   measured bytes; ``num_params`` the module's; configs refused with the field named;
@@ -18,6 +18,7 @@ protocol and accounting, and transformers' Mamba2Mixer and NemotronHMamba2Mixer 
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -86,6 +87,23 @@ def test_hand_backward_equals_the_reference_in_float64(T, dt_scale):
     g_r, g_c = _grads(x, y_r, S_r), _grads(x, y_c, S_c)
     for name, want in g_r.items():
         assert_close(g_c[name], want, 1e-10 * max(1.0, want.abs().max().item()), f"d{name}, float64")
+
+
+@pytest.mark.parametrize("chunks_per_group", [1, 3])
+def test_chunks_in_groups_equal_the_reference_in_float64(monkeypatch, chunks_per_group):
+    """The chunked form goes through its chunks in cache-sized groups (``GROUP_FLOATS``), which the small
+    shapes here fit in one: with groups of 1 and 3 chunks (7 chunks, the last group short) the values and
+    gradients are still the per-token loop's, float64 to 1e-10."""
+    ssd_module = importlib.import_module("storelab.ops.ssd")   # the package's ``ssd`` is the function
+    monkeypatch.setattr(ssd_module, "GROUP_FLOATS", chunks_per_group * b * H * 16 * 16)
+    x = _inputs(100, dt_scale=1.0, seed=5, dtype=torch.float64)
+    y_r, S_r = _run(x, "recurrent")
+    y_c, S_c = _run(x, "chunk", chunk_size=16)
+    assert_close(y_c, y_r, 1e-10 * y_r.abs().max().item(), "y, grouped chunks")
+    assert_close(S_c, S_r, 1e-10 * S_r.abs().max().item(), "final state, grouped chunks")
+    g_r, g_c = _grads(x, y_r, S_r), _grads(x, y_c, S_c)
+    for name, want in g_r.items():
+        assert_close(g_c[name], want, 1e-10 * max(1.0, want.abs().max().item()), f"d{name}, grouped chunks")
 
 
 def test_chunked_op_passes_gradcheck():

@@ -9,7 +9,7 @@ cross-entropy from the logits, ``loss.backward()``; fp32, interleaved rounds, be
 Rows (issue 28's targets, >= 2x at B = 4, T = 512 and T = 2,048):
 
 * ``nemotron_h``: Nemotron-H's stack as published (Mamba-2 "M", NoPE attention "*", ReLU^2 MLP "-"), pattern
-  ``M-M-M*-M-`` (8 Mamba-2 mixers, 1 attention, 5 MLPs): d_model 256, Mamba-2 8 heads of 32 with state 64,
+  ``M-M-M*-M-`` (4 Mamba-2 mixers, 1 attention, 4 MLPs): d_model 256, Mamba-2 8 heads of 32 with state 64,
   attention 4 heads (2 KV) of 64, MLP 1,024, vocabulary 4,096.
 
 (Falcon-H1's parallel attention + Mamba-2 layer has no family in storelab yet: no row.)

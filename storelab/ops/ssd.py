@@ -21,11 +21,16 @@ shared in grouped attention. Two forms compute it, with the same sums:
 
   Every exponent is a sum of log decays over a segment, so <= 0: nothing overflows however strong the
   decay (no division by a cumulative decay, unlike the per-channel delta rules), and each segment is
-  summed on its own (``_segment_sums``), not as a difference of running sums. The chunks pass their
-  states in a loop over T / L chunks (linear in T); within a chunk everything is a batched matrix product.
-  Its backward is written by hand (``_ChunkedSSD``): it keeps the inputs and each chunk's starting state,
-  recomputes the L x L decays and scores, and passes the state's gradient back along the chunks; no
-  per-token loop either way. The same sums, tested against autograd through the per-token loop.
+  summed on its own (``_segment_decays``), not as a difference of running sums. The chunks pass their
+  states in a loop over T / L chunks (linear in T); within a chunk everything is a batched matrix product
+  on contiguous blocks: x per head [B, G, n, R, L, P] for the L x L products, dt folded into x (the
+  scores are not scaled), and the products with the state per group of heads, all R heads' S^T side by
+  side as one [N, R P] matrix (no copy of B and C per head). The chunks go in groups whose L x L tensors
+  hold ``GROUP_FLOATS`` numbers, each group's work done while its tensors are in cache. The skip D x is
+  summed inside. Its backward is written by hand (``_ChunkedSSD``): it keeps the inputs in chunk layout,
+  each chunk's starting state and the decays exp(segment sums), recomputes the scores C . B, and passes
+  the state's gradient back along the chunks; no per-token loop either way. The same sums, tested
+  against autograd through the per-token loop.
 
 Signature (layout [B, T, H, P] as every op; documented once here)::
 
@@ -316,7 +321,7 @@ class _ChunkedSSD(torch.autograd.Function):
                                                      dx, ddt, dB, dC)), A, D, dA, dD)
         dA, dD = dA.reshape(G * R), None if D is None else dD.reshape(G * R)
 
-        def groups(t):                                                                    # [b, G, n, L, N] -> [b, T, G, N]
+        def groups(t):                                                            # [b, G, n, L, N] -> [b, T, G, N]
             return t.permute(0, 2, 3, 1, 4).reshape(b, n * L, G, N)[:, :T]
         dS = dST.reshape(b, G, N, R, P).permute(0, 1, 3, 4, 2).reshape(b, G * R, P, N)
         return _tokens(dx, T), _tokens(ddt, T), dA, groups(dB), groups(dC), dD, dS, None
