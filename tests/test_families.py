@@ -8,11 +8,9 @@ after a prefill (every tensor it holds, each storage once), windows filled and n
 from __future__ import annotations
 
 import pytest
-import torch
 
-from storelab.checkpoint import load
-from storelab.checkpoint.config_only import read_model_config
-from tests.helpers import assert_close
+from tests.family_harness import (cache_bytes, check_bf16, check_cache, check_counts, check_logits,  # noqa: F401
+                                  ids_of, saved_fixture)
 
 COMMON = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
               intermediate_size=96, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512)
@@ -61,85 +59,17 @@ TINY = {
 TYPE = {"llama3_rope": "llama", "yarn_rope": "qwen3", "deepseek_v3_yarn": "deepseek_v3"}  # entries of TINY that are another setting of a family
 
 
-def tiny_hf(model_type: str):
-    """A tiny random transformers model; tensors that start constant (norms, biases) perturbed so that
-    a wrong mapping shows in the logits."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    cfg = AutoConfig.for_model(TYPE.get(model_type, model_type), **TINY[model_type])
-    hf = AutoModelForCausalLM.from_config(cfg).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for t in hf.state_dict().values():
-            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
-                t.add_(0.1 * torch.randn(t.shape, generator=g))
-    return hf
-
-
-_BUILT: dict = {}
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    def get(model_type: str):
-        if model_type not in _BUILT:
-            hf = tiny_hf(model_type)
-            d = tmp_path_factory.mktemp(model_type)
-            hf.save_pretrained(d)
-            _BUILT[model_type] = (hf, d)
-        return _BUILT[model_type]
-
-    yield get
-    _BUILT.clear()
-
-
-def cache_bytes(past) -> int:
-    """Bytes of every tensor transformers' cache holds (each storage once)."""
-    seen, total = set(), 0
-    for layer in past.layers:
-        for v in vars(layer).values():
-            if isinstance(v, torch.Tensor) and v.numel():
-                key = v.untyped_storage().data_ptr()
-                if key not in seen:
-                    seen.add(key)
-                    total += v.untyped_storage().nbytes()
-    return total
-
-
-def ids_of(T: int, seed: int = 7) -> torch.Tensor:
-    return torch.randint(3, 128, (1, T), generator=torch.Generator().manual_seed(seed))
+saved = saved_fixture(TINY, lambda name: TYPE.get(name, name))
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_logits_equal_transformers(model_type, saved):
-    hf, folder = saved(model_type)
-    ours = load(folder)
-    ids = ids_of(21)
-    with torch.no_grad():
-        ref = hf(ids).logits
-        got, _ = ours(ids)
-    assert_close(got, ref, atol=1e-5 * ref.abs().max().item(), what=f"{model_type} logits")
-    # chunked prefill then one token at a time equals one pass
-    with torch.no_grad():
-        cache, parts = None, []
-        for a, b in ((0, 5), (5, 13), (13, 14), (14, 21)):
-            out, cache = ours(ids[:, a:b], cache)
-            parts.append(out)
-    assert_close(torch.cat(parts, 1), got, atol=1e-5 * ref.abs().max().item(), what=f"{model_type} chunked")
+    check_logits(*saved(model_type), what=model_type)
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_bf16_logits(model_type, saved):
-    hf, folder = saved(model_type)
-    ours = load(folder, dtype="bf16")
-    ids = ids_of(13)
-    with torch.no_grad():
-        ref = hf.to(torch.bfloat16)(ids).logits.float()
-        hf.to(torch.float32)
-        got = ours(ids)[0].float()
-    scale = ref.abs().max().item()
-    assert (got - ref).abs().max().item() <= 0.05 * scale, f"{model_type}: bf16 logits differ"
+    check_bf16(*saved(model_type), what=model_type)
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
@@ -147,22 +77,13 @@ def test_bf16_logits(model_type, saved):
 def test_memory_equals_transformers_cache(model_type, T, saved):
     """``engine="transformers"`` at T tokens (fp32) equals the bytes of transformers' cache after a prefill of T
     (windows of 6: not filled at 4, filled at 6 and 17)."""
-    from storelab.models.engines import state_bytes
-
-    hf, folder = saved(model_type)
-    cfg = read_model_config(folder)
-    with torch.no_grad():
-        past = hf(ids_of(T), use_cache=True).past_key_values
-    assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == cache_bytes(past)
+    check_cache(*saved(model_type), T)
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_config_counts_equal_transformers(model_type, saved):
     """Parameters from config.json alone equal the numbers the transformers model saves (its parameters and
     the routing bias it keeps as a buffer; each tensor once)."""
-    from storelab.models.accounting import count_params
+    check_counts(*saved(model_type))
 
-    hf, folder = saved(model_type)
-    cfg = read_model_config(folder / "config.json")
-    held = {t.data_ptr(): t.numel() for t in hf.state_dict().values() if t.dtype.is_floating_point}
-    assert count_params(cfg).stored == sum(held.values())
+

@@ -15,14 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from storelab.checkpoint import load
 from storelab.checkpoint.config_only import read_model_config
 from storelab.checkpoint.families.minimax_m2 import FAMILY
 from storelab.checkpoint.shards import CheckpointError
 from storelab.models.accounting import count_params
-from storelab.models.engines import state_bytes
-from tests.helpers import assert_close
-from tests.test_families import cache_bytes, ids_of
+from tests.family_harness import check_bf16, check_cache, check_counts, check_logits, saved_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 MODEL_TYPE = "minimax_m2"
@@ -75,83 +72,27 @@ def test_published_counts():
     assert round((pa.active - hf["vocab_size"] * hf["hidden_size"]) / 1e9) == 10
 
 
-def tiny_hf(name: str):
-    """A tiny random transformers model; tensors that start constant (norms, the choice bias) perturbed so
-    that a wrong mapping shows in the logits."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(MODEL_TYPE, **TINY[name])).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for t in hf.state_dict().values():
-            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
-                t.add_(0.1 * torch.randn(t.shape, generator=g))
-    return hf
-
-
-_BUILT: dict = {}
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    def get(name: str):
-        if name not in _BUILT:
-            hf = tiny_hf(name)
-            d = tmp_path_factory.mktemp(name)
-            hf.save_pretrained(d)
-            _BUILT[name] = (hf, d)
-        return _BUILT[name]
-
-    yield get
-    _BUILT.clear()
+saved = saved_fixture(TINY, lambda name: MODEL_TYPE, perturb=0.1)
 
 
 @pytest.mark.parametrize("name", list(TINY))
 def test_logits_equal_transformers(name, saved):
-    hf, folder = saved(name)
-    ours = load(folder)
-    ids = ids_of(21)
-    with torch.no_grad():
-        ref = hf(ids).logits
-        got, _ = ours(ids)
-    tol = 1e-5 * ref.abs().max().item()
-    assert_close(got, ref, atol=tol, what=f"{name} logits")
-    with torch.no_grad():  # chunked prefill, then single tokens, equal one pass
-        cache, parts = None, []
-        for a, b in ((0, 5), (5, 13), (13, 14), (14, 21)):
-            out, cache = ours(ids[:, a:b], cache)
-            parts.append(out)
-    assert_close(torch.cat(parts, 1), got, atol=tol, what=f"{name} chunked")
+    check_logits(*saved(name), what=name)
 
 
 @pytest.mark.parametrize("name", list(TINY))
 def test_bf16_logits(name, saved):
-    hf, folder = saved(name)
-    ours = load(folder, dtype="bf16")
-    ids = ids_of(13)
-    with torch.no_grad():
-        ref = hf.to(torch.bfloat16)(ids).logits.float()
-        hf.to(torch.float32)
-        got = ours(ids)[0].float()
-    scale, err = ref.abs().max().item(), (got - ref).abs().max().item()
-    assert err <= 0.05 * scale, f"{name}: bf16 logits differ by {err:.3e} (scale {scale:.3e})"
+    check_bf16(*saved(name), what=name)
 
 
 @pytest.mark.parametrize("name", list(TINY))
 @pytest.mark.parametrize("T", [4, 6, 17])
 def test_memory_equals_transformers_cache(name, T, saved):
-    hf, folder = saved(name)
-    cfg = read_model_config(folder)
-    with torch.no_grad():
-        past = hf(ids_of(T), use_cache=True).past_key_values
-    assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == cache_bytes(past)
+    check_cache(*saved(name), T)
 
 
 @pytest.mark.parametrize("name", list(TINY))
 def test_config_counts_equal_transformers(name, saved):
-    """Parameters from config.json alone equal the saved tensors (the choice bias, a buffer, included)."""
-    hf, folder = saved(name)
-    cfg = read_model_config(folder / "config.json")
-    held = {t.data_ptr(): t.numel() for t in hf.state_dict().values() if t.dtype.is_floating_point}
-    assert count_params(cfg).stored == sum(held.values())
+    check_counts(*saved(name))
+
+
