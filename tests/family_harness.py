@@ -114,11 +114,16 @@ def check_cache(hf, folder, T: int, *, counter: Callable = cache_bytes) -> None:
     assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == counter(past)
 
 
-def check_counts(hf, folder) -> None:
+def check_counts(hf, folder, *, leave_out: tuple[str, ...] = ()) -> None:
     """Parameters from config.json alone equal the saved floating-point tensors (buffers such as a routing bias
-    included, a tied matrix once)."""
+    included, a tied matrix once); ``leave_out``: name parts of tensors that are not the text model's (a
+    wrapper's vision tower), each of which must occur."""
     from storelab.models.accounting import count_params
 
     cfg = read_model_config(folder / "config.json")
-    held = {t.data_ptr(): t.numel() for t in hf.state_dict().values() if t.dtype.is_floating_point}
+    state = hf.state_dict()
+    for part in leave_out:
+        assert any(part in k for k in state), f"no saved tensor named like {part!r} to leave out"
+    text = [t for k, t in state.items() if not any(part in k for part in leave_out)]
+    held = {t.data_ptr(): t.numel() for t in text if t.dtype.is_floating_point}
     assert count_params(cfg).stored == sum(held.values())

@@ -17,6 +17,7 @@ from storelab.checkpoint.config_only import read_model_config
 from tests.helpers import assert_close
 from tests.test_engines import _held_bytes
 from tests.test_families import ids_of
+from tests.family_harness import saved_fixture
 
 COMMON = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
               intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, n_group=2,
@@ -26,36 +27,7 @@ COMMON = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_ke
 TINY = {"bounded": dict(COMMON), "softplus": dict(COMMON, kda_safe_gate=False, routed_scaling_factor=1.5)}
 
 
-def tiny_hf(name: str):
-    """A tiny random transformers model; tensors that start constant (norms, the expert bias, A_log) perturbed so
-    that a wrong mapping shows in the logits."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model("bailing_hybrid", **TINY[name])).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for t in hf.state_dict().values():
-            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
-                t.add_(0.1 * torch.randn(t.shape, generator=g))
-    return hf
-
-
-_BUILT: dict = {}
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    def get(name: str):
-        if name not in _BUILT:
-            hf = tiny_hf(name)
-            d = tmp_path_factory.mktemp(name)
-            hf.save_pretrained(d)
-            _BUILT[name] = (hf, d)
-        return _BUILT[name]
-
-    yield get
-    _BUILT.clear()
+saved = saved_fixture(TINY, lambda name: "bailing_hybrid", perturb=0.1)
 
 
 @pytest.mark.parametrize("name", list(TINY))

@@ -24,7 +24,10 @@ import torch
 from storelab.checkpoint import load
 from storelab.checkpoint.config_only import read_model_config
 from tests.helpers import assert_close
-from tests.test_families import cache_bytes, ids_of
+from tests.test_families import ids_of
+from tests.family_harness import check_bf16, check_cache, check_counts, check_logits, saved_fixture
+
+SPLITS_A = ((0, 2), (2, 11), (11, 12), (12, 13), (13, 21))  # single tokens between chunks
 
 COMMON = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
               intermediate_size=96, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512)
@@ -37,36 +40,27 @@ TINY = {
 }
 
 
-def tiny_hf(setting: str):
-    """A tiny random transformers model; its norms (ones) and biases (zeros) perturbed so that a wrong mapping
-    shows in the logits."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+saved = saved_fixture(TINY, lambda name: "cohere2", perturb=0.3)
 
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model("cohere2", **TINY[setting])).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for t in hf.state_dict().values():
-            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
-                t.add_(0.3 * torch.randn(t.shape, generator=g))
-    return hf
+@pytest.mark.parametrize("name", list(TINY))
+def test_logits_equal_transformers(name, saved):
+    check_logits(*saved(name), what=name, splits=SPLITS_A)
 
 
-_BUILT: dict = {}
+@pytest.mark.parametrize("name", list(TINY))
+def test_bf16_logits(name, saved):
+    check_bf16(*saved(name), what=name)
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    def get(setting: str):
-        if setting not in _BUILT:
-            hf = tiny_hf(setting)
-            d = tmp_path_factory.mktemp(setting)
-            hf.save_pretrained(d)
-            _BUILT[setting] = (hf, d)
-        return _BUILT[setting]
+@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("T", [4, 6, 17])
+def test_memory_equals_transformers_cache(name, T, saved):
+    check_cache(*saved(name), T)
 
-    yield get
-    _BUILT.clear()
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_config_counts_equal_transformers(name, saved):
+    check_counts(*saved(name))
 
 
 @pytest.mark.parametrize("setting", list(TINY))
@@ -84,64 +78,6 @@ def test_config_read(setting, saved):
     assert all(a.rope_interleaved and a.head_dim == 16 for a in toks)
     assert toks[0].window == hf.config.sliding_window - 1
     assert cfg.tie_embeddings == (setting == "cohere2") and toks[0].qkv_bias == (setting == "cohere2")
-
-
-@pytest.mark.parametrize("setting", list(TINY))
-def test_logits_equal_transformers(setting, saved):
-    hf, folder = saved(setting)
-    ours = load(folder)
-    ids = ids_of(21)
-    with torch.no_grad():
-        ref = hf(ids).logits
-        got, _ = ours(ids)
-    tol = 1e-5 * ref.abs().max().item()
-    assert_close(got, ref, atol=tol, what=f"{setting} logits")
-    # chunked prefill (shorter and longer than the window) then single tokens equal one pass
-    with torch.no_grad():
-        cache, parts = None, []
-        for a, b in ((0, 2), (2, 11), (11, 12), (12, 13), (13, 21)):
-            out, cache = ours(ids[:, a:b], cache)
-            parts.append(out)
-    assert_close(torch.cat(parts, 1), got, atol=tol, what=f"{setting} chunked")
-
-
-@pytest.mark.parametrize("setting", list(TINY))
-def test_bf16_logits(setting, saved):
-    hf, folder = saved(setting)
-    ours = load(folder, dtype="bf16")
-    ids = ids_of(13)
-    with torch.no_grad():
-        ref = hf.to(torch.bfloat16)(ids).logits.float()
-        hf.to(torch.float32)
-        got = ours(ids)[0].float()
-    scale = ref.abs().max().item()
-    err = (got - ref).abs().max().item()
-    assert err <= 0.05 * scale, f"{setting}: bf16 logits differ by {err:.3e} (scale {scale:.3e})"
-
-
-@pytest.mark.parametrize("setting", list(TINY))
-def test_config_counts_equal_transformers(setting, saved):
-    """Parameters from config.json alone equal the saved tensors (one norm per layer, the biases, tied or not)."""
-    from storelab.models.accounting import count_params
-
-    hf, folder = saved(setting)
-    cfg = read_model_config(folder / "config.json")
-    held = {t.data_ptr(): t.numel() for t in hf.state_dict().values() if t.dtype.is_floating_point}
-    assert count_params(cfg).stored == sum(held.values())
-
-
-@pytest.mark.parametrize("setting", list(TINY))
-@pytest.mark.parametrize("T", [4, 6, 17])
-def test_memory_equals_transformers_cache(setting, T, saved):
-    """``engine="transformers"`` at T tokens (fp32) equals the bytes of transformers' cache after a prefill of T
-    (windows of 6: not filled at 4, filled at 6 and 17)."""
-    from storelab.models.engines import state_bytes
-
-    hf, folder = saved(setting)
-    cfg = read_model_config(folder)
-    with torch.no_grad():
-        past = hf(ids_of(T), use_cache=True).past_key_values
-    assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == cache_bytes(past)
 
 
 def test_head_dim_from_heads(tmp_path):

@@ -17,6 +17,7 @@ from storelab.checkpoint import load
 from storelab.checkpoint.config_only import read_model_config
 from tests.helpers import assert_close
 from tests.test_families import cache_bytes, ids_of
+from tests.family_harness import saved_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
@@ -32,36 +33,7 @@ TINY = {
 }
 
 
-def tiny_hf(model_type: str):
-    """A tiny random transformers model; tensors that start constant (norms, the expert bias) perturbed so
-    that a wrong mapping shows in the logits."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **TINY[model_type])).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for t in hf.state_dict().values():
-            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
-                t.add_(0.1 * torch.randn(t.shape, generator=g))
-    return hf
-
-
-_BUILT: dict = {}
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    def get(model_type: str):
-        if model_type not in _BUILT:
-            hf = tiny_hf(model_type)
-            d = tmp_path_factory.mktemp(model_type)
-            hf.save_pretrained(d)
-            _BUILT[model_type] = (hf, d)
-        return _BUILT[model_type]
-
-    yield get
-    _BUILT.clear()
+saved = saved_fixture(TINY, lambda name: name, perturb=0.1)
 
 
 @pytest.mark.parametrize("model_type", list(TINY))

@@ -18,6 +18,7 @@ from storelab.checkpoint.config_only import read_model_config
 from tests.helpers import assert_close
 from tests.test_engines import _held_bytes
 from tests.test_families import ids_of
+from tests.family_harness import saved_fixture, tiny_hf
 
 COMMON = dict(hidden_size=64, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
               vocab_size=128, intermediate_size=96, bos_token_id=1, eos_token_id=2, pad_token_id=0,
@@ -31,36 +32,7 @@ TINY = {
 }
 
 
-def tiny_hf(name: str):
-    """A tiny random transformers model; tensors that start constant (norms, biases) perturbed so that a wrong
-    mapping shows in the logits."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model("lfm3", **TINY[name])).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for t in hf.state_dict().values():
-            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
-                t.add_(0.1 * torch.randn(t.shape, generator=g))
-    return hf
-
-
-_BUILT: dict = {}
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    def get(name: str):
-        if name not in _BUILT:
-            hf = tiny_hf(name)
-            d = tmp_path_factory.mktemp(name)
-            hf.save_pretrained(d)
-            _BUILT[name] = (hf, d)
-        return _BUILT[name]
-
-    yield get
-    _BUILT.clear()
+saved = saved_fixture(TINY, lambda name: "lfm3", perturb=0.1)
 
 
 def test_config_read(saved):
@@ -187,7 +159,7 @@ def test_module_names_read_too(tmp_path):
     published ``gate_proj``) gives transformers' logits too."""
     from safetensors.torch import save_file
 
-    hf = tiny_hf("published")   # a fresh one: the bf16 test leaves the shared model's rope tables rounded
+    hf = tiny_hf("lfm3", TINY["published"])   # a fresh one: the bf16 test leaves the shared model's rope tables rounded
     hf.config.save_pretrained(tmp_path)
     sd = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
     assert any(k.endswith("self_attn.g_proj.weight") for k in sd)

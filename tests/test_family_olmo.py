@@ -17,7 +17,10 @@ import torch
 from storelab.checkpoint import load
 from storelab.checkpoint.config_only import read_model_config
 from tests.helpers import assert_close
-from tests.test_families import cache_bytes, ids_of
+from tests.test_families import ids_of
+from tests.family_harness import check_bf16, check_cache, check_counts, check_logits, saved_fixture
+
+SPLITS_A = ((0, 2), (2, 11), (11, 12), (12, 13), (13, 21))  # single tokens between chunks
 
 COMMON = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
               intermediate_size=96, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512)
@@ -32,35 +35,27 @@ TINY = {
 }
 
 
-def tiny_hf(model_type: str):
-    """A tiny random transformers model; its norms (ones) perturbed so that a wrong mapping shows in the logits."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+saved = saved_fixture(TINY, lambda name: name, perturb=0.3)
 
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **TINY[model_type])).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for t in hf.state_dict().values():
-            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
-                t.add_(0.3 * torch.randn(t.shape, generator=g))
-    return hf
+@pytest.mark.parametrize("name", list(TINY))
+def test_logits_equal_transformers(name, saved):
+    check_logits(*saved(name), what=name, splits=SPLITS_A)
 
 
-_BUILT: dict = {}
+@pytest.mark.parametrize("name", list(TINY))
+def test_bf16_logits(name, saved):
+    check_bf16(*saved(name), what=name)
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    def get(model_type: str):
-        if model_type not in _BUILT:
-            hf = tiny_hf(model_type)
-            d = tmp_path_factory.mktemp(model_type)
-            hf.save_pretrained(d)
-            _BUILT[model_type] = (hf, d)
-        return _BUILT[model_type]
+@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("T", [4, 6, 17])
+def test_memory_equals_transformers_cache(name, T, saved):
+    check_cache(*saved(name), T)
 
-    yield get
-    _BUILT.clear()
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_config_counts_equal_transformers(name, saved):
+    check_counts(*saved(name))
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
@@ -84,64 +79,6 @@ def test_config_read(model_type, saved):
         assert toks[0].window == hf.config.sliding_window - 1
         assert (toks[0].rope_theta, toks[1].rope_theta) == (100.0, 10000.0)
     assert cfg.norm_eps == hf.config.rms_norm_eps
-
-
-@pytest.mark.parametrize("model_type", list(TINY))
-def test_logits_equal_transformers(model_type, saved):
-    hf, folder = saved(model_type)
-    ours = load(folder)
-    ids = ids_of(21)
-    with torch.no_grad():
-        ref = hf(ids).logits
-        got, _ = ours(ids)
-    tol = 1e-5 * ref.abs().max().item()
-    assert_close(got, ref, atol=tol, what=f"{model_type} logits")
-    # chunked prefill (shorter and longer than the window) then single tokens equal one pass
-    with torch.no_grad():
-        cache, parts = None, []
-        for a, b in ((0, 2), (2, 11), (11, 12), (12, 13), (13, 21)):
-            out, cache = ours(ids[:, a:b], cache)
-            parts.append(out)
-    assert_close(torch.cat(parts, 1), got, atol=tol, what=f"{model_type} chunked")
-
-
-@pytest.mark.parametrize("model_type", list(TINY))
-def test_bf16_logits(model_type, saved):
-    hf, folder = saved(model_type)
-    ours = load(folder, dtype="bf16")
-    ids = ids_of(13)
-    with torch.no_grad():
-        ref = hf.to(torch.bfloat16)(ids).logits.float()
-        hf.to(torch.float32)
-        got = ours(ids)[0].float()
-    scale = ref.abs().max().item()
-    err = (got - ref).abs().max().item()
-    assert err <= 0.05 * scale, f"{model_type}: bf16 logits differ by {err:.3e} (scale {scale:.3e})"
-
-
-@pytest.mark.parametrize("model_type", list(TINY))
-def test_config_counts_equal_transformers(model_type, saved):
-    """Parameters from config.json alone equal the saved tensors (the q/k norms H*K and G*K wide)."""
-    from storelab.models.accounting import count_params
-
-    hf, folder = saved(model_type)
-    cfg = read_model_config(folder / "config.json")
-    held = {t.data_ptr(): t.numel() for t in hf.state_dict().values() if t.dtype.is_floating_point}
-    assert count_params(cfg).stored == sum(held.values())
-
-
-@pytest.mark.parametrize("model_type", list(TINY))
-@pytest.mark.parametrize("T", [4, 6, 17])
-def test_memory_equals_transformers_cache(model_type, T, saved):
-    """``engine="transformers"`` at T tokens (fp32) equals the bytes of transformers' cache after a prefill of T
-    (windows of 6: not filled at 4, filled at 6 and 17)."""
-    from storelab.models.engines import state_bytes
-
-    hf, folder = saved(model_type)
-    cfg = read_model_config(folder)
-    with torch.no_grad():
-        past = hf(ids_of(T), use_cache=True).past_key_values
-    assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == cache_bytes(past)
 
 
 def test_v4_rope_scaling_belongs_to_the_full_layers(tmp_path):
