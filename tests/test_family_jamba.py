@@ -11,33 +11,16 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-from storelab.checkpoint import load
 from storelab.checkpoint.config_only import read_model_config
-from tests.helpers import assert_close
-from tests.test_families import cache_bytes, ids_of
+from tests import family_harness as harness
+from tests.family_harness import cache_bytes, check_counts, tiny_hf  # noqa: F401 (bamba and granite import them)
 
 # attention at layers 1 and 3 (period 2, offset 1), experts at layers 0 and 2 (period 2, offset 0)
 TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
             bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512, intermediate_size=96,
             num_experts=4, num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
             expert_layer_offset=0, mamba_d_state=8, mamba_dt_rank=8, mamba_d_conv=4)
-
-
-def tiny_hf(model_type: str, settings: dict):
-    """A tiny random transformers model; tensors that start constant (norms, D, biases) perturbed so that a wrong
-    mapping shows in the logits."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings)).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for t in hf.state_dict().values():
-            if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
-                t.add_(0.1 * torch.randn(t.shape, generator=g))
-    return hf
 
 
 def hybrid_cache_bytes(past) -> int:
@@ -55,50 +38,17 @@ def hybrid_cache_bytes(past) -> int:
 
 def check_logits(hf, folder, cuts, what: str) -> None:
     """fp32 logits equal transformers' within 1e-5 of their scale; prefill in ``cuts`` pieces equals one pass."""
-    ours = load(folder)
-    ids = ids_of(21)
-    with torch.no_grad():
-        ref = hf(ids).logits
-        got, _ = ours(ids)
-    tol = 1e-5 * ref.abs().max().item()
-    assert_close(got, ref, atol=tol, what=f"{what} logits")
-    with torch.no_grad():
-        cache, parts = None, []
-        for a, b in cuts:
-            out, cache = ours(ids[:, a:b], cache)
-            parts.append(out)
-    assert_close(torch.cat(parts, 1), got, atol=tol, what=f"{what} chunked")
+    harness.check_logits(hf, folder, what=what, splits=cuts)
 
 
 def check_bf16(hf, folder, what: str) -> None:
-    ours = load(folder, dtype="bf16")
-    ids = ids_of(13)
-    with torch.no_grad():
-        ref = hf.to(torch.bfloat16)(ids).logits.float()
-        hf.to(torch.float32)
-        got = ours(ids)[0].float()
-    scale = ref.abs().max().item()
-    err = (got - ref).abs().max().item()
-    assert err <= 0.05 * scale, f"{what}: bf16 logits differ by {err:.3e} (scale {scale:.3e})"
-
-
-def check_counts(hf, folder) -> None:
-    from storelab.models.accounting import count_params
-
-    cfg = read_model_config(folder / "config.json")
-    held = {t.data_ptr(): t.numel() for t in hf.state_dict().values() if t.dtype.is_floating_point}
-    assert count_params(cfg).stored == sum(held.values())
+    harness.check_bf16(hf, folder, what=what)
 
 
 def check_memory(hf, folder, T: int) -> None:
     """``engine="transformers"`` (fp32) equals the bytes of transformers' cache after a prefill of T: a recurrent
     layer's convolution keeps W inputs there (zeros before the first), ours W - 1 (``conv_input_bytes``)."""
-    from storelab.models.engines import state_bytes
-
-    cfg = read_model_config(folder)
-    with torch.no_grad():
-        past = hf(ids_of(T), use_cache=True).past_key_values
-    assert sum(state_bytes(cfg, T, engine="transformers", dtype="fp32").values()) == hybrid_cache_bytes(past)
+    harness.check_cache(hf, folder, T, counter=hybrid_cache_bytes)
 
 
 @pytest.fixture(scope="module")
