@@ -77,14 +77,14 @@ from torch.utils.checkpoint import checkpoint
 from storelab.ops.attention import attend_lse, merge_parts, window_mask
 from storelab.ops.compress import imitation_loss, pool_entries, readable_entries, select_topk_streamed
 from storelab.ops.indexer import selection_mask
-from storelab.ops.norm import RMSNorm, rms_norm
+from storelab.ops.norm import rms_norm
 from storelab.ops.quant import FORMATS, entry_bytes
-from storelab.ops.rope import apply_rope
 from storelab.state import State, append_rows
 from storelab.stores.base import (TOKEN, DTYPE_BYTES, STATE_DTYPES, Card, Footprint, MemoryTerms, ParamCount, StoreConfig,
                                   add_loss, check_input, register)
-from storelab.stores.compressed_cache import CompressedCache, Pooler, SharedCompressedCache, entry_format
+from storelab.stores.compressed_cache import CompressedCache, Pooler, SharedCompressedCache
 from storelab.stores.selection_scores import compressed_selection_scores
+from storelab.stores.v4_parts import add_v4_projections, check_v4_fields, v4_rope
 
 __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "SharedCompressedCache"]
 
@@ -118,15 +118,7 @@ class _CompressedConfig(StoreConfig):
     def __post_init__(self) -> None:
         self.check_positive("d_model", "n_heads", "head_dim", "q_lora", "o_groups", "o_lora", "pool", "window",
                             "quant_block")
-        self.check(0 <= self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0, "rope_dim",
-                   f"must be even and between 0 and head_dim {self.head_dim}, got {self.rope_dim}")
-        self.check((self.n_heads * self.head_dim) % self.o_groups == 0, "o_groups",
-                   f"must divide n_heads * head_dim = {self.n_heads * self.head_dim}, got {self.o_groups}")
-        self.check(self.cache_format is None or self.cache_format in FORMATS, "cache_format",
-                   f"must be None or one of {FORMATS}, got {self.cache_format!r}")
-        if self.cache_format == "fp4":
-            self.check((self.head_dim - self.rope_dim) % 2 == 0, "head_dim",
-                       "fp4 packs two codes per byte: head_dim - rope_dim must be even")
+        check_v4_fields(self)
 
     READER_UNUSED = ("kv_proj", "kv_norm", "pooler", "index_pooler")  # a reader writes nothing
 
@@ -252,32 +244,18 @@ class CompressedAttention(nn.Module):
     def __init__(self, cfg: _CompressedConfig):
         super().__init__()
         self.cfg = cfg
-        D, H, C, Q = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.q_lora
-        self.q_a = nn.Linear(D, Q, bias=False)
-        self.q_a_norm = RMSNorm(Q, cfg.eps)
-        self.q_b = nn.Linear(Q, H * C, bias=False)
-        self.kv_proj = nn.Linear(D, C, bias=False)
-        self.kv_norm = RMSNorm(C, cfg.eps)
-        per_group = H * C // cfg.o_groups
-        self.o_a = nn.Parameter(torch.randn(cfg.o_groups, cfg.o_lora, per_group) * per_group ** -0.5)  # [g, r, H*C/g]
-        self.o_b = nn.Linear(cfg.o_groups * cfg.o_lora, D, bias=False)
-        self.sinks = nn.Parameter(torch.zeros(H))
+        add_v4_projections(self, cfg)
+        D, C, Q = cfg.d_model, cfg.head_dim, cfg.q_lora
         self.pooler = Pooler(D, C, cfg.pool, cfg.stride, cfg.eps)
         if cfg.indexed:
             self.index_pooler = Pooler(D, cfg.index_head_dim, cfg.pool, cfg.stride, cfg.eps)
             self.index_q = nn.Linear(Q, cfg.index_heads * cfg.index_head_dim, bias=False)
             self.index_weights = nn.Linear(D, cfg.index_heads, bias=False)
-        self.fmt = entry_format(cfg.cache_format, cfg.quant_block)   # how entries are stored, once
 
     # -- small helpers ---------------------------------------------------------------
     def _rope(self, x_BTHK: Tensor, pos_T: Tensor) -> Tensor:
         """Interleaved RoPE on the trailing ``rope_dim`` channels (V4 lays heads out [nope | rope])."""
-        R = self.cfg.rope_dim
-        if R == 0:
-            return x_BTHK
-        nope = x_BTHK.shape[-1] - R
-        rot = apply_rope(x_BTHK[..., nope:], pos_T, rotary_dim=R, theta=self.cfg.rope_theta, interleaved=True)
-        return torch.cat([x_BTHK[..., :nope], rot], dim=-1)
+        return v4_rope(x_BTHK, pos_T, rope_dim=self.cfg.rope_dim, theta=self.cfg.rope_theta)
 
     def _encode(self, x: Tensor, rope_dim: int) -> Tensor:
         return self.fmt.encode(x, rope_dim)

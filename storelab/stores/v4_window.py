@@ -40,12 +40,11 @@ import torch
 from torch import Tensor, nn
 
 from storelab.ops.attention import attend_lse, merge_parts
-from storelab.ops.norm import RMSNorm, rms_norm
+from storelab.ops.norm import rms_norm
 from storelab.ops.quant import FORMATS, entry_bytes
-from storelab.ops.rope import apply_rope
 from storelab.state import State, tensor_bytes
 from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount, StoreConfig, check_input, register
-from storelab.stores.compressed_cache import entry_format
+from storelab.stores.v4_parts import add_v4_projections, check_v4_fields, v4_rope
 
 __all__ = ["V4WindowConfig", "V4WindowAttention", "V4WindowCache"]
 
@@ -83,15 +82,7 @@ class V4WindowConfig(StoreConfig):
     def __post_init__(self) -> None:
         self.check_positive("d_model", "n_heads", "head_dim", "q_lora", "o_groups", "o_lora", "window", "quant_block",
                             "rope_theta", "eps")
-        self.check(0 <= self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0, "rope_dim",
-                   f"must be even and between 0 and head_dim {self.head_dim}, got {self.rope_dim}")
-        self.check((self.n_heads * self.head_dim) % self.o_groups == 0, "o_groups",
-                   f"must divide n_heads * head_dim = {self.n_heads * self.head_dim}, got {self.o_groups}")
-        self.check(self.cache_format is None or self.cache_format in FORMATS, "cache_format",
-                   f"must be None or one of {FORMATS}, got {self.cache_format!r}")
-        if self.cache_format == "fp4":
-            self.check((self.head_dim - self.rope_dim) % 2 == 0, "head_dim",
-                       "fp4 packs two codes per byte: head_dim - rope_dim must be even")
+        check_v4_fields(self)
 
     def build(self) -> "V4WindowAttention":
         return V4WindowAttention(self)
@@ -137,26 +128,11 @@ class V4WindowAttention(nn.Module):
     def __init__(self, cfg: V4WindowConfig):
         super().__init__()
         self.cfg = cfg
-        D, H, C, Q = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.q_lora
-        self.q_a = nn.Linear(D, Q, bias=False)
-        self.q_a_norm = RMSNorm(Q, cfg.eps)
-        self.q_b = nn.Linear(Q, H * C, bias=False)
-        self.kv_proj = nn.Linear(D, C, bias=False)
-        self.kv_norm = RMSNorm(C, cfg.eps)
-        per_group = H * C // cfg.o_groups
-        self.o_a = nn.Parameter(torch.randn(cfg.o_groups, cfg.o_lora, per_group) * per_group ** -0.5)  # [g, r, H*C/g]
-        self.o_b = nn.Linear(cfg.o_groups * cfg.o_lora, D, bias=False)
-        self.sinks = nn.Parameter(torch.zeros(H))
-        self.fmt = entry_format(cfg.cache_format, cfg.quant_block)   # how entries are stored, once
+        add_v4_projections(self, cfg)
 
     def _rope(self, x_BTHC: Tensor, pos_T: Tensor) -> Tensor:
         """Interleaved RoPE on the trailing ``rope_dim`` channels (V4 lays heads out [nope | rope])."""
-        R = self.cfg.rope_dim
-        if R == 0:
-            return x_BTHC
-        nope = x_BTHC.shape[-1] - R
-        rot = apply_rope(x_BTHC[..., nope:], pos_T, rotary_dim=R, theta=self.cfg.rope_theta, interleaved=True)
-        return torch.cat([x_BTHC[..., :nope], rot], dim=-1)
+        return v4_rope(x_BTHC, pos_T, rope_dim=self.cfg.rope_dim, theta=self.cfg.rope_theta)
 
     def forward(self, x_BTD: Tensor, state: V4WindowCache | None = None, *, token_ids: Tensor | None = None):
         cfg = self.cfg
