@@ -22,6 +22,8 @@ report      ``storelab report``                              report.json or repo
 recall      ``storelab recall``                              recall.json
 capacity    ``storelab capacity --plot``                     capacity.json
 probe       ``storelab probe --out``                         probe.json
+subjects    ``storelab subjects train --out``                subjects.json (the index of the trained
+                                                             subjects beside their safetensors)
 ==========  ===============================================  =========================================
 
 The rule: a folder of the command's own kind is its to rewrite (a resumed run, a report built
@@ -62,6 +64,7 @@ KINDS = {
     "recall": "a storelab recall folder (recall.json)",
     "capacity": "a storelab capacity folder (capacity.json)",
     "probe": "a storelab probe folder (probe.json)",
+    "subjects": "a storelab subjects folder (subjects.json)",
 }
 STEP_FOLDER = re.compile(r"step-\d{8}(\.tmp)?")
 DCP_FILE = re.compile(r"\.metadata(\.tmp)?|__\d+(_\d+)?\.(distcp|metadata)(\.tmp)?")  # what dcp.save writes
@@ -100,6 +103,8 @@ def folder_kind(folder: str | Path) -> str | None:
         return "report"
     if "checkpoint.json" in names or "checkpoint.safetensors" in names:
         return "run"
+    if "subjects.json" in names:
+        return "subjects"
     if any(is_step_folder(folder / n) for n in names):
         return "run"  # a run killed while writing its first checkpoint (a DCP step folder, no pointer yet)
     cfg = _config_json(folder)

@@ -29,7 +29,6 @@ from storelab.report.core import NOT_MEASURED, Claim, Context, checked_claim
 from storelab.report.probe_figures import write_figures
 from storelab.report.probe_rows import probe_rows
 from storelab.tasks import make_task, task_dict, tiny_dictionary
-from storelab.train.budget import dictionary_task_options
 from storelab.train.models import resolve_model
 
 SMALL = dict(d_model=32, n_heads=2, head_dim=16, d_ff=64)
@@ -235,63 +234,108 @@ def test_checked_claim():
     assert Claim("s", "x", 0.019, 0.03, within=(0.002, 0.036)).status == "reproduced"
 
 
-def _fake_training(subject):
-    """``train_dictionary_hybrid`` without training: ``subject(task)`` is the model returned."""
-    def train(seconds_budget=0.0, seed=0, *, pairs=None, n_symbols=None, **overrides):
-        task = make_task("dictionary", "tiny", **dictionary_task_options(pairs, n_symbols))
-        model = subject(task)
-        return model, {"model": "stub", "mix": "1 state : 1 cache", "params": 0,
-                       "pairs": [task.pairs_min, task.pairs_max],
-                       "prompt_tokens": task.sample(1, 0).inputs.shape[1], "state_head_dims": [16], "steps": 0,
-                       "seconds": 0.0, "final_loss": 0.0, "eval_acc": 0.0, "retrieval": 0.0, "compliance": 0.0,
-                       "chance": {"retrieval": 1 / task.n_values, "compliance": 1 / task.n_languages},
-                       "task_config": task_dict(task)}
-    return train
+class StateOracle(Oracle):
+    """The Oracle with its stores' kinds swapped: the dictionary in the recurrent layer, the language in the cache."""
+
+    def __init__(self, task, confidence: float = 10.0):
+        super().__init__(task, confidence)
+        for lay, rec in zip(self.cfg.layers, (False, True)):
+            lay.token.RECURRENT = rec
+
+
+def fake_subjects(monkeypatch, make, forgetting_too: bool = False):
+    """Sections 7 and 8 read ``make(name, task)`` in place of every shipped subject (each seed)."""
+    from storelab import subjects as S
+    from storelab.report import subject_probes, sweep_section
+
+    def get(self, name, seed):
+        cfg = S.train_config(name, seed)
+        task = make_task(cfg.task, cfg.task_preset, **cfg.task_options)
+        held = {str(k): {"retrieval": 1.0, "compliance": 1.0} for k in S.SIZES}
+        meta = {"name": name, "seed": seed, "params": 0, "learned": True, "verdict": "learned", "steps": 0,
+                "seconds": 0.0, "held_out": held}
+        return make(name, task), task, meta
+
+    monkeypatch.setattr(subject_probes.Subjects, "get", get)
+    if not forgetting_too:
+        monkeypatch.setattr(sweep_section, "forgetting_rows", lambda subs, n: (
+            [], {k: {"ranking_stability": None, "check": learned(0.0, 0.1).as_dict()}
+                 for k in ("kda-hybrid", "gdn-hybrid", "recurrent")}, []))
 
 
 @pytest.mark.parametrize("learns", [False, True])
 def test_trained_section_writes_only_checked_figures(monkeypatch, tmp_path, learns):
-    import storelab.train as train_pkg
     from storelab.report.trained_section import trained_section
 
-    subject = Oracle if learns else (lambda task: untrained("hybrid", task))
-    monkeypatch.setattr(train_pkg, "train_dictionary_hybrid", _fake_training(subject))
+    fake_subjects(monkeypatch, (lambda name, task: Oracle(task)) if learns else
+                  (lambda name, task: untrained("hybrid", task)))
     res = trained_section(Context(out=tmp_path, quick=True))
     claims = {c.claim: c for c in res.claims}
     probes = res.tables[1].rows
     if not learns:
-        assert "The state swap measured nothing here (not learned" in res.text and "%" not in res.text
+        assert "The state swap measured nothing in kda-hybrid (seed 0: not learned" in res.text and "%" not in res.text
         assert {c.status for c in claims.values()} == {NOT_MEASURED}
         assert all("model did not learn" in c.reason for c in claims.values())
         no_fraction_in([[r[0], r[1]] for r in probes])
         assert "not learned" in [r[1] for r in probes]
     else:
-        assert "the caches 100%: the stored value went through the attention caches" in res.text
-        assert "survived best with the states alone" in res.text
+        assert "the caches 100% (mean of 1 seeds): the stored value went through the attention caches" in res.text
+        assert "survived best with its states alone" in res.text
         by = {k.split(" (")[0]: c.status for k, c in claims.items()}
         assert by["exact recall runs through the attention caches"] == "reproduced"
         assert by["the recurrent states carry almost none of it"] == "differs"        # 0 %: below the essay's 0.2
         assert by["with the caches alone the value is retrieved"] == "reproduced"     # 100 % against 89 %: in 25 %
+        assert by["with the state alone the value is never retrieved"] == "reproduced"
         assert by["the recurrent state carries the answer's language"] == "differs"   # 100 % against 70 %
-        assert ["state swap: fraction moved by the attention caches", 1.0, "96 to 100 %"] in probes
+        assert ["state swap: shift moved by the attention caches", "100%, 1 of 1 seeds", "96 to 100 %"] in probes
 
 
 def test_sweep_section_leaves_out_points_that_did_not_learn(monkeypatch, tmp_path):
-    import storelab.train as train_pkg
+    from storelab.report import sweep_section as sweep
+    from storelab.subjects import SIZES
+
+    def make(name, task):   # the GDN hybrid did not learn; kda-small keeps its dictionary in its state
+        if name == "gdn-hybrid":
+            return untrained("hybrid", task)
+        return StateOracle(task) if name == "kda-small" else Oracle(task)
+
+    fake_subjects(monkeypatch, make)
+    res = sweep.sweep_section(Context(out=tmp_path, quick=True))
+    kda, gdn = res.tables[0], res.tables[1]
+    assert [r[0] for r in kda.rows] == list(SIZES) and all(r[4:6] == ["0%, 1 of 1 seeds", "100%, 1 of 1 seeds"]
+                                                          for r in kda.rows)
+    assert all(r[4:6] == ["not learned", "not learned"] for r in gdn.rows)
+    assert "kda-hybrid: At every measured size, 1 to 32 entries, the larger share of the answer's shift went " \
+           "through the caches" in res.text
+    assert "gdn-hybrid: No size measured anything" in res.text
+    div = res.data["division"]
+    assert div["answer"].startswith("learned: at 1 to 4 entries")
+    (c,) = [c for c in res.claims if "division" in c.claim]
+    assert c.status == "reproduced"
+    assert (tmp_path / "sweep_shares.png").is_file()
+    none = [{"entries": n, "recurrent_fraction": None, "cache_fraction": None} for n in (4, 8)]
+    assert sweep.crossing(none, 8).startswith("No size measured anything")
+
+
+def test_division_says_capacity_when_both_read_the_state(monkeypatch, tmp_path):
     from storelab.report import sweep_section as sweep
 
-    calls = iter([Oracle, lambda task: untrained("hybrid", task)])     # 4 entries learned, 40 did not
-    monkeypatch.setattr(train_pkg, "train_dictionary_hybrid", _fake_training(lambda task: next(calls)(task)))
-    monkeypatch.setattr(sweep, "QUICK_ENTRIES", (4, 40))
+    fake_subjects(monkeypatch, lambda name, task: StateOracle(task))
     res = sweep.sweep_section(Context(out=tmp_path, quick=True))
-    (table,) = res.tables
-    first, second = table.rows
-    assert first[-2:] == [0.0, 1.0] and second[-2:] == ["not learned", "not learned"]
-    assert "At every point that learned the larger share of the answer's shift went through the attention caches" \
-        in res.text and "The points at 40 entries are left out: not learned" in res.text
-    assert [r["valid"] for r in res.data["rows"]] == [True, False]
-    none = [{"entries": n, "valid": False, "reason": "not learned: ..."} for n in (4, 8)]
-    assert sweep._crossing(none).startswith("No point measured anything")
+    assert res.data["division"]["answer"].startswith("capacity, not training: both read small dictionaries "
+                                                    "through their states")
+    (c,) = [c for c in res.claims if "division" in c.claim]
+    assert c.status == "differs"
+
+
+def test_sweep_section_on_untrained_models_measures_nothing(monkeypatch, tmp_path):
+    from storelab.report import sweep_section as sweep
+
+    fake_subjects(monkeypatch, lambda name, task: untrained("pattern:KKKA", task, n_layers=4), forgetting_too=True)
+    res = sweep.sweep_section(Context(out=tmp_path, quick=True))
+    assert res.data["division"]["answer"].startswith("not measured")
+    assert {c.status for c in res.claims} == {NOT_MEASURED}
+    assert all(r[1:] == ["not learned"] * 3 for r in res.tables[-1].rows)      # forgetting: no half-life printed
 
 
 def test_report_says_what_was_not_measured(tmp_path, monkeypatch):

@@ -1,10 +1,7 @@
-"""The report's trained hybrid at a longer context, and section 8's sweep of dictionary entries against the
-recurrent state's capacity, at tiny sizes (seconds of training: the structure, not what is learned; a point
-that did not learn keeps no fraction, ``storelab.probes.validity``)."""
+"""The dictionary hybrid's training options (``storelab.train.budget``), and section 8's sentence on which store
+carries the value at each size (a point that measured nothing is left out and named)."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
@@ -12,9 +9,6 @@ from storelab.report import sweep_section as sweep
 from storelab.report.core import Context
 from storelab.tasks import make_task
 from storelab.train.budget import REPORT_PAIRS, dictionary_config, dictionary_task_options
-
-TINY = dict(task_preset="tiny", threads=1, batch_size=8, eval_examples=8)
-
 
 def test_dictionary_task_options():
     assert dictionary_task_options() == {}
@@ -36,39 +30,14 @@ def test_report_run_is_four_times_the_context():
     assert cfg.model_options == dictionary_config(0).model_options  # the same hybrid, the same budget
 
 
-def test_capacity_sweep_rows():
-    rows = sweep.capacity_sweep((4, 8), seconds_each=1.0, n_probe=8, **TINY)
-    assert [r["entries"] for r in rows] == [4, 8]
-    for r in rows:
-        assert r["d"] == 32 and r["entries_over_d"] == r["entries"] / 32
-        assert r["prompt_tokens"] == 2 * r["entries"] + 17  # BOS LANG, n pairs, 4 query blocks
-        assert r["steps"] >= 1 and 0 <= r["retrieval"] <= 1
-        assert 0 <= r["answer_accuracy"] <= 1 and r["chance"] > 0
-        if r["valid"]:     # a second of training rarely learns; then the check withholds the fractions
-            assert math.isfinite(r["recurrent_fraction"]) and math.isfinite(r["cache_fraction"])
-        else:
-            assert r["recurrent_fraction"] is None and r["cache_fraction"] is None
-            assert r["reason"].startswith(("not learned", "no effect to divide"))
-    assert rows[0]["params"] == rows[1]["params"]  # one vocabulary for every point
-
-
-def test_sweep_section_renders(monkeypatch, tmp_path):
-    monkeypatch.setattr(sweep, "QUICK_ENTRIES", (4, 40))
-    monkeypatch.setattr(sweep, "QUICK_SECONDS_EACH", 1.0)
-    res = sweep.sweep_section(Context(out=tmp_path, quick=True))
-    (table,) = res.tables
-    assert [row[0] for row in table.rows] == [4, 40] and len(table.columns) == len(table.rows[0])
-    assert "d = 32" in res.text and ("At every point" in res.text or "between 4 and 40" in res.text
-                                     or "No point measured anything" in res.text)
-    assert [r["entries"] for r in res.data["rows"]] == [4, 40]
-
-
 def test_crossing_sentence():
-    rows = [{"entries": 4, "entries_over_d": 0.125, "recurrent_fraction": 0.7, "cache_fraction": 0.2, "valid": True},
-            {"entries": 64, "entries_over_d": 2.0, "recurrent_fraction": 0.1, "cache_fraction": 0.9, "valid": True}]
-    assert "from the states to the caches between 4 and 64" in sweep._crossing(rows)
-    assert "the attention caches" in sweep._crossing(rows[1:])
-    lost = {"entries": 32, "entries_over_d": 1.0, "recurrent_fraction": None, "cache_fraction": None, "valid": False,
-            "reason": "not learned: answer accuracy 0.01 vs chance 0.02 (needs >= chance + 0.2)"}
-    said = sweep._crossing([rows[0], lost, rows[1]])       # a point that did not learn is left out, and said so
-    assert "between 4 and 64" in said and "The points at 32 entries are left out: not learned" in said
+    def row(n, r, c):
+        f = (lambda x: None if x is None else {"mean": x, "min": x, "max": x, "seeds": 3, "of": 3})
+        return {"entries": n, "recurrent_fraction": f(r), "cache_fraction": f(c)}
+
+    rows = [row(1, 0.7, 0.2), row(8, 0.4, 0.5), row(32, 0.1, 0.9)]
+    said = sweep.crossing(rows, 8)
+    assert said == "The store carrying the larger share, by entries: 1 (0.12 d): states; 8 (1 d): caches; 32 (4 d): caches."
+    assert "At every measured size, 8 to 32 entries" in sweep.crossing(rows[1:], 8)
+    said = sweep.crossing([rows[0], row(4, None, None), rows[1]], 8)      # a point not measured is left out, and said so
+    assert said.endswith("Left out (no seed measured anything): 4 entries.") and "4 (0.5 d)" not in said

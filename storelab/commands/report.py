@@ -21,17 +21,23 @@ def register(app: typer.Typer) -> None:
                                            "during its call (checkpoints larger than memory)."),
                device: str = opt.device(),
                dtype: str = opt.dtype(),
+               retrain: bool = typer.Option(False, "--retrain", help="Train the subjects of sections 7 and 8 afresh "
+                                            "by their recipes into OUT/subjects (about an hour on 2 cores) and probe "
+                                            "those instead of the shipped ones."),
+               subjects: Path = typer.Option(None, "--subjects", help="A folder of trained subjects (`storelab "
+                                             "subjects train --all --out DIR`) for sections 7 and 8."),
                json_: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
         """The essay's claims beside what the code measures, as a self-contained HTML page."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         from storelab.outputs import check_folder
         from storelab.report import build_report
-        from storelab.report.build import FILES, check_checkpoint, default_sections
+        from storelab.report.build import FILES, check_checkpoint, check_subjects, default_sections
         from storelab.report.core import ledger
 
         with opt.user_errors():
             check_folder(out, "report", FILES, force=force)  # before the sections run
+            check_subjects(out, subjects, retrain, force=force)
             if checkpoint is not None:
                 check_checkpoint(checkpoint)
             elif stream:
@@ -47,7 +53,10 @@ def register(app: typer.Typer) -> None:
                 out, quick=quick, sections=sections,
                 on_start=lambda s: prog.update(task, description=f"section: {s.title}"),
                 on_end=lambda oc: prog.update(task, advance=1, description=f"{'done' if oc.ok else 'FAILED'}: {oc.section.title}"),
-                force=force, checkpoint=checkpoint, stream=stream, device=device, dtype=dtype)
+                force=force, checkpoint=checkpoint, stream=stream, device=device, dtype=dtype,
+                subjects=subjects, retrain=retrain,
+                on_retrain=lambda m: prog.update(task, description=f"retrained {m['name']} seed {m['seed']} "
+                                                 f"({m['seconds']:.0f} s, {m['verdict']})"))
         failed = [oc.section.key for oc in outcomes if not oc.ok]
         placed = next((oc.result.data for oc in outcomes if oc.section.key == "checkpoint" and oc.ok), None)
         if json_:

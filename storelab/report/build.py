@@ -14,7 +14,7 @@ from storelab.report import render
 from storelab.report.core import Context, Section, SectionOutcome, ledger, run_sections
 
 
-FILES = ("report.html", "report.md", "report.json", "*.png", "capacity", "depth")  # what a report folder holds
+FILES = ("report.html", "report.md", "report.json", "*.png", "capacity", "depth", "subjects")  # what a report folder holds
 
 
 def default_sections(checkpoint: str | Path | None = None) -> list[Section]:
@@ -51,22 +51,67 @@ def check_checkpoint(checkpoint: str | Path) -> Path:
     return p
 
 
+def check_subjects(out: Path, subjects: str | Path | None, retrain: bool, *, force: bool = False) -> Path | None:
+    """The subjects folder sections 7 and 8 read, checked before any work: ``--subjects DIR`` must hold every
+    subject and seed; ``--retrain`` writes into ``out/subjects`` (a subjects folder, or new)."""
+    from storelab.outputs import check_folder as _check
+    from storelab.subjects import FILES as SUBJECT_FILES, RECIPES, SEEDS, shipped
+
+    if retrain:
+        if subjects is not None:
+            raise ValueError("--retrain: trains the subjects into the report's folder; give it or --subjects, not both")
+        return _check(out / "subjects", "subjects", SUBJECT_FILES, force=force, option="--retrain")
+    if subjects is None:
+        return None
+    p = Path(subjects)
+    if not p.is_dir():
+        raise ValueError(f"--subjects: {p} is not a folder")
+    have = set(shipped(p))
+    missing = [f"{n} seed {s}" for n in RECIPES for s in SEEDS if (n, s) not in have]
+    if missing:
+        raise ValueError(f"--subjects: {p} lacks {missing[0]}"
+                         f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''} "
+                         f"(`storelab subjects train --all --out {p}` trains them)")
+    return p
+
+
+def retrain_subjects(folder: Path, on_each: Callable[[dict], None] | None = None) -> dict:
+    """Every subject and seed trained by its recipe into ``folder``; how long it took."""
+    import os
+    import time
+
+    from storelab.subjects import RECIPES, SEEDS, train_many
+
+    t0 = time.time()
+    done = train_many([(n, s) for n in RECIPES for s in SEEDS], folder, workers=min(2, os.cpu_count() or 1),
+                      say=on_each)
+    return {"seconds": time.time() - t0, "trained": done}
+
+
 def build_report(out: str | Path = "report", *, quick: bool = False, sections: list[Section] | None = None,
                  on_start: Callable[[Section], None] | None = None,
                  on_end: Callable[[SectionOutcome], None] | None = None,
                  force: bool = False, checkpoint: str | Path | None = None,
                  stream: bool = False, device: str = "cpu",
-                 dtype: str | None = None) -> tuple[dict[str, Path], list[SectionOutcome]]:
+                 dtype: str | None = None, subjects: str | Path | None = None,
+                 retrain: bool = False, on_retrain: Callable[[dict], None] | None = None
+                 ) -> tuple[dict[str, Path], list[SectionOutcome]]:
     """Run the sections, then write the report into ``out``. The folder is checked first
     (``storelab.outputs``): a report folder is rewritten, a new or empty one filled; any other
     kind, or a folder holding a file of the report's names, is refused unless ``force``.
     ``checkpoint``: a model folder (with tokenizer.json) adds the checkpoint section, the probes run on
-    it (``stream``: its layers' weights read during their calls) on ``device`` in ``dtype`` (None: its own)."""
+    it (``stream``: its layers' weights read during their calls) on ``device`` in ``dtype`` (None: its own).
+    ``subjects``: a folder of trained subjects for sections 7 and 8 (None: the shipped ones); ``retrain``:
+    train every subject afresh by its recipe into ``out/subjects`` first (``on_retrain`` after each) and
+    probe those."""
     out = Path(out)
     check_folder(out, "report", FILES, force=force)
     ckpt = None if checkpoint is None else check_checkpoint(checkpoint)
+    subjects = check_subjects(out, subjects, retrain, force=force)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(out=out, quick=quick, checkpoint=ckpt, stream=stream, device=device, dtype=dtype)
+    retrained = retrain_subjects(subjects, on_retrain) if retrain else None
+    ctx = Context(out=out, quick=quick, checkpoint=ckpt, stream=stream, device=device, dtype=dtype,
+                  subjects=subjects)
     outcomes = run_sections(sections if sections is not None else default_sections(ckpt), ctx, on_start, on_end)
     claims = ledger(outcomes)
     meta = {
@@ -75,6 +120,11 @@ def build_report(out: str | Path = "report", *, quick: bool = False, sections: l
                      f"on {platform.machine()} with torch {torch.__version__}, {torch.get_num_threads()} threads."),
         "quick": quick,
         "failed_sections": [oc.section.key for oc in outcomes if not oc.ok],
+        "subjects": "shipped" if subjects is None else str(subjects),
     }
+    if retrained is not None:
+        meta["retrain_seconds"] = retrained["seconds"]
+        meta["subtitle"] += (f" The trained subjects were retrained into {subjects} in "
+                             f"{retrained['seconds'] / 60:.0f} min.")
     paths = render.write(out, outcomes, claims, meta)
     return paths, outcomes

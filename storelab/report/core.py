@@ -110,6 +110,7 @@ class Context:
     stream: bool = False             # read its layers' weights during their calls
     device: str = "cpu"              # where the checkpoint's model runs (storelab report --device)
     dtype: str | None = None         # its parameters' dtype (None: the checkpoint's own)
+    subjects: Path | None = None     # the trained subjects sections 7 and 8 probe (None: the shipped ones)
 
 
 @dataclass

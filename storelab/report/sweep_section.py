@@ -1,97 +1,205 @@
-"""Section 8 of the report: where the stored value goes as the dictionary outgrows the state.
+"""Section 8 of the report: where the stored value goes as the dictionary grows, and whether that is learned.
 
-The hybrid of section 7 (three KDA layers to one attention layer, per-head key width d = 32) is
-trained afresh for each number of dictionary entries n, every prompt holding exactly n, from well
-below d to above it; the state-swap probe (Lee et al., arXiv 2609.33093) then measures which store
-moves the answer when one stored value changes. A delta-rule state of d x d per head holds about d
-associations with nearly orthogonal keys (arXiv 2102.11174); below that the recurrent layers can carry
-the value, above it they cannot all of it, and the cache must. One vocabulary (``n_symbols`` keys
-and values) serves every point, so only the number of entries, and with it the prompt length
-(2 n + 17 tokens), changes. A point whose hybrid did not learn (or whose swap moved nothing) keeps
-its accuracy and chance but no fraction, and the sentence on where the value goes reads only the
-points that learned (``storelab.probes.validity``).
+Three measurements on the trained subjects (``storelab.subjects``), three seeds each:
+
+1. **The curve.** The two 3:1 hybrids (KDA and Gated DeltaNet, recurrent heads of d = 8) probed by the
+   state swap (Lee et al., arXiv 2609.33093) at every size from d/8 to 4 d entries (``SIZES``): the share
+   of the answer's shift that the recurrent states and the caches move, mean and spread over the seeds
+   whose check passed, as a table and a figure. A point where no seed learned or the swap moved nothing
+   is marked and left out of the figure. A delta-rule state of d x d holds about d associations (arXiv
+   2102.11174); the subjects trained on a mixture of sizes, 60 % of prompts at 2 d to 4 d.
+2. **The division is learned** (the essay, section 3: "Capacity is compatible with this division but does
+   not explain it. [...] The division is learned."). At the small sizes (1, 2 and 4 entries, at most d/2,
+   where a state could hold every entry), compare the hybrid trained on the mixture with the same hybrid
+   trained on small dictionaries only (``kda-small``). If the mixture's hybrid reads small dictionaries
+   through its caches while the small-only one reads them through its states, which store carries the
+   value follows what training asked of the model, not what the state could hold at that size.
+3. **Forgetting** (GateSight's probe, ``storelab.probes.forgetting``): each recurrent head's half-life on
+   the task's prompts and how stable the heads' ranking from fast to slow is across prompts.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from storelab.report.core import Context, SectionResult, Table
-from storelab.report.probe_rows import cell
+from storelab.report.core import Claim, Context, SectionResult, Table, checked_claim
+from storelab.report.subject_probes import Subjects, combined, show, spread
+from storelab.report.trained_section import HYBRIDS, subjects_of
 
-# entries per prompt against the per-head d of 32: an eighth of it to twice it
-ENTRIES = (4, 8, 16, 32, 64)
-SECONDS_EACH = 90.0
-QUICK_ENTRIES = (4, 40)  # --quick: two points, a smoke check
-QUICK_SECONDS_EACH = 5.0
+S = "trained hybrid"
+SMALL_SIZES = (1, 2, 4)
+ESSAY_LEARNED = ("Capacity is compatible with this division but does not explain it. [...] recall through the state "
+                 "fails even in minimal versions of their tasks. The division is learned.")
 
 
-def capacity_sweep(entries: tuple[int, ...] = ENTRIES, seconds_each: float = SECONDS_EACH, *, seed: int = 0,
-                   n_probe: int = 64, **overrides: Any) -> list[dict[str, Any]]:
-    """One trained hybrid per number of entries; per point the training figures and the swap's fractions.
-
-    ``overrides`` go to ``train_dictionary_hybrid`` (model options, batch size, threads)."""
+def curve(subs: Subjects, name: str, sizes: tuple[int, ...], examples: int) -> list[dict[str, Any]]:
+    """Per size, the state swap on every seed of ``name`` and its summary."""
     from storelab.probes.swap import state_swap
-    from storelab.tasks import make_task
-    from storelab.train import train_dictionary_hybrid
 
-    n_symbols = max(entries) + 8  # one vocabulary for every point, and spare values for the swap
     rows = []
-    for n in entries:
-        model, m = train_dictionary_hybrid(seconds_each, seed, pairs=(n, n), n_symbols=n_symbols, **overrides)
-        swap = state_swap(model, make_task(**m["task_config"]), n=n_probe, seed=1)
-        d = min(m["state_head_dims"])
-        rows.append({"entries": n, "d": d, "entries_over_d": n / d, "prompt_tokens": m["prompt_tokens"],
-                     "params": m["params"], "steps": m["steps"], "seconds": m["seconds"],
-                     "retrieval": m["retrieval"], "compliance": m["compliance"],
-                     "answer_accuracy": swap["answer_accuracy"], "chance": swap["chance"],
-                     "valid": swap["valid"], "reason": swap["reason"], "validity": swap["validity"],
-                     "recurrent_fraction": swap["recurrent_fraction"], "cache_fraction": swap["cache_fraction"]})
+    for n in sizes:
+        swaps = subs.at(name, n, state_swap, n=examples, seed=1)
+        rows.append({"entries": n, "check": combined([s["validity"] for s in swaps]),
+                     "recurrent_fraction": spread([s["recurrent_fraction"] for s in swaps]),
+                     "cache_fraction": spread([s["cache_fraction"] for s in swaps]),
+                     "answer_accuracy": spread([s["answer_accuracy"] for s in swaps]),
+                     "chance": swaps[0]["chance"],
+                     "per_seed": [{k: s[k] for k in ("recurrent_fraction", "cache_fraction", "answer_accuracy",
+                                                     "valid", "reason")} for s in swaps]})
     return rows
 
 
-def _crossing(rows: list[dict[str, Any]]) -> str:
-    """One sentence on where the recurrent and cache fractions cross, from the checked rows only."""
-    left_out = [r for r in rows if not r["valid"]]
-    rows = [r for r in rows if r["valid"]]
-    if not rows:
-        return ("No point measured anything: at every size the swap found no effect to divide (the hybrid did not "
-                "learn the task, or the swap did not move its answer), so no share is printed and nothing is "
-                "concluded about where the stored value goes.")
-    gone = ""
-    if left_out:
-        gone = (f" The points at {', '.join(str(r['entries']) for r in left_out)} entries are left out: "
-                f"{'; '.join(r['reason'] for r in left_out)}.")
-    lead = ["state" if r["recurrent_fraction"] > r["cache_fraction"] else "cache" for r in rows]
-    every = "every point" if not left_out else "every point that learned"
-    if len(set(lead)) == 1:
-        where = "the recurrent states" if lead[0] == "state" else "the attention caches"
-        return f"At {every} the larger share of the answer's shift went through {where}.{gone}"
-    i = next(i for i in range(1, len(lead)) if lead[i] != lead[i - 1])
-    a, b = rows[i - 1], rows[i]
-    return (f"The larger share moved from {'the states' if lead[i - 1] == 'state' else 'the caches'} to "
-            f"{'the states' if lead[i] == 'state' else 'the caches'} between {a['entries']} and {b['entries']} "
-            f"entries ({a['entries_over_d']:.2g} and {b['entries_over_d']:.2g} times d).{gone}")
+def lead(row: dict[str, Any]) -> str | None:
+    r, c = row["recurrent_fraction"], row["cache_fraction"]
+    if r is None or c is None:
+        return None
+    return "states" if r["mean"] > c["mean"] else "caches"
+
+
+def crossing(rows: list[dict[str, Any]], d: int) -> str:
+    """One sentence on which store leads at each size, from the measured points only."""
+    left_out = [r["entries"] for r in rows if lead(r) is None]
+    measured = [r for r in rows if lead(r) is not None]
+    gone = f" Left out (no seed measured anything): {', '.join(map(str, left_out))} entries." if left_out else ""
+    if not measured:
+        return "No size measured anything: no share is printed and nothing is concluded." + gone
+    leads = [lead(r) for r in measured]
+    if len(set(leads)) == 1:
+        return f"At every measured size, {measured[0]['entries']} to {measured[-1]['entries']} entries, the larger share " \
+               f"of the answer's shift went through the {leads[0]}.{gone}"
+    parts = [f"{r['entries']} ({r['entries'] / d:.2g} d): {lead(r)}" for r in measured]
+    return "The store carrying the larger share, by entries: " + "; ".join(parts) + "." + gone
+
+
+def division(subs: Subjects, examples: int) -> dict[str, Any]:
+    """Item 4: at the small sizes, the mixture-trained hybrid against the small-only one."""
+    out: dict[str, Any] = {"sizes": list(SMALL_SIZES)}
+    for name in ("kda-hybrid", "kda-small"):
+        out[name] = curve(subs, name, SMALL_SIZES, examples)
+    mix = [lead(r) for r in out["kda-hybrid"]]
+    small = [lead(r) for r in out["kda-small"]]
+    if any(x is None for x in mix + small):
+        answer = ("not measured: at some small size a model did not learn or the swap moved nothing, so the two "
+                  "cannot be compared there")
+    elif all(x == "caches" for x in mix) and all(x == "states" for x in small):
+        answer = ("learned: at 1 to 4 entries, where a state holds every entry, the hybrid trained mostly on large "
+                  "dictionaries reads the value through its caches, and the same hybrid trained on small ones only "
+                  "reads it through its states")
+    elif mix == small:
+        answer = (f"capacity, not training: both read small dictionaries through their {mix[0]}, whatever they "
+                  "were trained on")
+    else:
+        answer = ("mixed: by size, the mixture's hybrid leads with " + ", ".join(mix) + " and the small-only one with "
+                  + ", ".join(small))
+    out["answer"] = answer
+    return out
+
+
+def forgetting_rows(subs: Subjects, n: int) -> tuple[list[list], dict[str, Any], list[dict]]:
+    """Half-lives and the ranking's stability per recurrent subject and seed, on the task's prompts."""
+    from storelab.probes.forgetting import forgetting
+
+    rows, data, checks = [], {}, []
+    for name in (*HYBRIDS, "recurrent"):
+        rs = subs.at(name, n, forgetting, n=16, seed=3)
+        med = spread([r["median_half_life"] for r in rs])
+        rank = spread([r["ranking_stability"] for r in rs])
+        low = spread([r.get("ranking_stability_min") for r in rs])
+        chk = combined([r["validity"] for r in rs])
+        checks.append(chk)
+        data[name] = {"median_half_life": med, "ranking_stability": rank, "ranking_stability_min": low,
+                      "check": chk, "per_seed": [{k: r.get(k) for k in ("median_half_life", "ranking_stability",
+                                                                        "ranking_stability_min", "valid", "reason")}
+                                                 for r in rs]}
+        v = chk["verdict"]
+        rows.append([name, show(med, v, pct=False) if chk["valid"] else v,
+                     show(rank, v, pct=False) if chk["valid"] else v,
+                     show(low, v, pct=False) if chk["valid"] else v])
+    return rows, data, checks
+
+
+def figure(out: Path, curves: dict[str, list[dict]], d: int) -> Path:
+    """Shares moved by the states and by the caches against n / d, one panel per hybrid, seeds' spread as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), sharey=True)
+    for ax, (name, rows) in zip(axes if len(curves) > 1 else [axes], curves.items()):
+        for key, label, color in (("recurrent_fraction", "recurrent states", "tab:orange"),
+                                  ("cache_fraction", "attention caches", "tab:blue")):
+            pts = [(r["entries"] / d, r[key]) for r in rows if r[key] is not None]
+            if not pts:
+                ax.text(0.5, 0.5 if key == "cache_fraction" else 0.6, f"{label}: nothing measured",
+                        transform=ax.transAxes, ha="center", fontsize=8)
+                continue
+            x = [p[0] for p in pts]
+            m = [p[1]["mean"] for p in pts]
+            err = [[p[1]["mean"] - p[1]["min"] for p in pts], [p[1]["max"] - p[1]["mean"] for p in pts]]
+            ax.errorbar(x, m, yerr=err, marker="o", capsize=3, label=label, color=color)
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("entries n / d (d = %d)" % d)
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    (axes[0] if len(curves) > 1 else axes).set_ylabel("share of the answer's shift moved")
+    ax.set_xlim(2 ** -3.5, 2 ** 2.5)
+    first = axes[0] if len(curves) > 1 else axes
+    if first.get_legend_handles_labels()[0]:
+        first.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "sweep_shares.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _table(rows: list[dict], d: int) -> list[list]:
+    return [[r["entries"], f"{r['entries'] / d:.3g}", show(r["answer_accuracy"]), f"{r['chance']:.4f}",
+             show(r["recurrent_fraction"]) if r["check"]["valid"] else r["check"]["verdict"],
+             show(r["cache_fraction"]) if r["check"]["valid"] else r["check"]["verdict"],
+             "" if r["check"]["valid"] and "seed" not in r["check"]["reason"] else r["check"]["reason"]]
+            for r in rows]
 
 
 def sweep_section(ctx: Context) -> SectionResult:
-    entries, seconds = (QUICK_ENTRIES, QUICK_SECONDS_EACH) if ctx.quick else (ENTRIES, SECONDS_EACH)
-    overrides = dict(task_preset="tiny", eval_examples=32, batch_size=16) if ctx.quick else {}
-    rows = capacity_sweep(entries, seconds, seed=ctx.seed, n_probe=16 if ctx.quick else 64, **overrides)
-    d = rows[0]["d"]
-    table = [[r["entries"], round(r["entries_over_d"], 3), r["prompt_tokens"], r["steps"], r["retrieval"],
-              r["answer_accuracy"], r["chance"], cell(r["recurrent_fraction"], r["validity"]),
-              cell(r["cache_fraction"], r["validity"])] for r in rows]
+    from storelab.subjects import HEAD_DIM, SIZES
+
+    subs = subjects_of(ctx)
+    examples = 32 if ctx.quick else 96
+    d = HEAD_DIM
+    curves = {name: curve(subs, name, SIZES, examples) for name in HYBRIDS}
+    div = division(subs, examples)
+    f_rows, f_data, _ = forgetting_rows(subs, 16)
+    fig = figure(ctx.out, curves, d)
+    cols = ["entries n", "n / d", "clean prompts right", "chance", "moved by the states", "moved by the caches",
+            "checks that failed"]
+    tables = [Table(f"{name}: the state swap by entries (d = {d}; mean [lowest, highest] over seeds)", cols,
+                    _table(rows, d)) for name, rows in curves.items()]
+    tables.append(Table("The division is learned? At 1 to 4 entries (a state holds every one): trained on the mixture "
+                        "(kda-hybrid) against trained on small dictionaries only (kda-small)",
+                        ["subject", *cols], [[name, *row] for name in ("kda-hybrid", "kda-small")
+                                             for row in _table(div[name], d)]))
+    tables.append(Table("Forgetting on the task's prompts (16 entries): each recurrent head's half-life, the median over "
+                        "heads, and the ranking of heads from fast to slow across prompts (mean and lowest Spearman)",
+                        ["subject", "median half-life (tokens)", "ranking stability (mean)", "ranking stability (lowest pair)"],
+                        f_rows))
+    how = "the trained subjects kda-hybrid and kda-small (d = 8), state swap at 1, 2 and 4 entries, three seeds"
+    chk = f_data["kda-hybrid"]["check"]
+    claims = [Claim(S, "the division of labour is learned, not forced by capacity", "learned",
+                    div["answer"].split(":")[0], reason=div["answer"] + f" ({how})",
+                    status="" if not div["answer"].startswith("not measured") else "not measured"),
+              checked_claim(S, "the ranking of recurrent heads from fast to slow is almost the same for every document",
+                            1.0, (f_data["kda-hybrid"]["ranking_stability"] or {}).get("mean"), chk,
+                            within=(0.8, 1.0), reason="mean Spearman between prompts, kda-hybrid's seeds"),
+              ]
     return SectionResult(
-        text=(f"The hybrid of section 7 trained once per dictionary size, {seconds:.0f} s each, every prompt holding "
-              f"exactly n entries, n from {entries[0]} to {entries[-1]} against the recurrent state's per-head key "
-              f"width d = {d}; then the state swap: the fraction of the answer's shift that patching all recurrent "
-              "states, or all attention caches, moves (1: all of it). Below d a state can hold every entry; above it "
-              "it cannot, and the essay's large models, on long prompts, answer from the cache. A point's fractions "
-              "count only where its hybrid answers the swap's prompts above chance and the swap moves the answer "
-              "(storelab.probes.validity); elsewhere the table says why. "
-              + _crossing(rows)),
-        tables=[Table(f"Entries against the state's capacity (d = {d})",
-                      ["entries n", "n / d", "prompt tokens", "steps", "retrieval", "swap: answers right",
-                       "chance", "moved by the states", "moved by the caches"], table)],
-        data={"rows": rows, "seconds_each": seconds})
+        text=(f"The two 3:1 hybrids of section 7 (recurrent heads of d = {d}), probed by the state swap at every size "
+              f"from {SIZES[0]} to {SIZES[-1]} entries (d/8 to 4 d), three seeds each; a point counts only from seeds "
+              "whose model answers above chance and whose swap moves the answer. "
+              + " ".join(f"{name}: {crossing(rows, d)}" for name, rows in curves.items())
+              + f" The essay: \"{ESSAY_LEARNED}\" Measured here: {div['answer']}."),
+        tables=tables, figures=[fig], claims=claims,
+        data={"curves": curves, "division": div, "forgetting": f_data, "d": d})

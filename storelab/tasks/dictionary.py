@@ -32,6 +32,7 @@ is how the probes score retrieval and compliance separately.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -59,6 +60,9 @@ class DictionaryLanguage(Task):
     pairs_min: int = 15
     pairs_max: int = 30
     n_queries: int = 1
+    pairs_dist: str = "uniform"  # how a prompt's number of entries is drawn: "uniform" or "log" (log-uniform)
+    pairs_mix: tuple = ()        # or a mixture: ((share, fewest, most), ...), each part uniform, shares summing to 1
+    queries_repeat: bool = False  # a prompt with fewer entries than n_queries asks some keys again
     mapping_seed: int = 0
     vocab_size: int = 0  # derived; 0 = compute (a value given must match)
 
@@ -69,8 +73,17 @@ class DictionaryLanguage(Task):
                    f"need 1 <= pairs_min <= pairs_max, got {self.pairs_min}, {self.pairs_max}")
         self.check(self.pairs_max <= min(self.n_keys, self.n_values), "pairs_max",
                    f"{self.pairs_max} pairs need as many distinct keys and values (have {self.n_keys}, {self.n_values})")
-        self.check(self.n_queries <= self.pairs_min, "n_queries",
-                   f"must be <= pairs_min ({self.pairs_min}), got {self.n_queries}")
+        self.check(self.queries_repeat or self.n_queries <= self.pairs_min, "n_queries",
+                   f"must be <= pairs_min ({self.pairs_min}) unless queries_repeat, got {self.n_queries}")
+        self.check(self.pairs_dist in ("uniform", "log"), "pairs_dist",
+                   f"one of uniform, log; got {self.pairs_dist!r}")
+        self.pairs_mix = tuple(tuple(p) for p in self.pairs_mix)
+        for p in self.pairs_mix:
+            self.check(len(p) == 3 and 0 < p[0] <= 1 and self.pairs_min <= p[1] <= p[2] <= self.pairs_max,
+                       "pairs_mix", f"each part is (share in (0, 1], fewest, most) within [pairs_min, pairs_max] "
+                       f"= [{self.pairs_min}, {self.pairs_max}]; got {p}")
+        self.check(not self.pairs_mix or abs(sum(p[0] for p in self.pairs_mix) - 1) < 1e-6, "pairs_mix",
+                   f"the shares must sum to 1, got {sum(p[0] for p in self.pairs_mix) if self.pairs_mix else 0}")
         need = self.out_start + self.n_languages * self.n_values
         self.check(self.vocab_size in (0, need), "vocab_size", f"is derived ({need}), got {self.vocab_size}")
         self.vocab_size = need
@@ -119,12 +132,14 @@ class DictionaryLanguage(Task):
         langs = torch.randint(self.n_languages, (n,), generator=g) if language is None else language.long()
         values = torch.zeros(n, Q, dtype=torch.long)
         answer_pos = torch.zeros(n, Q, dtype=torch.long)
-        pairs = torch.randint(self.pairs_min, self.pairs_max + 1, (n,), generator=g)
+        pairs = self.draw_pairs(n, g)
         for i in range(n):
             m = int(pairs[i])
             keys = torch.randperm(self.n_keys, generator=g)[:m]
             vals = torch.randperm(self.n_values, generator=g)[:m]
             asked = torch.randperm(m, generator=g)[:Q]
+            if m < Q:  # queries_repeat: the rest asked again, at random
+                asked = torch.cat([asked, torch.randint(m, (Q - m,), generator=g)])
             seq = [BOS, self.lang_start + int(langs[i])]
             for k, v in zip(keys.tolist(), vals.tolist()):
                 seq += [self.key_start + k, self.value_start + v]
@@ -141,6 +156,23 @@ class DictionaryLanguage(Task):
             targets[i] = torch.roll(targets[i], T - L)
             answer_pos[i] += T - L
         return Batch(inputs, targets, {"language": langs, "value": values, "answer_pos": answer_pos})
+
+    def draw_pairs(self, n: int, g: torch.Generator) -> Tensor:
+        """Entries of n prompts: uniform in [pairs_min, pairs_max], or log-uniform (``pairs_dist="log"``:
+        as many prompts between 4 and 8 entries as between 32 and 64, so a mixture of sizes that reaches far
+        above a state's capacity still holds enough small dictionaries to learn the lookup from)."""
+        if self.pairs_mix:
+            shares = torch.tensor([p[0] for p in self.pairs_mix], dtype=torch.float64)
+            part = torch.multinomial(shares, n, replacement=True, generator=g)
+            lo = torch.tensor([p[1] for p in self.pairs_mix])[part]
+            hi = torch.tensor([p[2] for p in self.pairs_mix])[part]
+            u = torch.rand(n, generator=g, dtype=torch.float64)
+            return (lo + (u * (hi - lo + 1)).floor().long()).clamp(max=hi)
+        if self.pairs_dist == "uniform":
+            return torch.randint(self.pairs_min, self.pairs_max + 1, (n,), generator=g)
+        lo, hi = math.log(self.pairs_min), math.log(self.pairs_max + 1)
+        u = torch.rand(n, generator=g, dtype=torch.float64)
+        return torch.exp(lo + u * (hi - lo)).floor().long().clamp(self.pairs_min, self.pairs_max)
 
     def answers(self, logits_BTV: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
         """(language, value index) of the argmax answer at every query, each [N, Q]."""
