@@ -158,3 +158,18 @@ def test_recurrent_control_fails_far_above_d():
     for seed in S.SEEDS:
         meta = S.read_meta("recurrent", seed)
         assert meta["held_out"][str(4 * S.HEAD_DIM)]["retrieval"] < 0.5
+
+
+def test_train_command_is_the_recipe():
+    import shlex
+
+    from storelab.commands.train import parse_options
+
+    for name in S.RECIPES:
+        cfg = S.train_config(name, 2)
+        words = shlex.split(S.train_command(name, 2))
+        pick = lambda flag: [words[i + 1] for i, w in enumerate(words) if w == flag]  # noqa: E731
+        assert parse_options(pick("--model-opt"), "m") == cfg.model_options
+        assert parse_options(pick("--task-opt"), "t") == cfg.task_options
+        assert pick("--model") == [cfg.model] and pick("--steps") == [str(cfg.steps)] and pick("--seed") == ["2"]
+        assert pick("--lr") == [str(cfg.lr)] and pick("--warmup") == [str(cfg.warmup)]

@@ -137,7 +137,7 @@ def figure(out: Path, curves: dict[str, list[dict]], d: int) -> Path:
                 continue
             x = [p[0] for p in pts]
             m = [p[1]["mean"] for p in pts]
-            err = [[p[1]["mean"] - p[1]["min"] for p in pts], [p[1]["max"] - p[1]["mean"] for p in pts]]
+            err = [[max(0.0, p[1]["mean"] - p[1]["min"]) for p in pts], [max(0.0, p[1]["max"] - p[1]["mean"]) for p in pts]]
             ax.errorbar(x, m, yerr=err, marker="o", capsize=3, label=label, color=color)
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)

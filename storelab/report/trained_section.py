@@ -61,7 +61,8 @@ def probe_hybrid(subs: Subjects, name: str, n: int = PROBE_N, examples: int = 12
            "check_retrieval": combined([c for c in ret if c]), "check_compliance": combined([c for c in com if c]),
            "recurrent_fraction": spread([s["recurrent_fraction"] for s in swaps]),
            "cache_fraction": spread([s["cache_fraction"] for s in swaps]),
-           "answer_accuracy": spread([s["answer_accuracy"] for s in swaps])}
+           "answer_accuracy": spread([s["answer_accuracy"] for s in swaps]),
+           "has_states": bool(swaps[0]["recurrent_layers"]), "has_caches": bool(swaps[0]["cache_layers"])}
     for where in ("cache_only", "state_only"):
         for w in ("retrieval", "compliance"):
             out[f"{where}_{w}"] = spread([k[where][w] for k in keeps])
@@ -96,6 +97,10 @@ def probe_rows(p: dict[str, Any]) -> list[list]:
     sw, rt, cm = p["check_swap"], p["check_retrieval"], p["check_compliance"]
 
     def c(key: str, check: dict) -> str:
+        if key == "recurrent_fraction" and not p["has_states"]:
+            return "none: no recurrent layers"
+        if key == "cache_fraction" and not p["has_caches"]:
+            return "none: no attention caches"
         return show(p[key], check["verdict"]) if check["valid"] else check["verdict"]
 
     return [

@@ -72,13 +72,13 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    Recipe("kda-hybrid", "KKKA", "3:1 KDA:attention (Kimi Linear, Kimi K3)", MIXTURE, steps=5000),
+    Recipe("kda-hybrid", "KKKA", "3:1 KDA:attention (Kimi Linear, Kimi K3)", MIXTURE, steps=8000),
     Recipe("gdn-hybrid", "GGGA", "3:1 Gated DeltaNet:attention (Qwen3.5, Qwen3.8)", MIXTURE, steps=8000),
     Recipe("attention", "WAAA", "attention only: a two-token window (the previous token, which the hybrids' short "
            "convolutions give them) then three full-attention layers; the caches hold every entry", MIXTURE,
            steps=5000, options=(("window", 2),)),
-    Recipe("recurrent", "KKKK", "KDA only: a d x d state per head, no cache; must fail at n >> d", MIXTURE,
-           steps=5000, must_learn=(1, 2, 4)),
+    Recipe("recurrent", "KKKK", "KDA only, one head of d = 8 a layer (its state: four 8 x 8 matrices), no cache; "
+           "must fail at n >> d", MIXTURE, steps=5000, must_learn=(1, 2, 4), options=(("n_heads", 1),)),
     Recipe("kda-small", "KKKA", "the 3:1 KDA hybrid trained on 1 to 4 entries only (the capacity control)",
            SMALL, steps=3000, must_learn=(1, 2, 4)),
 )}
@@ -108,7 +108,7 @@ def train_config(name: str, seed: int, *, threads: int = 1):
 
     r = recipe(name)
     return TrainConfig(model=f"pattern:{r.pattern}",
-                       model_options=dict(d_model=64, n_heads=4, head_dim=HEAD_DIM, d_ff=128, **dict(r.options)),
+                       model_options={**dict(d_model=64, n_heads=4, head_dim=HEAD_DIM, d_ff=128), **dict(r.options)},
                        task="dictionary", task_preset="small", task_options=task_options(r),
                        steps=r.steps, batch_size=r.batch_size, lr=r.lr, warmup=r.warmup, seed=seed,
                        eval_every=max(1, r.steps // 4), eval_examples=256, checkpoint_every=r.steps,
@@ -150,6 +150,20 @@ def command(name: str, seed: int) -> str:
     return f"storelab subjects train {name} --seed {seed}"
 
 
+def train_command(name: str, seed: int) -> str:
+    """The same run through ``storelab train`` (into a run folder; the weights are the same, the evaluations
+    use their own prompts and draw nothing from the training's random stream)."""
+    import shlex
+
+    c = train_config(name, seed)
+    opts = [f"--model-opt {k}={json.dumps(v)}" for k, v in c.model_options.items()]
+    opts += [f"--task-opt {shlex.quote(k + '=' + json.dumps(v, separators=(',', ':')))}"
+             for k, v in c.task_options.items()]
+    return (f"storelab train --model {c.model} --task {c.task} --size {c.task_preset} {' '.join(opts)} "
+            f"--steps {c.steps} --batch-size {c.batch_size} --lr {c.lr} --warmup {c.warmup} --seed {c.seed} "
+            f"--threads {c.threads} --out runs/{name}-seed{seed}")
+
+
 def paths(name: str, seed: int, folder: str | Path = DATA) -> tuple[Path, Path]:
     stem = Path(folder) / f"{name}-seed{seed}"
     return stem.with_suffix(".safetensors"), stem.with_suffix(".json")
@@ -171,7 +185,8 @@ def train_subject(name: str, seed: int, folder: str | Path = DATA, *, threads: i
     seconds = time.time() - t0
     model = r.model.eval()
     meta = {"format": FORMAT, "name": name, "seed": seed, "about": recipe(name).about,
-            "command": command(name, seed), "train_config": cfg.to_dict(),
+            "command": command(name, seed), "train_command": train_command(name, seed),
+            "train_config": cfg.to_dict(),
             "model_config": r.model_config.to_dict(), "task": task_dict(r.task),
             "steps": r.step, "seconds": round(seconds, 1), "threads": threads, "final_loss": r.final_loss,
             "torch": torch.__version__, "machine": platform.machine(),
