@@ -270,12 +270,14 @@ def test_trained_section_writes_only_checked_figures(monkeypatch, tmp_path, lear
     fake_subjects(monkeypatch, (lambda name, task: Oracle(task)) if learns else
                   (lambda name, task: untrained("hybrid", task)))
     res = trained_section(Context(out=tmp_path, quick=True))
-    claims = {c.claim: c for c in res.claims}
+    claims = {c.claim: c for c in res.claims if c.section == "trained kda-hybrid"}
+    assert len(res.claims) == 2 * len(claims) == 10 and {c.section for c in res.claims} == {"trained kda-hybrid",
+                                                                                           "trained gdn-hybrid"}
     probes = res.tables[1].rows
     if not learns:
         assert "The state swap measured nothing in kda-hybrid (seed 0: not learned" in res.text and "%" not in res.text
-        assert {c.status for c in claims.values()} == {NOT_MEASURED}
-        assert all("model did not learn" in c.reason for c in claims.values())
+        assert {c.status for c in res.claims} == {NOT_MEASURED}
+        assert all("model did not learn" in c.reason for c in res.claims)
         no_fraction_in([[r[0], r[1]] for r in probes])
         assert "not learned" in [r[1] for r in probes]
     else:
