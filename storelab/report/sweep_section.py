@@ -92,6 +92,14 @@ def division(subs: Subjects, examples: int) -> dict[str, Any]:
     else:
         answer = ("mixed: by size, the mixture's hybrid leads with " + ", ".join(mix) + " and the small-only one with "
                   + ", ".join(small))
+    def seeds(name: str, where: str) -> str:
+        pts = [p for r in out[name] for p in r["per_seed"] if p["valid"]]
+        said = sum((p["recurrent_fraction"] > p["cache_fraction"]) == (where == "states") for p in pts)
+        return f"{said} of {len(pts)} measured (size, seed) points lead with the {where}"
+
+    if not answer.startswith("not measured"):
+        answer += (f" (by seed: kda-hybrid {seeds('kda-hybrid', 'caches')}; kda-small "
+                   f"{seeds('kda-small', 'states')})")
     out["answer"] = answer
     return out
 
