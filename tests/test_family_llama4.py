@@ -252,11 +252,31 @@ def test_published(name, stored, active):
     assert vision_params(raw) == 871_932_416
     total = (pa.stored + vision_params(raw)) / 1e9
     assert abs(total - stored) <= 0.015 * stored and abs(pa.active / 1e9 - active) <= 0.015 * active
-    if name.startswith("Llama-4-Scout"):
-        with pytest.raises(CheckpointError, match=r"rope_scaling.rope_type: 'llama3'"):
-            FAMILY.runs(raw)
-    else:
-        FAMILY.runs(raw)
+    FAMILY.runs(raw)         # Scout's llama3 scaling runs (its logits: test_llama3_rope_scaling_equals_transformers)
+    published = raw["text_config"].get("rope_scaling")
+    got = cfg.layers[0].token.rope_scaling
+    assert (got is None) if published is None else (got["rope_type"] == "llama3" and got["factor"] == 16.0
+                                                     and got["original_max_position_embeddings"] == 8192)
+    assert cfg.layers[3].token.rope_scaling is None       # a NoPE layer has nothing to scale
+    bad = json.loads(json.dumps(raw))
+    bad["text_config"]["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    with pytest.raises(CheckpointError, match=r"rope_scaling.rope_type: 'dynamic'"):
+        FAMILY.runs(bad)
+
+
+def test_llama3_rope_scaling_equals_transformers(tmp_path):
+    """Scout's rope scaling (rope_type llama3, factor 16 from a pretraining length of 8,192), here from a
+    pretraining length of 8 so that the scaled frequencies matter at 21 tokens."""
+    from tests.test_family_jamba import check_logits
+
+    scaled = dict(TINY, rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=16.0,
+                                             low_freq_factor=1.0, high_freq_factor=4.0,
+                                             original_max_position_embeddings=8))
+    hf = tiny_hf(scaled)
+    hf.save_pretrained(tmp_path)
+    cfg = read_model_config(tmp_path)
+    assert cfg.layers[0].token.rope_scaling["rope_type"] == "llama3"
+    check_logits(hf, tmp_path, ((0, 5), (5, 6), (6, 7), (7, 19), (19, 21)), "llama4 (llama3 rope scaling)")
 
 
 @pytest.mark.parametrize("change, message", [

@@ -20,8 +20,8 @@ sigmoid of its logit; the weight scales the expert's input, not its output (``Mo
 one shared expert of the same width, unweighted.
 
 Fields the published files leave out take transformers' defaults (``Llama4TextConfig``, ``DEFAULTS``).
-Scout's ``rope_scaling`` (rope_type "llama3") is read for accounting; loading it is refused, since storelab's
-attention rotates with plain RoPE only.
+Scout's ``rope_scaling`` (rope_type "llama3") is passed to the RoPE layers (``AttentionConfig.rope_scaling``,
+``storelab.ops.rope``); the other scalings storelab runs (linear, yarn) go the same way, any other is refused.
 
 Names (transformers' ``Llama4ForCausalLM``: ``model.``; the wrapper's: ``model.language_model.`` in
 transformers 5, ``language_model.model.`` in the published files; ``a`` = ``<prefix>layers.i``):
@@ -42,7 +42,7 @@ import dataclasses
 
 from storelab.checkpoint.families._common import base_entries, gated_mlp, layer_prefix
 from storelab.checkpoint.families._family import Family
-from storelab.checkpoint.families._reader import (CHUNKED, FULL, Decl, Fields, attention_entries, rope_of,
+from storelab.checkpoint.families._reader import (CHUNKED, FULL, RUNS_ROPE, Decl, Fields, attention_entries, rope_of,
                                                   text_fields, to_config as reader_config)
 from storelab.checkpoint.table import Src, copy
 
@@ -82,7 +82,9 @@ def llama4_token(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: float):
                   head_dim=t.int("head_dim", default=D // H, minimum=1), rope_theta=rope_of(t, theta=5e5).theta,
                   qkv_bias=bias, out_bias=bias, norm_eps=eps)
     if uses_rope:
-        common.update(rope_interleaved=True, qk_l2_norm=t.bool("use_qk_norm"))
+        rp = rope_of(t, theta=5e5)
+        common.update(rope_interleaved=True, qk_l2_norm=t.bool("use_qk_norm"),
+                      rope_scaling=rp.scaling if rp.kind in RUNS_ROPE[1:] else None)
     else:
         common.update(partial_rotary=0.0, attn_temperature_tuning=t.bool("attn_temperature_tuning"),
                       floor_scale=t.int("floor_scale", minimum=1), attn_temperature_scale=t.float("attn_scale"))
@@ -155,12 +157,12 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
 
 
 def runs(hf: dict) -> None:
-    """Plain RoPE only (Scout's "llama3" scaling is read for accounting, refused for running)."""
+    """The RoPE scalings storelab's attention computes (``RUNS_ROPE``: Scout's "llama3" among them)."""
     t = text_fields(with_defaults(hf))
     rp = rope_of(t, theta=5e5)
-    if rp.kind != "default":
+    if rp.kind not in RUNS_ROPE:
         key = "rope_scaling" if t.has("rope_scaling") else "rope_parameters"
-        raise t._err(f"{key}.rope_type", f"{rp.kind!r}: storelab's attention runs plain RoPE only "
+        raise t._err(f"{key}.rope_type", f"{rp.kind!r}: storelab's attention runs {', '.join(RUNS_ROPE)} "
                                          f"(accounting reads it; loading weights does not)")
 
 
