@@ -71,14 +71,14 @@ def register(app: typer.Typer) -> None:
         """Train subjects by their recipes (the exact runs that made the shipped files)."""
         import os
 
-        from storelab.subjects import DATA, RECIPES, SEEDS, check_seed, recipe
+        from storelab.subjects import DATA, RECIPES, check_seed, every, recipe
 
         with opt.user_errors():
             if all_ and name is not None:
                 raise ValueError("--all: give a subject's name or --all, not both")
             if not all_ and name is None:
                 raise ValueError(f"name: give a subject ({', '.join(RECIPES)}) or --all")
-            todo = [(n, s) for n in RECIPES for s in SEEDS] if all_ else [(recipe(name).name, check_seed(seed))]
+            todo = every() if all_ else [(recipe(name).name, check_seed(seed, name))]
             folder = out or DATA
             check_out(folder, todo, force)
         workers = jobs or min(2, os.cpu_count() or 1)

@@ -55,7 +55,7 @@ def check_subjects(out: Path, subjects: str | Path | None, retrain: bool, *, for
     """The subjects folder sections 7 and 8 read, checked before any work: ``--subjects DIR`` must hold every
     subject and seed; ``--retrain`` writes into ``out/subjects`` (a subjects folder, or new)."""
     from storelab.outputs import check_folder as _check
-    from storelab.subjects import FILES as SUBJECT_FILES, RECIPES, SEEDS, shipped
+    from storelab.subjects import FILES as SUBJECT_FILES, every, shipped
 
     if retrain:
         if subjects is not None:
@@ -67,7 +67,7 @@ def check_subjects(out: Path, subjects: str | Path | None, retrain: bool, *, for
     if not p.is_dir():
         raise ValueError(f"--subjects: {p} is not a folder")
     have = set(shipped(p))
-    missing = [f"{n} seed {s}" for n in RECIPES for s in SEEDS if (n, s) not in have]
+    missing = [f"{n} seed {s}" for n, s in every() if (n, s) not in have]
     if missing:
         raise ValueError(f"--subjects: {p} lacks {missing[0]}"
                          f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''} "
@@ -80,10 +80,10 @@ def retrain_subjects(folder: Path, on_each: Callable[[dict], None] | None = None
     import os
     import time
 
-    from storelab.subjects import RECIPES, SEEDS, train_many
+    from storelab.subjects import every, train_many
 
     t0 = time.time()
-    done = train_many([(n, s) for n in RECIPES for s in SEEDS], folder, workers=min(2, os.cpu_count() or 1),
+    done = train_many(every(), folder, workers=min(2, os.cpu_count() or 1),
                       say=on_each)
     return {"seconds": time.time() - t0, "trained": done}
 

@@ -45,13 +45,15 @@ def combined(checks: list[dict]) -> dict:
 
 
 class Subjects:
-    """The subjects of one folder, loaded once, probed per seed."""
+    """The subjects of one folder, loaded once, probed per seed. Only the seeds that learned (their recipe's
+    check, ``storelab.subjects.learned``) are probed; the others are listed with their verdicts
+    (``left_out``). ``quick``: the first seed that learned only."""
 
-    def __init__(self, folder: str | Path | None = None, *, seeds: tuple[int, ...] | None = None):
-        from storelab.subjects import DATA, SEEDS
+    def __init__(self, folder: str | Path | None = None, *, quick: bool = False):
+        from storelab.subjects import DATA
 
         self.folder = Path(folder) if folder is not None else DATA
-        self.seeds = tuple(seeds) if seeds is not None else SEEDS
+        self.quick = quick
         self._cache: dict[tuple[str, int], tuple] = {}
 
     def get(self, name: str, seed: int):
@@ -62,18 +64,30 @@ class Subjects:
         return self._cache[(name, seed)]
 
     def metas(self, name: str) -> list[dict]:
-        return [self.get(name, s)[2] for s in self.seeds]
+        """Every shipped seed's recipe, learned or not."""
+        from storelab.subjects import recipe
+
+        return [self.get(name, s)[2] for s in recipe(name).seeds]
+
+    def seeds(self, name: str) -> list[int]:
+        """The seeds probed: those that learned (the first of them with ``quick``)."""
+        good = [m["seed"] for m in self.metas(name) if m["learned"]]
+        return good[:1] if self.quick else good
+
+    def left_out(self, name: str) -> list[dict]:
+        """The seeds that did not learn: seed and verdict (their figures are in no summary)."""
+        return [{"seed": m["seed"], "verdict": m["verdict"]} for m in self.metas(name) if not m["learned"]]
 
     def each(self, name: str, probe: Callable[[Any, Any, int], dict]) -> list[dict]:
-        """``probe(model, task, seed)`` on every seed of ``name``."""
+        """``probe(model, task, seed)`` on every probed seed of ``name``."""
         out = []
-        for s in self.seeds:
+        for s in self.seeds(name):
             model, task, _ = self.get(name, s)
             out.append(probe(model, task, s))
         return out
 
     def at(self, name: str, entries: int, probe: Callable[..., dict], **kw) -> list[dict]:
-        """``probe(model, task_with_that_many_entries, **kw)`` on every seed of ``name``."""
+        """``probe(model, task_with_that_many_entries, **kw)`` on every probed seed of ``name``."""
         from storelab.subjects import sized
 
         return self.each(name, lambda m, t, s: probe(m, sized(t, entries), **kw))

@@ -44,7 +44,7 @@ def curve(subs: Subjects, name: str, sizes: tuple[int, ...], examples: int) -> l
                      "recurrent_fraction": spread([s["recurrent_fraction"] for s in swaps]),
                      "cache_fraction": spread([s["cache_fraction"] for s in swaps]),
                      "answer_accuracy": spread([s["answer_accuracy"] for s in swaps]),
-                     "chance": swaps[0]["chance"],
+                     "chance": swaps[0]["chance"] if swaps else None,
                      "per_seed": [{k: s[k] for k in ("recurrent_fraction", "cache_fraction", "answer_accuracy",
                                                      "valid", "reason")} for s in swaps]})
     return rows
@@ -165,7 +165,8 @@ def figure(out: Path, curves: dict[str, list[dict]], d: int) -> Path:
 
 
 def _table(rows: list[dict], d: int) -> list[list]:
-    return [[r["entries"], f"{r['entries'] / d:.3g}", show(r["answer_accuracy"]), f"{r['chance']:.4f}",
+    return [[r["entries"], f"{r['entries'] / d:.3g}", show(r["answer_accuracy"]),
+             "" if r["chance"] is None else f"{r['chance']:.4f}",
              show(r["recurrent_fraction"]) if r["check"]["valid"] else r["check"]["verdict"],
              show(r["cache_fraction"]) if r["check"]["valid"] else r["check"]["verdict"],
              "" if r["check"]["valid"] and "seed" not in r["check"]["reason"] else r["check"]["reason"]]
@@ -203,11 +204,14 @@ def sweep_section(ctx: Context) -> SectionResult:
                             1.0, (f_data["kda-hybrid"]["ranking_stability"] or {}).get("mean"), chk,
                             within=(0.8, 1.0), reason="mean Spearman between prompts, kda-hybrid's seeds"),
               ]
+    gone = [f"{name} seed {x['seed']} ({x['verdict']})" for name in (*HYBRIDS, "kda-small", "recurrent")
+            for x in subs.left_out(name)]
+    left = (" Seeds that did not learn by their recipe's bar are in no figure: " + "; ".join(gone) + ".") if gone else ""
     return SectionResult(
         text=(f"The two 3:1 hybrids of section 7 (recurrent heads of d = {d}), probed by the state swap at every size "
               f"from {SIZES[0]} to {SIZES[-1]} entries (d/8 to 4 d), three seeds each; a point counts only from seeds "
               "whose model answers above chance and whose swap moves the answer. "
               + " ".join(f"{name}: {crossing(rows, d)}" for name, rows in curves.items())
-              + f" The essay: \"{ESSAY_LEARNED}\" Measured here: {div['answer']}."),
+              + f" The essay: \"{ESSAY_LEARNED}\" Measured here: {div['answer']}." + left),
         tables=tables, figures=[fig], claims=claims,
         data={"curves": curves, "division": div, "forgetting": f_data, "d": d})

@@ -24,7 +24,7 @@ CONTROLS = ("attention", "recurrent")
 
 
 def subjects_of(ctx: Context) -> Subjects:
-    return Subjects(getattr(ctx, "subjects", None), seeds=(0,) if ctx.quick else None)
+    return Subjects(getattr(ctx, "subjects", None), quick=ctx.quick)
 
 
 def subject_rows(subs: Subjects) -> tuple[list[list], dict[str, Any]]:
@@ -34,14 +34,17 @@ def subject_rows(subs: Subjects) -> tuple[list[list], dict[str, Any]]:
     rows, data = [], {}
     for name, r in RECIPES.items():
         metas = subs.metas(name)
-        held = {k: {w: spread([m["held_out"][str(k)][w] for m in metas]) for w in ("retrieval", "compliance")}
+        good = [m for m in metas if m["learned"]] or metas    # the figures of the seeds that learned
+        held = {k: {w: spread([m["held_out"][str(k)][w] for m in good]) for w in ("retrieval", "compliance")}
                 for k in SIZES}
         data[name] = {"layers": r.pattern, "about": r.about, "params": metas[0]["params"],
                       "learned": [m["learned"] for m in metas], "verdicts": [m["verdict"] for m in metas],
                       "steps": metas[0]["steps"], "seconds": [m["seconds"] for m in metas], "held_out": held,
                       "train_mixture": [list(p) for p in r.mix]}
         mix = ", ".join(f"{p[0]:.0%} at {p[1]}-{p[2]}" for p in r.mix)
-        rows.append([name, r.pattern, metas[0]["params"], mix, f"{sum(m['learned'] for m in metas)} of {len(metas)}",
+        learned_of = f"{sum(m['learned'] for m in metas)} of {len(metas)}" + "".join(
+            f"; seed {m['seed']}: {m['verdict']}" for m in metas if not m["learned"])
+        rows.append([name, r.pattern, metas[0]["params"], mix, learned_of,
                      metas[0]["steps"], f"{sum(m['seconds'] for m in metas) / len(metas):.0f}",
                      *[f"{held[k]['retrieval']['mean']:.2f}" for k in SIZES],
                      f"{min(held[k]['compliance']['min'] for k in SIZES):.2f}"])
@@ -62,7 +65,8 @@ def probe_hybrid(subs: Subjects, name: str, n: int = PROBE_N, examples: int = 12
            "recurrent_fraction": spread([s["recurrent_fraction"] for s in swaps]),
            "cache_fraction": spread([s["cache_fraction"] for s in swaps]),
            "answer_accuracy": spread([s["answer_accuracy"] for s in swaps]),
-           "has_states": bool(swaps[0]["recurrent_layers"]), "has_caches": bool(swaps[0]["cache_layers"])}
+           "has_states": bool(swaps and swaps[0]["recurrent_layers"]),
+           "has_caches": bool(swaps and swaps[0]["cache_layers"]), "left_out": subs.left_out(name)}
     for where in ("cache_only", "state_only"):
         for w in ("retrieval", "compliance"):
             out[f"{where}_{w}"] = spread([k[where][w] for k in keeps])
@@ -103,7 +107,9 @@ def probe_rows(p: dict[str, Any]) -> list[list]:
             return "none: no attention caches"
         return show(p[key], check["verdict"]) if check["valid"] else check["verdict"]
 
+    gone = "; ".join(f"seed {x['seed']} ({x['verdict']})" for x in p["left_out"]) or "none"
     return [
+        ["seeds left out (did not learn by their recipe's bar)", gone, ""],
         ["checks that failed", "; ".join(x["reason"] for x in (sw, rt, cm) if not x["valid"] or "seed" in x["reason"])
          or "none", ""],
         ["clean prompts answered right", show(p["answer_accuracy"]), ""],
@@ -146,8 +152,8 @@ def trained_section(ctx: Context) -> SectionResult:
                 "mean over the seeds whose check passed; the essay's figures are Qwen3.5-4B's (Gated DeltaNet), "
                 "Kimi Linear (KDA) showed the same division")
 
-    tables = [Table("The subjects (held-out retrieval by entries a prompt, mean over seeds; compliance: the lowest "
-                    "over sizes and seeds)",
+    tables = [Table("The subjects (held-out retrieval by entries a prompt, mean over the seeds that learned; "
+                    "compliance: the lowest over sizes and those seeds)",
                     ["subject", "layers", "parameters", "trained on (entries)", "learned", "steps", "seconds",
                      *[f"n={k}" for k in SIZES], "compliance"], rows)]
     for name in (*HYBRIDS, *CONTROLS):

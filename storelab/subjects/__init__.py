@@ -65,6 +65,7 @@ class Recipe:
     warmup: int = 100
     must_learn: tuple = SIZES   # the sizes where retrieval must reach PASS; the others are reported only
     options: tuple = ()         # further model options, as (name, value) pairs (a window's width)
+    seeds: tuple = SEEDS        # the seeds that ship (a seed that did not learn ships too, marked, and another is added)
 
     @property
     def pairs(self) -> tuple[int, int]:
@@ -72,7 +73,8 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    Recipe("kda-hybrid", "KKKA", "3:1 KDA:attention (Kimi Linear, Kimi K3)", MIXTURE, steps=8000),
+    Recipe("kda-hybrid", "KKKA", "3:1 KDA:attention (Kimi Linear, Kimi K3)", MIXTURE, steps=8000,
+           seeds=(0, 1, 2, 3)),
     Recipe("gdn-hybrid", "GGGA", "3:1 Gated DeltaNet:attention (Qwen3.5, Qwen3.8)", MIXTURE, steps=8000),
     Recipe("attention", "WAAA", "attention only: a two-token window (the previous token, which the hybrids' short "
            "convolutions give them) then three full-attention layers; the caches hold every entry", MIXTURE,
@@ -90,9 +92,11 @@ def recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-def check_seed(seed: int) -> int:
-    if seed not in SEEDS:
-        raise ValueError(f"seed: the subjects ship seeds {', '.join(map(str, SEEDS))}; got {seed}")
+def check_seed(seed: int, name: str | None = None) -> int:
+    seeds = recipe(name).seeds if name is not None else SEEDS
+    if seed not in seeds:
+        raise ValueError(f"seed: {name or 'the subjects'} ship{'s' if name else ''} seeds "
+                         f"{', '.join(map(str, seeds))}; got {seed}")
     return seed
 
 
@@ -178,7 +182,7 @@ def train_subject(name: str, seed: int, folder: str | Path = DATA, *, threads: i
     from storelab.tasks import task_dict
     from storelab.train.loop import train
 
-    check_seed(seed)
+    check_seed(seed, name)
     cfg = train_config(name, seed, threads=threads)
     t0 = time.time()
     r = train(cfg, None, resume=False, progress=progress)
@@ -234,7 +238,7 @@ def train_many(jobs: list[tuple[str, int]], folder: Path, *, workers: int, say=N
 
 
 def read_meta(name: str, seed: int, folder: str | Path = DATA) -> dict[str, Any]:
-    weights, recipe_file = paths(name, check_seed(seed), folder)
+    weights, recipe_file = paths(name, check_seed(seed, name), folder)
     if not recipe_file.is_file() or not weights.is_file():
         raise FileNotFoundError(f"subject: {name} seed {seed} is not in {folder} (missing "
                                 f"{recipe_file.name if not recipe_file.is_file() else weights.name}); "
@@ -277,7 +281,12 @@ def load_subject(name: str, seed: int = 0, folder: str | Path = DATA):
 
 def shipped(folder: str | Path = DATA) -> list[tuple[str, int]]:
     """The (name, seed) pairs present in ``folder``, in the recipes' order."""
-    return [(n, s) for n in RECIPES for s in SEEDS if all(p.is_file() for p in paths(n, s, folder))]
+    return [(n, s) for n, r in RECIPES.items() for s in r.seeds if all(p.is_file() for p in paths(n, s, folder))]
+
+
+def every() -> list[tuple[str, int]]:
+    """Every (name, seed) the recipes ship."""
+    return [(n, s) for n, r in RECIPES.items() for s in r.seeds]
 
 
 FILES = ("subjects.json", "*-seed*.safetensors", "*-seed*.json")   # what a subjects folder holds
