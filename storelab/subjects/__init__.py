@@ -85,7 +85,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "convolutions give them) then three full-attention layers; the caches hold every entry", MIXTURE,
            steps=5000, options=(("window", 2),)),
     Recipe("recurrent", "KKKK", "KDA only, one head of d = 8 a layer (its state: four 8 x 8 matrices), no cache; "
-           "must fail at n >> d", MIXTURE, steps=5000, must_learn=(1, 2, 4), options=(("n_heads", 1),)),
+           "must fail at n >> d", MIXTURE, steps=5000, must_learn=(1, 2, 4), options=(("n_heads", 1),),
+           seeds=(0, 1, 2, 3)),
     Recipe("kda-small", "KKKA", "the 3:1 KDA hybrid trained on 1 to 4 entries only (the capacity control)",
            SMALL, steps=3000, must_learn=(1, 2, 4)),
 )}
