@@ -93,7 +93,7 @@ def test_damaged_subject_files_are_named(tmp_path, quick_recipes):
     weights, recipe = S.paths("recurrent", 0, tmp_path)
     with pytest.raises(FileNotFoundError, match="attention seed 0 is not in"):
         S.load_subject("attention", 0, tmp_path)
-    with pytest.raises(ValueError, match="seed: recurrent ships seeds 0, 1, 2; got 5"):
+    with pytest.raises(ValueError, match="seed: recurrent ships seeds 0, 1, 2, 3; got 5"):
         S.load_subject("recurrent", 5, tmp_path)
     with pytest.raises(ValueError, match="no subject 'nope'"):
         S.load_subject("nope", 0, tmp_path)

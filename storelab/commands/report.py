@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
                device: str = opt.device(),
                dtype: str = opt.dtype(),
                retrain: bool = typer.Option(False, "--retrain", help="Train the subjects of sections 7 and 8 afresh "
-                                            "by their recipes into OUT/subjects (about an hour on 2 cores) and probe "
+                                            "by their recipes into OUT/subjects (about 95 minutes on 2 cores) and probe "
                                             "those instead of the shipped ones."),
                subjects: Path = typer.Option(None, "--subjects", help="A folder of trained subjects (`storelab "
                                              "subjects train --all --out DIR`) for sections 7 and 8."),
