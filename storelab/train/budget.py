@@ -1,15 +1,17 @@
-"""Training within a time budget, and the dictionary hybrid the report's probes run on.
+"""Training within a time budget, and a dictionary hybrid trained that way (quick probe experiments).
 
 ``train_for(cfg, seconds)`` times a few steps of the configured model first, then sets
 ``steps`` so the whole run (its cosine schedule included) fits the budget; the run also
 stops at the budget should the machine slow down.
 
-``train_dictionary_hybrid(seconds_budget, seed, *, pairs=None) -> (model, metrics)`` trains a
-tiny 3:1 KDA:attention hybrid (the layout of Kimi K3 and Qwen3.8, 4 layers, width 64, 217,574
+``train_dictionary_hybrid(seconds_budget, seed, *, pairs=None) -> (model, metrics)`` trains, within a
+time budget, a tiny 3:1 KDA:attention hybrid (the layout of Kimi K3 and Qwen3.8, 4 layers, width 64, 217,574
 parameters on the "small" preset) on the dictionary-and-language task, the task that separates
-content from settings; the probes ``state_swap`` and ``keep_one`` are then run on it. ``pairs``
+content from settings, for quick experiments with the probes ``state_swap`` and ``keep_one``. The
+report's sections 7 and 8 no longer train: they probe the shipped subjects (``storelab.subjects``),
+trained by fixed recipes until they do the task. ``pairs``
 sets the entries per prompt (``dictionary_task_options``), so the same hybrid can read longer
-dictionaries: ``REPORT_PAIRS`` is the report's run, four times the preset's 41-token prompts.
+dictionaries: ``REPORT_PAIRS`` (24 to 73 entries) is four times the preset's 41-token prompts.
 """
 
 from __future__ import annotations
