@@ -183,3 +183,13 @@ def test_train_command_is_the_recipe():
         assert parse_options(pick("--task-opt"), "t") == cfg.task_options
         assert pick("--model") == [cfg.model] and pick("--steps") == [str(cfg.steps)] and pick("--seed") == ["2"]
         assert pick("--lr") == [str(cfg.lr)] and pick("--warmup") == [str(cfg.warmup)]
+
+
+def test_report_refuses_bad_subject_options(tmp_path):
+    out = tmp_path / "rep"
+    for args, says in ((["--subjects", str(tmp_path / "none")], "is not a folder"),
+                       (["--subjects", str(tmp_path)], "lacks kda-hybrid seed 0"),
+                       (["--retrain", "--subjects", str(tmp_path)], "not both")):
+        r = runner.invoke(app, ["report", "--out", str(out), *args])
+        assert r.exit_code == 2 and says in r.output, (args, r.output)
+        assert not out.exists()          # refused before any work
