@@ -1,16 +1,21 @@
 """``storelab memory``: what each layer keeps at a context length, in two terms (bytes per token,
 bytes per sequence), the totals at L for a batch, and the longest context that fits a budget.
 
-Models: zoo names, storelab model files (``--config``) or real checkpoints (``--checkpoint``, a
-folder or its config.json; no weights needed). Formats: ``--cache-dtype`` for caches (each store's
+Models: any model argument, positionally (``storelab.checkpoint.source.resolve``): zoo names
+(``NAME --tiny``, ``NAME.tiny``, ``tiny-NAME``), storelab model files (.toml/.json), checkpoint folders,
+config.json or .gguf files, Hugging Face repo ids ``org/name[@revision]`` (from the local cache; online, a
+repo not there has its config.json fetched and, for ``--budget``, its safetensors headers read by HTTP range
+reads, never its weights; ``--offline`` or ``HF_HUB_OFFLINE``: the cache alone). ``--config FILE`` and
+``--checkpoint DIR|config.json`` say the kind outright, as before. No weights are needed. Formats: ``--cache-dtype`` for caches (each store's
 published format when not given), ``--state-dtype`` for recurrent states and open pools,
 ``--weights-dtype`` for the weights beside them under ``--budget``.
 
 From a checkpoint folder: the cache format its config states (``quantization_config.kv_cache_scheme``,
 ``kv_cache_quant_algo``, ``kv_cache_dtype``; ``storelab.models.memory_terms.folder_cache_format``) when no
 ``--cache-dtype`` is given, the record naming the field (``cache_format_source``); and with safetensors
-beside it, ``--budget`` takes the weights' bytes from the shards' headers, tensor by tensor in its stored
-dtype (fp8 and packed fp4 experts, their block scales), unless ``--weights-dtype`` is given.
+beside it (or on the Hub, for a repo whose shards are not cached), ``--budget`` takes the weights' bytes
+from the shards' headers, tensor by tensor in its stored dtype (fp8 and packed fp4 experts, their block
+scales), unless ``--weights-dtype`` is given.
 
 ``--engine``: what an engine allocates beside the ideal (``storelab.models.engines``: ideal, the
 default, stated in the output; transformers, llama.cpp, vllm, each rule from its source): per layer in
@@ -38,7 +43,9 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64)
 def register(app: typer.Typer) -> None:
     @app.command()
     def memory(
-        name: list[str] = typer.Argument(None, help="Zoo models (default: all, unless --config/--checkpoint)."),
+        name: list[str] = typer.Argument(None, metavar="[MODEL]...", help="Models (default: the zoo's, unless "
+                                         "--config/--checkpoint): zoo names, model files, checkpoint folders, "
+                                         "config.json or .gguf files, Hugging Face repo ids org/name[@revision]."),
         context: int = typer.Option(None, "--context", help="Context length L in tokens (default: each model's "
                                                             "published context, else 1,000,000)."),
         batch: int = typer.Option(1, "--batch", help="Sequences held at once (totals at L are for all of them)."),
@@ -60,6 +67,9 @@ def register(app: typer.Typer) -> None:
         config: list[Path] = typer.Option(None, "--config", help="A model file instead of the zoo."),
         checkpoint: list[Path] = typer.Option(None, "--checkpoint", help="A checkpoint folder or its config.json."),
         tiny: bool = typer.Option(False, "--tiny", help="The tiny versions."),
+        offline: bool = typer.Option(False, "--offline", help="Hub repos from the local cache only (as "
+                                     "HF_HUB_OFFLINE=1); online, a repo not there has its config.json and "
+                                     "safetensors headers read."),
         plot: bool = typer.Option(False, "--plot", help="Draw cache bytes and read cost against context into a PNG."),
         out: Path = typer.Option(None, "--out", help="Where --plot writes its PNG (default memory.png) and the "
                                  "JSON beside it (memory.json)."),
@@ -67,7 +77,8 @@ def register(app: typer.Typer) -> None:
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Per layer and model at context L: bytes per token and per sequence, entries kept and read."""
-        from storelab.commands.models import load_configs
+        from storelab.checkpoint.source import hf_config_path
+        from storelab.commands.models import load_sources
         from storelab.models.accounting import count_params
         from storelab.models.engines import ENGINES, engine_options
         from storelab.models.memory_terms import (cache_dtype as read_cache, parse_size, state_dtype as read_state,
@@ -93,12 +104,14 @@ def register(app: typer.Typer) -> None:
 
                 files = plot_files(out if out is not None else Path("memory.png"))
                 for f in files:
-                    check_apart(f, [*(config or []), *(checkpoint or [])], folder=False)
+                    check_apart(f, [*(config or []), *(checkpoint or []), *(Path(n) for n in name or []
+                                                                           if Path(n).exists())], folder=False)
                 check_files(files, "memory", force=force)
-            cfgs = load_configs(config, tiny, name, checkpoint)
-            folders = [None] * (len(cfgs) - len(checkpoint or [])) + list(checkpoint or [])
+            found = load_sources(name, tiny, config=config, checkpoint=checkpoint, offline=offline)
+            cfgs = [cfg for _, cfg in found]
             reports = []
-            for cfg, folder in zip(cfgs, folders):
+            for src, cfg in found:
+                folder = hf_config_path(src) if src.kind.is_checkpoint else None
                 L = context or cfg.context or 1_000_000
                 stated = folder_format(folder) if folder is not None and cache is None else None
                 eng_state, eng_settings = (vllm_formats(folder, state_dtype and state, options.get("model_dtype"))
@@ -111,7 +124,7 @@ def register(app: typer.Typer) -> None:
                 if room is not None:
                     rec["budget"] = budget_record(rec["total"], budget=room, weights_format=wdt,
                                                   stored=count_params(cfg).stored, batches=sorted({*BATCHES, batch}))
-                    held = folder_weights(folder) if folder is not None and weights_dtype is None else None
+                    held = weights_held(src) if folder is not None and weights_dtype is None else None
                     if held:
                         from_headers(rec["budget"], rec["total"], held)
                 reports.append((cfg, rec))
@@ -203,6 +216,29 @@ def vllm_formats(folder: Path | None, state: str | None, model: str | None = Non
     named = folder_dtypes(read_hf_config(folder)[0]) if folder is not None else {}
     model = model or named.get("model", "bf16")
     return state or named.get("ssm", model), {"model_dtype": model}
+
+
+def weights_held(src) -> dict[str, int] | None:
+    """Bytes of a checkpoint's tensors per safetensors dtype: from its local shards' headers, or online from
+    the Hub's (a repo whose shards are not in the cache: ``safetensors_headers``, HTTP range reads of the
+    headers only); None when neither is there (a config.json alone offline, a GGUF)."""
+    import math
+
+    from storelab.checkpoint.source import Source, safetensors_headers
+
+    if src.kind is Source.GGUF or (src.repo is not None and src.repo.filename is not None):
+        return None
+    remote = safetensors_headers(src)
+    if remote is None:
+        return folder_weights(src.path)
+    out: dict[str, int] = {}
+    for fname, tensors in remote.items():
+        for name, (shape, dt) in tensors.items():
+            if dt not in SAFETENSORS_BYTES:
+                raise ValueError(f"tensor {name!r} in {src.repo.asked}/{fname}: dtype {dt} has no size known to "
+                                 f"storelab")
+            out[dt] = out.get(dt, 0) + math.prod(shape) * SAFETENSORS_BYTES[dt]
+    return dict(sorted(out.items())) or None
 
 
 def folder_weights(path: Path) -> dict[str, int] | None:

@@ -1,6 +1,12 @@
-"""``storelab models``: the zoo (or a model file) with layer counts, store mix and parameters.
+"""``storelab models [MODEL...]``: the zoo (or a model file) with layer counts, store mix and parameters.
 
-With ``--checkpoint``, the text model's stored and active parameters, and beside them what the checkpoint
+MODEL is any model argument (``storelab.checkpoint.source.resolve``): a zoo name (``NAME --tiny``,
+``NAME.tiny``, ``tiny-NAME``), a storelab model file (.toml/.json), a checkpoint folder, a config.json,
+a .gguf file, or a Hugging Face repo id ``org/name[@revision]`` (read from the local cache; online, only
+its config.json is fetched; ``--offline`` or ``HF_HUB_OFFLINE``: the cache alone). ``--config FILE`` and
+``--checkpoint DIR|config.json`` say the kind outright, as before.
+
+With a checkpoint (a folder, config.json, GGUF or repo, or ``--checkpoint``), the text model's stored and active parameters, and beside them what the checkpoint
 holds that storelab does not build (``storelab.checkpoint.towers``): each vision or audio tower and the
 MTP layers, named, with their parameters or "not counted" and why; and the total of the text model and
 the counted parts (Qwen3.5-0.8B: 752M + 101M + 20.5M = 873M, its published figure). ``--json``: per
@@ -13,7 +19,8 @@ from pathlib import Path
 
 import typer
 
-from storelab.console import console, emit_json, err_console, table
+from storelab import options as opt
+from storelab.console import console, emit_json, table
 from storelab.models.record import model_record
 
 
@@ -23,21 +30,24 @@ def _fmt_params(n: float | None) -> str:
     return f"{n / 1e12:.3g}T" if n >= 1e12 else f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
-def load_configs(config: list[Path] | None, tiny: bool, names: list[str] | None = None,
-                 checkpoint: list[Path] | None = None):
-    """Zoo models by name, model files (``config``) and checkpoints' config.json (``checkpoint``), in
-    that order; all zoo models when nothing is named."""
-    from storelab.checkpoint.config_only import read_model_config
-    from storelab.models.config import load_model
-    from storelab.zoo import load_zoo, zoo_names
+def load_sources(names: list[str] | None, tiny: bool = False, *, config: list[Path] | None = None,
+                 checkpoint: list[Path] | None = None, offline: bool = False):
+    """The models named: each model argument resolved (``storelab.checkpoint.source``), then the ``--config``
+    files and the ``--checkpoint`` folders, in that order; all zoo models when nothing is named. A Hub repo
+    not in the cache has its config.json fetched (online only). Returns (source, ModelConfig) pairs."""
+    from storelab.checkpoint.source import (checkpoint_source, fetch_config, model_config, model_file_source,
+                                            resolve)
+    from storelab.zoo import zoo_names
 
     if tiny and not names and (config or checkpoint):
         raise ValueError(f"--tiny: picks the tiny version of a zoo model; it does nothing to "
                          f"{'--config' if config else '--checkpoint'} (leave it out, or name a zoo model)")
-    out = [load_model(p) for p in config or []] + [read_model_config(p) for p in checkpoint or []]
-    if names or not out:
-        out = [load_zoo(n, tiny=tiny) for n in (names or zoo_names())] + out
-    return out
+    srcs = ([resolve(n, tiny=tiny, offline=offline) for n in names or []]
+            + [model_file_source(p) for p in config or []] + [checkpoint_source(p) for p in checkpoint or []])
+    if not srcs:
+        srcs = [resolve(n, tiny=tiny) for n in zoo_names()]
+    srcs = [fetch_config(s) for s in srcs]
+    return [(s, model_config(s)) for s in srcs]
 
 
 def add_parts(rec: dict, cfg, path: Path) -> None:
@@ -55,27 +65,26 @@ def add_parts(rec: dict, cfg, path: Path) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def models(
-        name: list[str] = typer.Argument(None, help="Zoo models to show (default: all)."),
+        name: list[str] = typer.Argument(None, metavar="[MODEL]...", help="Models to show (default: the zoo's): "
+                                         "zoo names, model files, checkpoint folders, config.json or .gguf files, "
+                                         "Hugging Face repo ids org/name[@revision]."),
         config: list[Path] = typer.Option(None, "--config", help="A model file (TOML or JSON) instead of the zoo."),
         checkpoint: list[Path] = typer.Option(None, "--checkpoint", help="A checkpoint folder or its config.json "
                                                                         "(no weights needed)."),
         tiny: bool = typer.Option(False, "--tiny", help="The tiny versions of the zoo models."),
+        offline: bool = typer.Option(False, "--offline", help="Hub repos from the local cache only (as "
+                                     "HF_HUB_OFFLINE=1); online, a repo not there has its config.json fetched."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """List the zoo's models (or a model file): layers, store mix, parameters beside the publisher's."""
-        try:
-            cfgs = load_configs(config, tiny, name, checkpoint)
-        except ValueError as e:
-            err_console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2)
-        recs = [model_record(c) for c in cfgs]
-        n = len(checkpoint or [])
-        try:
-            for path, rec, cfg in zip(checkpoint or [], recs[len(recs) - n:], cfgs[len(cfgs) - n:]):
-                add_parts(rec, cfg, path)   # the checkpoints come last (load_configs)
-        except ValueError as e:
-            err_console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2)
+        from storelab.checkpoint.source import hf_config_path
+
+        with opt.user_errors():
+            found = load_sources(name, tiny, config=config, checkpoint=checkpoint, offline=offline)
+            recs = [model_record(c) for _, c in found]
+            for (src, cfg), rec in zip(found, recs):
+                if src.kind.is_checkpoint:   # a checkpoint: its towers and MTP layers beside the text model
+                    add_parts(rec, cfg, hf_config_path(src))
         if json_:
             emit_json(recs)
             return
