@@ -127,3 +127,17 @@ def check_counts(hf, folder, *, leave_out: tuple[str, ...] = ()) -> None:
     text = [t for k, t in state.items() if not any(part in k for part in leave_out)]
     held = {t.data_ptr(): t.numel() for t in text if t.dtype.is_floating_point}
     assert count_params(cfg).stored == sum(held.values())
+    check_declared_stores(folder / "config.json", cfg)
+
+
+def check_declared_stores(path, cfg) -> None:
+    """Every store kind the model built is one its family declares (``Family.stores``: what ``storelab
+    families`` prints)."""
+    import json
+
+    from storelab.checkpoint.families import family_for
+
+    fam = family_for(json.loads(open(path).read()))
+    built = {s.KIND for layer in cfg.layers for s in layer.stores().values()}
+    assert fam.stores == ("any",) or built <= set(fam.stores), \
+        f"{path}: family {fam.name} builds {sorted(built - set(fam.stores))}, not in its declared stores"

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from tests.family_harness import check_declared_stores
 from typer.testing import CliRunner
 
 from storelab.checkpoint.config_only import read_model_config
@@ -63,6 +65,7 @@ def test_read_as_published(path):
         pytest.skip(f"not read yet: {e}")
     pa = count_params(cfg)
     assert 0 < pa.active <= pa.stored
+    check_declared_stores(path, cfg)
     if path.stem in PUBLISHED:
         stored, active = PUBLISHED[path.stem]
         assert abs(pa.stored / 1e9 - stored) <= 0.015 * stored, f"stored {pa.stored / 1e9:.3f}B vs {stored}B"

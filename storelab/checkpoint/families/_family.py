@@ -13,6 +13,13 @@ parts, nothing looked up by ``hasattr``):
   every config;
 * ``runs(hf)``: raises a CheckpointError naming the field when the config can be accounted but not
   run (a rope scaling the attention does not implement); ``load`` calls it, the accounting does not.
+
+And three facts ``storelab families`` prints (``storelab.checkpoint.families.catalog``):
+
+* ``stores``: the store kinds its configs can build (a family test holds every tiny model's kinds to it,
+  ``tests/family_harness.py``, and so does every published config, ``tests/test_published_configs.py``);
+* ``refused``: why no config of the family is loaded, when none is (accounting only); empty: it runs;
+* ``oracle``: what its tests hold it to.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Family", "fixed"]
+__all__ = ["Family", "fixed", "ORACLE"]
+
+# what a family's tests hold it to unless it says otherwise (tests/family_harness.py)
+ORACLE = "transformers 5.23: logits (fp32, bf16), prefill-then-step, cache bytes and parameters of its tiny model"
 
 
 def fixed(*patterns: str) -> Callable[[dict], tuple[str, ...]]:
@@ -40,3 +50,6 @@ class Family:
     table: Callable[[dict, object, set[str]], dict]
     ignored: Callable[[dict], tuple[str, ...]] = fixed()
     runs: Callable[[dict], None] = lambda hf: None
+    stores: tuple[str, ...] = ()
+    refused: str = ""
+    oracle: str = ORACLE

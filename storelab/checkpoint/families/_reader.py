@@ -267,6 +267,7 @@ class Decl:
     theta: float = 10000.0              # rope_theta when the config names none (transformers' default_theta)
     tied: bool = False                  # tie_word_embeddings when the config says nothing
     ffn_width: Callable[[Fields], int] | None = None  # a dense MLP's width when not intermediate_size (LFM2)
+    stores: tuple[str, ...] = ("attention", "window", "ffn", "moe", "residual")  # the kinds it can build
 
 
 def _bias(t: Fields, declared: bool | None) -> bool:
@@ -428,7 +429,7 @@ def family(decl: Decl) -> Family:
     """The loader's ``Family`` of a declaration."""
     return Family(name=decl.name, model_types=decl.model_types, to_config=lambda hf: to_config(decl, hf),
                   table=lambda hf, cfg, names: table(decl, hf, cfg, names),
-                  ignored=lambda hf: _ignored(decl, hf), runs=lambda hf: runs(decl, hf))
+                  ignored=lambda hf: _ignored(decl, hf), runs=lambda hf: runs(decl, hf), stores=decl.stores)
 
 
 def _ignored(decl: Decl, hf: dict) -> tuple[str, ...]:

@@ -141,6 +141,7 @@ def to_config(hf: dict):
     return dataclasses.replace(cfg, layers=[routed(lay) for lay in cfg.layers])
 
 
-FAMILY = Family(name=DECL.name, model_types=DECL.model_types, to_config=to_config,
+FAMILY = Family(stores=("kda", "mla", "ffn", "moe", "residual"),
+                name=DECL.name, model_types=DECL.model_types, to_config=to_config,
                 table=lambda hf, cfg, names: _reader.table(DECL, hf, cfg, names),
                 ignored=lambda hf: _reader._ignored(DECL, hf), runs=lambda hf: _reader.runs(DECL, hf))

@@ -126,5 +126,6 @@ def runs(hf: dict) -> None:
                                          f"(accounting reads it; loading weights does not)")
 
 
-FAMILY = Family(name="bamba", model_types=("bamba",), to_config=to_config, table=table,
+FAMILY = Family(stores=("mamba2", "attention", "ffn", "residual"),
+                name="bamba", model_types=("bamba",), to_config=to_config, table=table,
                 ignored=lambda hf: (r"rotary_emb\.",), runs=runs)

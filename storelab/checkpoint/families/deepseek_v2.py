@@ -7,5 +7,6 @@ renormalised, times ``routed_scaling_factor``; shared experts; ``first_k_dense_r
 from storelab.checkpoint.families._reader import Decl, family
 from storelab.checkpoint.families.deepseek_v3 import mla, mla_table
 
-FAMILY = family(Decl(name="deepseek_v2", model_types=("deepseek_v2",), title="DeepSeek-V2 (checkpoint)",
+FAMILY = family(Decl(stores=("mla", "ffn", "moe", "residual"),
+                     name="deepseek_v2", model_types=("deepseek_v2",), title="DeepSeek-V2 (checkpoint)",
                      router="softmax", norm_topk_default=False, token=mla, token_table=mla_table, mtp=True))

@@ -40,6 +40,7 @@ def mla_table(tab, o, a, tok, names):
     mla_entries(tab, o, a, tok)
 
 
-FAMILY = family(Decl(name="deepseek_v3", model_types=("deepseek_v3", "kimi_k2", "kimi_k25"),
+FAMILY = family(Decl(stores=("mla", "ffn", "moe", "residual"),
+                     name="deepseek_v3", model_types=("deepseek_v3", "kimi_k2", "kimi_k25"),
                      title="DeepSeek-V3 / Kimi K2 (checkpoint)", router="sigmoid", router_bias=True, token=mla, token_table=mla_table,
                      mtp=True))

@@ -212,4 +212,5 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
-FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=ignored, runs=runs)
+FAMILY = Family(stores=("csa", "hca", "v4_window", "moe", "mhc"),
+                name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=ignored, runs=runs)

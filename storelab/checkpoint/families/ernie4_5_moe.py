@@ -86,6 +86,7 @@ DECL = Decl(name="ernie4_5_moe", model_types=("ernie4_5_moe",), title="ERNIE 4.5
             o_bias=False, router="softmax", router_bias=True, eps=1e-5, theta=500000.0, tied=True, token=ernie_token,
             extra=ernie_statics)
 
-FAMILY = Family(name=DECL.name, model_types=DECL.model_types, to_config=lambda hf: ernie_config(DECL, hf),
+FAMILY = Family(stores=("attention", "ffn", "moe", "residual"),
+                name=DECL.name, model_types=DECL.model_types, to_config=lambda hf: ernie_config(DECL, hf),
                 table=lambda hf, cfg, names: table(DECL, hf, cfg, names), ignored=lambda hf: DECL.ignored + MTP,
                 runs=lambda hf: runs(DECL, hf))

@@ -237,6 +237,7 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
-FAMILY = Family(name="gemma", model_types=GEMMA2 + GEMMA3 + GEMMA4, to_config=to_config, table=table,
+FAMILY = Family(stores=("attention", "window", "ffn", "residual"),
+                name="gemma", model_types=GEMMA2 + GEMMA3 + GEMMA4, to_config=to_config, table=table,
                 ignored=fixed(r"rotary_emb\.", r"^(model\.)?vision_tower\.", r"^(model\.)?multi_modal_projector\."),
                 runs=runs)

@@ -113,4 +113,5 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
-FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=ignored)
+FAMILY = Family(stores=("dsa", "ffn", "moe", "residual"),
+                name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=ignored)

@@ -100,6 +100,7 @@ def gpt_oss_experts(tab, hf, cfg, names):
 DECL = Decl(name="gpt_oss", model_types=("gpt_oss",), title="gpt-oss (checkpoint)", sink_on=(FULL, SLIDING),
             eps=1e-5, theta=150000.0, every=2, token=gpt_oss_token, extra=gpt_oss_experts)
 
-FAMILY = Family(name=DECL.name, model_types=DECL.model_types, to_config=lambda hf: gpt_oss_config(DECL, hf),
+FAMILY = Family(stores=("attention", "window", "moe", "residual"),
+                name=DECL.name, model_types=DECL.model_types, to_config=lambda hf: gpt_oss_config(DECL, hf),
                 table=lambda hf, cfg, names: table(DECL, hf, cfg, names), ignored=lambda hf: DECL.ignored,
                 runs=lambda hf: gpt_oss_runs(DECL, hf))

@@ -144,5 +144,6 @@ def runs(hf: dict) -> None:
         bamba_runs(hf)
 
 
-FAMILY = Family(name="granitemoehybrid", model_types=("granitemoehybrid",), to_config=to_config, table=table,
+FAMILY = Family(stores=("mamba2", "attention", "ffn", "moe", "residual"),
+                name="granitemoehybrid", model_types=("granitemoehybrid",), to_config=to_config, table=table,
                 ignored=lambda hf: (r"rotary_emb\.",), runs=runs)

@@ -41,5 +41,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
-FAMILY = Family(name="helium", model_types=DECL.model_types, to_config=to_config, table=table,
+FAMILY = Family(stores=("attention", "ffn", "residual"),
+                name="helium", model_types=DECL.model_types, to_config=to_config, table=table,
                 ignored=lambda hf: DECL.ignored, runs=lambda hf: _reader.runs(DECL, hf))

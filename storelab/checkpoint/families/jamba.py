@@ -137,5 +137,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
-FAMILY = Family(name="jamba", model_types=("jamba",), to_config=to_config, table=table,
+FAMILY = Family(stores=("mamba", "attention", "ffn", "moe", "residual"),
+                name="jamba", model_types=("jamba",), to_config=to_config, table=table,
                 ignored=lambda hf: (r"rotary_emb\.",))

@@ -203,5 +203,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
-FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=fixed(*IGNORED),
+FAMILY = Family(stores=("kda", "mla", "ffn", "moe", "attnres", "residual"),
+                name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table, ignored=fixed(*IGNORED),
                 runs=runs)

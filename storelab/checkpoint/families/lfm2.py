@@ -116,6 +116,7 @@ def lfm2_names(tab, hf, cfg, names):
 
 
 # no biases on the attention's projections whatever the config says (``Lfm2Attention``: bias=False)
-FAMILY = family(Decl(name="lfm2", model_types=("lfm2", "lfm2_moe"), title="LFM2 (checkpoint)", qk_norm=True,
+FAMILY = family(Decl(stores=("short_conv", "attention", "ffn", "moe", "residual"),
+                     name="lfm2", model_types=("lfm2", "lfm2_moe"), title="LFM2 (checkpoint)", qk_norm=True,
                      qkv_bias=False, o_bias=False, router="sigmoid", router_bias=True, eps=1e-5, theta=1e6, tied=True, types=lfm2_types,
                      ffn_width=lfm2_width, token=lfm2_token, token_table=lfm2_token_table, extra=lfm2_names))

@@ -192,6 +192,7 @@ def runs(hf: dict) -> None:
                                        "(accounting reads it; loading weights does not)")
 
 
-FAMILY = Family(name=DECL.name, model_types=DECL.model_types, to_config=to_config,
+FAMILY = Family(stores=("short_conv", "attention", "window", "ffn", "residual"),
+                name=DECL.name, model_types=DECL.model_types, to_config=to_config,
                 table=lambda hf, cfg, names: _reader.table(DECL, hf, cfg, names),
                 ignored=lambda hf: DECL.ignored, runs=runs)

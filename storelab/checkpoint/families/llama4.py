@@ -166,5 +166,6 @@ def runs(hf: dict) -> None:
                                          f"(accounting reads it; loading weights does not)")
 
 
-FAMILY = Family(name="llama4", model_types=DECL.model_types, to_config=to_config, table=table,
+FAMILY = Family(stores=("attention", "chunked", "ffn", "moe", "residual"),
+                name="llama4", model_types=DECL.model_types, to_config=to_config, table=table,
                 ignored=lambda hf: IGNORED, runs=runs)

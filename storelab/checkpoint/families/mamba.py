@@ -120,5 +120,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
-FAMILY = Family(name="mamba", model_types=("mamba", "falcon_mamba", "mamba2"), to_config=to_config, table=table,
+FAMILY = Family(stores=("mamba", "mamba2", "residual"),
+                name="mamba", model_types=("mamba", "falcon_mamba", "mamba2"), to_config=to_config, table=table,
                 ignored=lambda hf: (r"rotary_emb\.",))

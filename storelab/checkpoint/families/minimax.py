@@ -96,5 +96,8 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     raise CheckpointError("unreachable")
 
 
-FAMILY = Family(name=DECL.name, model_types=DECL.model_types, to_config=lambda hf: _reader.to_config(DECL, hf),
+FAMILY = Family(refused="its layers add each sublayer's output to the normed stream (alpha norm(x) + beta "
+                        "f(norm(x))), storelab's to x itself: accounting only",
+                oracle="transformers 5.23: parameters and cache bytes of its tiny model",
+                stores=("lightning", "attention", "moe", "residual"), name=DECL.name, model_types=DECL.model_types, to_config=lambda hf: _reader.to_config(DECL, hf),
                 table=table, ignored=lambda hf: DECL.ignored, runs=runs)

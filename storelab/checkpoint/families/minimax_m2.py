@@ -69,6 +69,7 @@ def _ignored(decl: Decl, hf: dict) -> tuple[str, ...]:
 DECL = Decl(name="minimax_m2", model_types=("minimax_m2",), title="MiniMax-M2 (checkpoint)", qkv_bias=False,
             o_bias=False, router="sigmoid", router_bias=True, theta=5e6, token=minimax_m2_token)
 
-FAMILY = Family(name=DECL.name, model_types=DECL.model_types, to_config=lambda hf: minimax_m2_config(DECL, hf),
+FAMILY = Family(stores=("attention", "moe", "residual"),
+                name=DECL.name, model_types=DECL.model_types, to_config=lambda hf: minimax_m2_config(DECL, hf),
                 table=lambda hf, cfg, names: table(DECL, hf, cfg, names), ignored=lambda hf: _ignored(DECL, hf),
                 runs=lambda hf: runs(DECL, hf))

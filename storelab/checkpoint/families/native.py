@@ -93,4 +93,5 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return {k: copy(k, integer=not v.dtype.is_floating_point) for k, v in ours_to_load(model).items()}
 
 
-FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table)
+FAMILY = Family(stores=("any",), oracle="storelab's own save and load: tensors and logits equal",
+                name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=table)

@@ -163,5 +163,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     return tab
 
 
-FAMILY = Family(name="nemotron_h", model_types=("nemotron_h",), to_config=to_config, table=table,
+FAMILY = Family(stores=("mamba2", "attention", "ffn", "moe", "residual"),
+                name="nemotron_h", model_types=("nemotron_h",), to_config=to_config, table=table,
                 ignored=lambda hf: (r"rotary_emb\.", r"^mtp\.", r"^model\.mtp\."))

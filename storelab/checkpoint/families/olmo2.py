@@ -102,5 +102,6 @@ def runs(hf: dict) -> None:
     _reader.runs(DECLS[_type(hf)], hf)
 
 
-FAMILY = Family(name="olmo2", model_types=tuple(DECLS), to_config=to_config, table=table,
+FAMILY = Family(stores=("attention", "window", "ffn", "moe", "residual"),
+                name="olmo2", model_types=tuple(DECLS), to_config=to_config, table=table,
                 ignored=lambda hf: DECLS[_type(hf)].ignored, runs=runs)

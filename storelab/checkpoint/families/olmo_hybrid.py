@@ -143,6 +143,7 @@ def to_config(hf: dict):
     return dataclasses.replace(cfg, layers=layers)
 
 
-FAMILY = Family(name=DECL.name, model_types=DECL.model_types, to_config=to_config,
+FAMILY = Family(stores=("gated_deltanet", "attention", "ffn", "residual"),
+                name=DECL.name, model_types=DECL.model_types, to_config=to_config,
                 table=lambda hf, cfg, names: _reader.table(DECL, hf, cfg, names),
                 ignored=lambda hf: DECL.ignored, runs=lambda hf: _reader.runs(DECL, hf))

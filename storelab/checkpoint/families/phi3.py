@@ -27,5 +27,6 @@ def fused_qkv(tab: dict, hf: dict, cfg, names: set[str]) -> None:
         tab[f"{o}.v_proj.weight"] = rows(a, q + kv, q + 2 * kv)
 
 
-FAMILY = family(Decl(name="phi3", model_types=("phi3",), title="Phi-3 (checkpoint)", eps=1e-5, qkv_bias=False,
+FAMILY = family(Decl(stores=("attention", "window", "ffn", "residual"),
+                     name="phi3", model_types=("phi3",), title="Phi-3 (checkpoint)", eps=1e-5, qkv_bias=False,
                      o_bias=False, extra=fused_qkv))

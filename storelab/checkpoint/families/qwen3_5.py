@@ -43,5 +43,6 @@ def to_config(hf: dict):
     return cfg
 
 
-FAMILY = Family(name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=qwen3_next.table,
+FAMILY = Family(stores=("gated_deltanet", "attention", "ffn", "moe", "residual"),
+                name=NAME, model_types=MODEL_TYPES, to_config=to_config, table=qwen3_next.table,
                 ignored=fixed(*qwen3_next.IGNORED))

@@ -152,5 +152,6 @@ def ignored(hf: dict) -> tuple[str, ...]:
     return (r"rotary_emb\.", r"\.normalizer$") + ((r"^lm_head\.weight$",) if tied(hf, t, default=True) else ())
 
 
-FAMILY = Family(name="recurrent_gemma", model_types=("recurrent_gemma",), to_config=to_config, table=table,
+FAMILY = Family(stores=("rglru", "window", "ffn", "residual"),
+                name="recurrent_gemma", model_types=("recurrent_gemma",), to_config=to_config, table=table,
                 ignored=ignored, runs=runs)
