@@ -1,0 +1,280 @@
+"""A test-side transformers -> GGUF writer for the hybrid and MLA architectures, the way llama.cpp's converter
+writes them (``conversion/*.py``: each class's ``set_gguf_parameters`` and ``modify_tensors``, summarised per
+architecture below), so that ``storelab.checkpoint.gguf`` can be held to transformers' own model.
+
+    write_gguf(folder, arch, path)   # folder: save_pretrained output (config.json + model.safetensors)
+
+Tensor names come from gguf-py (``gguf.get_tensor_name_map``, ``gguf.TENSOR_NAMES``); tensors are written in
+f32 (no quantisation: the round trip must be exact). This is test code mirroring the converter, not the
+converter: only what the tiny models of ``tests/test_gguf_hybrid.py`` hold is covered.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+import torch
+from gguf.constants import MODEL_ARCH, MODEL_TENSOR as T, TENSOR_NAMES
+from safetensors.torch import load_file
+
+__all__ = ["write_gguf", "CONVERTERS"]
+
+
+class Out:
+    """What one conversion produces: metadata (``{arch}.`` keys without the prefix) and GGUF tensors."""
+
+    def __init__(self, arch: MODEL_ARCH, cfg: dict, n_blocks: int):
+        self.arch, self.cfg = arch, cfg
+        self.name = gguf.MODEL_ARCH_NAMES[arch]
+        self.meta: dict[str, object] = {}
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.map = gguf.get_tensor_name_map(arch, n_blocks)
+
+    def put(self, key: str, value) -> None:
+        self.meta[key] = value
+
+    def add(self, hf_name: str, t: torch.Tensor) -> None:
+        """Under the GGUF name gguf-py maps ``hf_name`` to (``e_score_correction_bias`` renamed first, as
+        ``ModelBase.filter_tensors`` does)."""
+        hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
+        name = self.map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ValueError(f"gguf-py maps no name of {self.name} onto {hf_name!r}")
+        self.tensors[name] = t
+
+    def raw(self, kind: T, bid: int | None, t: torch.Tensor, suffix: str = ".weight") -> None:
+        name = TENSOR_NAMES[kind]
+        self.tensors[(name.format(bid=bid) if bid is not None else name) + suffix] = t
+
+
+def _put_kv(w: gguf.GGUFWriter, key: str, v) -> None:
+    if isinstance(v, bool):
+        w.add_bool(key, v)
+    elif isinstance(v, int):
+        w.add_uint32(key, v)
+    elif isinstance(v, float):
+        w.add_float32(key, v)
+    elif isinstance(v, str):
+        w.add_string(key, v)
+    elif isinstance(v, (list, tuple)):
+        w.add_array(key, list(v))
+    else:
+        raise TypeError(f"{key}: {v!r}")
+
+
+def merge_experts(sd: dict) -> dict:
+    """Per-expert ``...experts.{e}.{w}.weight`` stacked into ``...experts.{w}.weight`` [E, ...], as the
+    converters' ``_experts`` buffers do (``Qwen2MoeModel``, ``DeepseekV2Model``, ...)."""
+    out, groups = {}, {}
+    pat = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+    for name, t in sd.items():
+        m = pat.match(name)
+        if m is None:
+            out[name] = t
+        else:
+            groups.setdefault(f"{m[1]}.{m[3]}.weight", {})[int(m[2])] = t
+    for name, per in groups.items():
+        out[name] = torch.stack([per[e] for e in range(len(per))])
+    return out
+
+
+def write_gguf(folder: Path, arch: str, path: Path) -> Path:
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    sd = merge_experts(load_file(str(Path(folder) / "model.safetensors")))
+    out = CONVERTERS[arch](cfg, sd)
+    w = gguf.GGUFWriter(path, out.name)
+    for k, v in out.meta.items():
+        _put_kv(w, k if k.startswith("general.") else f"{out.name}.{k}", v)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for name, t in out.tensors.items():
+        w.add_tensor(name, np.ascontiguousarray(t.detach().to(torch.float32).numpy()))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# ---- the metadata every decoder gets (conversion/base.py TextModel.set_gguf_parameters) -------------------
+
+def _rope(cfg: dict) -> dict:
+    return cfg.get("rope_parameters") or {}
+
+
+def text_meta(o: Out, n_blocks: int) -> None:
+    c = o.cfg
+    o.put("block_count", n_blocks)
+    if "max_position_embeddings" in c:
+        o.put("context_length", c["max_position_embeddings"])
+    o.put("embedding_length", c["hidden_size"])
+    for k in ("prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size"):
+        if c.get(k) is not None:
+            o.put("feed_forward_length", c[k])
+            break
+    if c.get("num_attention_heads") is not None:
+        o.put("attention.head_count", c["num_attention_heads"])
+    if c.get("num_key_value_heads") is not None:
+        o.put("attention.head_count_kv", c["num_key_value_heads"])
+    rp = _rope(c)
+    if rp.get("rope_type") == "yarn":
+        o.put("rope.scaling.type", "yarn")
+        o.put("rope.scaling.factor", float(rp["factor"]))
+        o.put("rope.scaling.original_context_length", rp["original_max_position_embeddings"])
+        for key, gk in (("beta_fast", "rope.scaling.yarn_beta_fast"), ("beta_slow", "rope.scaling.yarn_beta_slow")):
+            if rp.get(key) is not None:
+                o.put(gk, float(rp[key]))
+    if "mrope_section" in rp:
+        o.put("rope.dimension_sections", (list(rp["mrope_section"]) + [0, 0, 0, 0])[:4])
+    if rp.get("rope_theta") is not None:
+        o.put("rope.freq_base", float(rp["rope_theta"]))
+    for k in ("rms_norm_eps", "norm_eps"):
+        if c.get(k) is not None:
+            o.put("attention.layer_norm_rms_epsilon", float(c[k]))
+            break
+    for k in ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"):
+        if c.get(k) is not None:
+            o.put("attention.layer_norm_epsilon", float(c[k]))
+            break
+    for k in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if c.get(k) is not None:
+            o.put("expert_count", c[k])
+            break
+    for k in ("num_experts_per_tok", "num_experts_per_token", "top_k_experts"):
+        if c.get(k) is not None:
+            o.put("expert_used_count", c[k])
+            break
+    if c.get("n_group") is not None:
+        o.put("expert_group_count", c["n_group"])
+    if c.get("topk_group") is not None:
+        o.put("expert_group_used_count", c["topk_group"])
+    for k in ("score_function", "scoring_func", "score_func", "moe_router_activation", "moe_router_activation_func"):
+        if c.get(k) is not None:
+            o.put("expert_gating_func", {"softmax": 1, "sigmoid": 2}[c[k]])
+            break
+    if c.get("head_dim") is not None:
+        o.put("attention.key_length", c["head_dim"])
+        o.put("attention.value_length", c["head_dim"])
+
+
+def _experts(o: Out, name: str, t: torch.Tensor) -> bool:
+    """transformers v5's 3-D experts (``Qwen2MoeModel.modify_tensors``): gate_up_proj split, down_proj kept."""
+    if name.endswith("experts.gate_up_proj"):
+        n = t.shape[-2] // 2
+        base = name.removesuffix(".gate_up_proj")
+        o.add(f"{base}.gate_proj.weight", t[..., :n, :])
+        o.add(f"{base}.up_proj.weight", t[..., n:, :])
+        return True
+    if name.endswith("experts.down_proj"):
+        o.add(f"{name}.weight", t)
+        return True
+    return False
+
+
+# ---- Qwen3-Next / Qwen3.5 (conversion/qwen.py) -------------------------------------------------------------
+
+def _qwen_linear_meta(o: Out, c: dict) -> None:
+    if c.get("moe_intermediate_size") is not None:
+        o.put("expert_feed_forward_length", c["moe_intermediate_size"])
+    if c.get("shared_expert_intermediate_size") is not None:
+        o.put("expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
+    o.put("ssm.conv_kernel", c["linear_conv_kernel_dim"])
+    o.put("ssm.state_size", c["linear_key_head_dim"])
+    o.put("ssm.group_count", c["linear_num_key_heads"])
+    o.put("ssm.time_step_rank", c["linear_num_value_heads"])
+    o.put("ssm.inner_size", c["linear_value_head_dim"] * c["linear_num_value_heads"])
+    if c.get("layer_types") is not None:
+        o.put("attention.recurrent_layers", [t == "linear_attention" for t in c["layer_types"]])
+    o.put("full_attention_interval", c.get("full_attention_interval", 4))
+    o.put("rope.dimension_count", int(c["head_dim"] * _rope(c).get("partial_rotary_factor", 0.25)))
+
+
+def _qwen_common_tensor(o: Out, name: str, t: torch.Tensor) -> torch.Tensor:
+    if name.endswith(".A_log"):
+        return -torch.exp(t)
+    if "conv1d" in name:
+        return t.squeeze()
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        return t + 1
+    return t
+
+
+def _qwen_name(name: str) -> str:
+    return name.rpartition(".dt_bias")[0] + ".dt_proj.bias" if name.endswith(".dt_bias") else name
+
+
+def qwen3next(cfg: dict, sd: dict) -> Out:
+    n = cfg["num_hidden_layers"]
+    o = Out(MODEL_ARCH.QWEN3NEXT, cfg, n)
+    text_meta(o, n)
+    _qwen_linear_meta(o, cfg)
+    H, K, HV, V = (cfg[k] for k in ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads",
+                                   "linear_value_head_dim"))
+    for name, t in sd.items():
+        t = _qwen_common_tensor(o, name, t)
+        if _experts(o, name, t):
+            continue
+        if "in_proj_qkvz.weight" in name:
+            bid = int(name.split(".")[2])
+            sizes = [K, K, HV // H * V, HV // H * V]
+            x = t.permute(1, 0).contiguous().view(-1, H, sum(sizes))
+            q, k, v, z = torch.split(x, sizes, dim=-1)
+            D = cfg["hidden_size"]
+            qkv = torch.cat([q.reshape(D, -1), k.reshape(D, -1), v.reshape(D, -1)], dim=-1).permute(1, 0)
+            o.raw(T.ATTN_QKV, bid, qkv)
+            o.raw(T.ATTN_GATE, bid, z.reshape(D, -1).permute(1, 0))
+            continue
+        o.add(_qwen_name(name), t)
+    return o
+
+
+def _tile(t: torch.Tensor, dim: int, H: int, r: int, d: int) -> torch.Tensor:
+    """``_LinearAttentionVReorderBase._reorder_v_heads``: grouped (H, r, d) -> tiled (r, H, d) along dim."""
+    shape = list(t.shape)
+    dim %= len(shape)
+    x = t.reshape(*shape[:dim], H, r, d, *shape[dim + 1:])
+    return x.transpose(dim, dim + 1).contiguous().reshape(shape)
+
+
+def _qwen35(arch: MODEL_ARCH) -> Callable[[dict, dict], Out]:
+    def convert(cfg: dict, sd: dict) -> Out:
+        n = cfg["num_hidden_layers"]
+        o = Out(arch, cfg, n)
+        text_meta(o, n)
+        _qwen_linear_meta(o, cfg)
+        H, K, HV, V = (cfg[k] for k in ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads",
+                                       "linear_value_head_dim"))
+        r = HV // H
+        for name, t in sd.items():
+            if r > 1 and "linear_attn." in name:
+                if ".in_proj_qkv." in name:
+                    t = torch.cat([t[:2 * H * K], _tile(t[2 * H * K:], 0, H, r, V)])
+                elif ".in_proj_z." in name:
+                    t = _tile(t, 0, H, r, V)
+                elif ".in_proj_b." in name or ".in_proj_a." in name:
+                    t = _tile(t, 0, H, r, 1)
+                elif ".A_log" in name or ".dt_bias" in name:
+                    t = _tile(t.unsqueeze(-1), 0, H, r, 1).squeeze(-1)
+                elif ".conv1d" in name:
+                    t = t.squeeze()
+                    t = torch.cat([t[:2 * H * K], _tile(t[2 * H * K:], 0, H, r, V)])
+                elif ".out_proj." in name:
+                    t = _tile(t, 1, H, r, V)
+            t = _qwen_common_tensor(o, name, t)
+            if _experts(o, name, t):
+                continue
+            o.add(_qwen_name(name), t)
+        return o
+
+    return convert
+
+
+CONVERTERS: dict[str, Callable[[dict, dict], Out]] = {
+    "qwen3next": qwen3next,
+    "qwen35": _qwen35(MODEL_ARCH.QWEN35),
+    "qwen35moe": _qwen35(MODEL_ARCH.QWEN35MOE),
+}
