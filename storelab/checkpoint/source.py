@@ -50,7 +50,7 @@ from huggingface_hub import get_safetensors_metadata, hf_hub_download, scan_cach
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-__all__ = ["Source", "HubRepo", "ModelSource", "resolve", "checkpoint_source", "model_file_source", "hub_cache",
+__all__ = ["Source", "HubRepo", "ModelSource", "resolve", "checkpoint_source", "checkpoint_weights", "model_file_source", "hub_cache",
            "is_offline", "fetch_config", "model_config", "hf_config_path", "weights_path", "safetensors_headers", "load"]
 
 
@@ -171,7 +171,7 @@ def _resolve(text: str, *, offline: bool) -> ModelSource:
     if text.startswith(EXPLICIT_PATH) or path.suffix in (".toml", ".json") or (path.suffix == ".gguf"
                                                                                   and text.count("/") != 2):
         if not path.exists():
-            raise ValueError(f"model: {text!r}: no such file or folder ({path.resolve()})")
+            raise ValueError(f"model: {text!r}: {path.resolve()} does not exist (no such file or folder)")
         return _local(text, path)
     zoo = _zoo(text)
     m = HUB_ID.fullmatch(text)
@@ -340,6 +340,15 @@ def checkpoint_source(path: str | Path) -> ModelSource:
     p = Path(path)
     kind = Source.FOLDER if p.is_dir() else Source.GGUF if p.suffix == ".gguf" else Source.CONFIG_JSON
     return ModelSource(text=str(path), kind=kind, path=p)
+
+
+def checkpoint_weights(path: str | Path, *, offline: bool | None = None) -> Path:
+    """``--checkpoint X`` of a command that reads weights: a path as it always was (an existing one, or one
+    written as a path: the command names it missing), else a Hub repo id whose weights are in the cache."""
+    text = str(path)
+    if Path(text).expanduser().exists() or text.startswith(EXPLICIT_PATH) or HUB_ID.fullmatch(text) is None:
+        return Path(path)
+    return weights_path(resolve(text, offline=offline))
 
 
 def model_file_source(path: str | Path) -> ModelSource:

@@ -2,7 +2,12 @@
 ``storelab.load`` (and ``storelab generate --checkpoint``) reads back.
 
 The model is a zoo model or a model file with seeded random weights, or a checkpoint folder
-of any supported family (``--checkpoint``), which is thereby converted to our own names.
+of any supported family, which is thereby converted to our own names. MODEL is any model argument
+(``storelab.checkpoint.source.resolve``): a zoo name (``NAME --tiny``, ``NAME.tiny``, ``tiny-NAME``), a
+model file (.toml/.json), a checkpoint folder, a .gguf file, a config.json with its safetensors beside it,
+or a Hugging Face repo id ``org/name[@revision]`` whose weights are in the local cache (save reads only the
+cache; a repo not there is an error saying ``hf download org/name``). ``--config`` and ``--checkpoint`` say
+the kind outright, as before (no lookup: the path is read as that kind).
 """
 
 from __future__ import annotations
@@ -59,8 +64,9 @@ def save_model(source: str, out: Path, *, tiny: bool = False, config: bool = Fal
 def register(app: typer.Typer) -> None:
     @app.command()
     def save(
-        model: str = typer.Argument(..., help="A zoo model name (a model file with --config, a checkpoint folder "
-                                              "with --checkpoint)."),
+        model: str = typer.Argument(..., help="A zoo model name or model file (random weights), or a checkpoint to "
+                                              "convert: a folder, .gguf, config.json beside its safetensors, or a "
+                                              "Hugging Face repo id org/name[@revision] in the local cache."),
         out: Path = typer.Argument(..., help="The folder to write (created)."),
         tiny: bool = typer.Option(False, "--tiny", help="Use the zoo model's tiny version."),
         config: bool = typer.Option(False, "--config", help="MODEL is a model file path."),
@@ -70,6 +76,8 @@ def register(app: typer.Typer) -> None:
         max_shard_mb: float = opt.number(5 * 1024, "--max-shard-mb", min=0, min_open=True,
                                          help="Largest shard, in MiB."),
         force: bool = opt.force(),
+        offline: bool = typer.Option(False, "--offline", help="Hub repos from the local cache only (save reads "
+                                     "weights from the cache alone in any case)."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Write a model as config.json + safetensors (our names), loadable with storelab.load."""
@@ -79,10 +87,28 @@ def register(app: typer.Typer) -> None:
             opt.fail(f"--tiny: picks the tiny version of a zoo model; it does nothing to "
                      f"{'--config' if config else '--checkpoint'} (leave it out)")
         with opt.user_errors():
-            res = save_model(model, out, tiny=tiny, config=config, checkpoint=checkpoint, seed=seed, dtype=dtype,
+            source = model
+            if not (config or checkpoint):   # the kind from the argument itself
+                source, config, checkpoint, tiny = save_source(model, tiny=tiny, offline=offline)
+            res = save_model(source, out, tiny=tiny, config=config, checkpoint=checkpoint, seed=seed, dtype=dtype,
                              max_shard_bytes=max(1, int(max_shard_mb * 2**20)), force=force)
+            res["source"] = model
         if json_:
             emit_json(res)
             return
         console.print(f"{res['model']} ({res['mix']}, {res['parameters']:,} parameters) -> {res['out']}")
         console.print(table("Files written", ["File", "Bytes"], [[f["name"], f["bytes"]] for f in res["files"]]))
+
+
+def save_source(text: str, *, tiny: bool = False, offline: bool = False) -> tuple[str, bool, bool, bool]:
+    """MODEL as ``save_model`` takes it: (source, config, checkpoint, tiny). A zoo model by its file's name
+    (its tiny version said in the name or by ``tiny``), a model file's path, a checkpoint's weights folder
+    (local only: a Hub repo from the cache)."""
+    from storelab.checkpoint.source import Source, resolve, weights_path
+
+    src = resolve(text, tiny=tiny, offline=offline)
+    if src.kind is Source.ZOO:
+        return src.zoo, False, False, src.tiny
+    if src.kind is Source.MODEL_FILE:
+        return str(src.path), True, False, False
+    return str(weights_path(src)), False, True, False

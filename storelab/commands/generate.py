@@ -1,7 +1,14 @@
-"""``storelab generate``: prefill a random prompt in chunks, decode token by token, and
+"""``storelab generate MODEL``: prefill a random prompt in chunks, decode token by token, and
 report per store kind the state bytes measured beside the analytic ones.
 
-With ``--prompt TEXT`` (and ``--checkpoint DIR``) the prompt is text instead: encoded with the
+MODEL is any model argument (``storelab.checkpoint.source.resolve``): a zoo name (``NAME --tiny``,
+``NAME.tiny``, ``tiny-NAME``) or a storelab model file (.toml/.json), built with random weights; or a
+checkpoint with its weights: a folder, a .gguf file, a config.json with its safetensors beside it, a
+Hugging Face repo id ``org/name[@revision]`` whose weights are in the local cache (generate reads only
+the cache; a repo not there, or there without its weights, is an error saying ``hf download org/name``).
+``--config FILE`` and ``--checkpoint DIR`` say the kind outright, as before.
+
+With ``--prompt TEXT`` (and a checkpoint) the prompt is text instead: encoded with the
 folder's tokenizer.json (``--chat``: as a user turn of its chat template), decoded greedily or
 sampled, stopped at an end-of-sequence token (tokenizer_config.json's eos_token, and
 generation_config.json's / config.json's eos_token_id), and printed as text (``--json``: the ids
@@ -124,7 +131,9 @@ def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int]
 def register(app: typer.Typer) -> None:
     @app.command()
     def generate(
-        model: str = typer.Argument(None, help="A zoo model name (or give --config)."),
+        model: str = typer.Argument(None, help="A zoo model name or model file (random weights), or a checkpoint: "
+                                    "a folder, .gguf, config.json beside its safetensors, or a Hugging Face repo "
+                                    "id org/name[@revision] in the local cache."),
         tiny: bool = typer.Option(False, "--tiny", help="Use the model's tiny version."),
         prompt_len: int = opt.integer(32, "--prompt-len", min=1, max=MAX_TOKENS, help="Random prompt length."),
         new_tokens: int = opt.integer(8, "--new-tokens", min=0, max=MAX_TOKENS, help="Tokens to generate."),
@@ -134,11 +143,14 @@ def register(app: typer.Typer) -> None:
         seed: int = opt.seed(),
         config: Path = typer.Option(None, "--config", help="A model file (TOML or JSON) instead of a zoo name."),
         checkpoint: Path = typer.Option(None, "--checkpoint",
-                                        help="A checkpoint folder (config.json + safetensors): its weights."),
+                                        help="A checkpoint folder (config.json + safetensors), or a Hugging Face "
+                                        "repo id org/name[@revision] in the local cache: its weights."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
         prompt: str = typer.Option(None, "--prompt", help="Text to continue (needs --checkpoint: its tokenizer.json); "
                                    "prints the generated text."),
         chat: bool = typer.Option(False, "--chat", help="With --prompt: wrap it in the folder's chat template."),
+        offline: bool = typer.Option(False, "--offline", help="Hub repos from the local cache only (generate "
+                                     "reads weights from the cache alone in any case)."),
         device: str = opt.device(),
         dtype: str = opt.dtype(),
     ) -> None:
@@ -146,8 +158,8 @@ def register(app: typer.Typer) -> None:
         beside analytic. With --prompt: text in, text out."""
         from rich.progress import Progress
 
+        from storelab.checkpoint.source import Source, checkpoint_weights, model_config, resolve, weights_path
         from storelab.models.config import load_model
-        from storelab.zoo import load_zoo
 
         from storelab.commands._finite import check_weights
         from storelab.models.config import check_fits
@@ -162,15 +174,27 @@ def register(app: typer.Typer) -> None:
             if tiny and model is None:
                 raise ValueError(f"--tiny: picks the tiny version of a zoo model; it does nothing to "
                                  f"{'--checkpoint' if checkpoint is not None else '--config'} (leave it out)")
+            if (model is None) + (config is None) + (checkpoint is None) != 2:
+                raise ValueError("model: give a zoo model name, a checkpoint, --config FILE or --checkpoint FOLDER "
+                                 "(one of them)")
+            if checkpoint is not None:   # a Hub repo id too: its snapshot in the Hugging Face cache
+                checkpoint = checkpoint_weights(checkpoint, offline=offline)
+            if model is not None:   # any model argument: a checkpoint's weights, or a model built at random
+                src = resolve(model, tiny=tiny, offline=offline)
+                if src.kind.is_checkpoint:
+                    checkpoint = weights_path(src)
+                elif src.kind is Source.MODEL_FILE:
+                    config = src.path
+                elif src.kind is not Source.ZOO:
+                    weights_path(src)   # names what to do with it (a train run: export it)
             if prompt is not None and checkpoint is None:
-                raise ValueError("--prompt: text needs a tokenizer: give --checkpoint FOLDER (with tokenizer.json)")
+                raise ValueError("--prompt: text needs a tokenizer: give a checkpoint (a folder with tokenizer.json, "
+                                 "or a Hugging Face repo in the cache)")
             if prompt is not None:
                 from storelab.text import Tokenizer
 
-                tok = Tokenizer.from_folder(checkpoint)    # before any weight is read
+                tok = Tokenizer.load(checkpoint)           # before any weight is read
                 ids = tok.chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
-            if (model is None) + (config is None) + (checkpoint is None) != 2:
-                raise ValueError("model: give a zoo model name, --config FILE or --checkpoint FOLDER (one of them)")
             if checkpoint is not None:
                 from storelab.checkpoint import load
 
@@ -182,8 +206,8 @@ def register(app: typer.Typer) -> None:
                 check_weights(loaded, checkpoint)
                 cfg = loaded.cfg
             else:
-                cfg = load_model(config) if config is not None else load_zoo(model, tiny=tiny)
-                check_fits(cfg, what="--config" if config is not None else "model",
+                cfg = load_model(config) if config is not None else model_config(src)
+                check_fits(cfg, what="model" if model is not None else "--config",
                            instead="write a smaller model file" if config is not None
                            else f"run its tiny version (storelab generate {model} --tiny)")
         if tok is not None:

@@ -4,6 +4,14 @@ Probes: state_swap, keep_one, forgetting, mhc, selection (see ``storelab.probes`
 ``all`` for every probe that applies to the model. The essay's figures for the large
 models are printed beside ours, as context: tiny models on synthetic tasks need not match.
 
+The model is the second positional argument, any model argument (``storelab.checkpoint.source.resolve``):
+``storelab probe all ./run``, ``storelab probe state_swap Qwen/Qwen3.5-0.8B``, ``storelab probe all
+tiny-kimi-k3``. A train run folder, a model folder or a Hugging Face repo id ``org/name[@revision]`` whose
+weights are in the local cache (the probes read only the cache: a repo not there is an error saying ``hf
+download org/name``) is read as ``--checkpoint``; a zoo name (``tiny-NAME``, ``NAME.tiny``, ``NAME --tiny``
+is not taken here), a model file or a built-in stack (``pattern:KKKA``) as ``--model``. The options
+``--checkpoint DIR`` and ``--model NAME`` work as before.
+
 ``--checkpoint`` takes a ``storelab train`` run folder (the probes run on its task) or a model
 folder, Hugging Face or ``storelab save``: the probes run on text (``storelab.probes.on_folder``),
 or on a synthetic ``--task`` when one is given. ``--stream`` reads a model folder's weights layer by
@@ -34,8 +42,12 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def probe(
         name: str = typer.Argument(..., help="state_swap, keep_one, forgetting, mhc, selection, or all."),
+        target: str = typer.Argument(None, metavar="[MODEL]", help="The model: a train run or model folder, a "
+                                     "Hugging Face repo id org/name[@revision] in the local cache (as --checkpoint), "
+                                     "or a zoo name, model file or built-in stack (as --model)."),
         checkpoint: Path = typer.Option(None, "--checkpoint", help="A run folder written by storelab train --out, "
-                                        "or a model folder (Hugging Face or storelab save: probes on text)."),
+                                        "or a model folder (Hugging Face or storelab save: probes on text), or a "
+                                        "Hugging Face repo id org/name[@revision] in the local cache."),
         model: str = typer.Option(None, "--model", help="Instead of a checkpoint: an untrained model "
                                   "(tiny-<zoo name> or a built-in stack), for a look at the machinery."),
         task: str = typer.Option(None, "--task", help="Probe on this task instead of the checkpoint's."),
@@ -63,6 +75,8 @@ def register(app: typer.Typer) -> None:
         weights_only: bool = typer.Option(False, "--weights-only", help="forgetting only: the gates' half-lives "
                                           "at x = 0 and the KDA channel-fade estimate, from the gate tensors of a "
                                           "model folder alone (megabytes read, no model built)."),
+        offline: bool = typer.Option(False, "--offline", help="Hub repos from the local cache only (the probes "
+                                     "read weights from the cache alone in any case)."),
         device: str = opt.device(),
         dtype: str = opt.dtype(),
     ) -> None:
@@ -79,6 +93,15 @@ def register(app: typer.Typer) -> None:
         from storelab.models.config import check_fits
 
         with opt.user_errors():
+            if target is not None:
+                if checkpoint is not None or model is not None:
+                    raise ValueError(f"model: {target!r} and {'--checkpoint' if checkpoint is not None else '--model'}"
+                                     f": give the model once")
+                checkpoint, model = probe_target(target, offline=offline)
+            elif checkpoint is not None:   # a Hub repo id too: its snapshot in the Hugging Face cache
+                from storelab.checkpoint.source import checkpoint_weights
+
+                checkpoint = checkpoint_weights(checkpoint, offline=offline)
             if weights_only:
                 from storelab.commands._probe_weights import weights_only as run_weights_only
 
@@ -176,3 +199,21 @@ def register(app: typer.Typer) -> None:
             console.print(f"probe {nm}: skipped ({why})")
         if out is not None:
             console.print(f"wrote {', '.join(written)} into {out}")
+
+
+def probe_target(text: str, *, offline: bool = False) -> tuple[Path | None, str | None]:
+    """The positional model as (``--checkpoint``, ``--model``): a built-in stack, a zoo model or a model file
+    is built untrained (``--model``); a run folder, or a checkpoint's weights (local only), is read."""
+    from storelab.checkpoint.source import Source, resolve, weights_path
+    from storelab.train.models import BUILTIN
+
+    if text in BUILTIN or text.startswith("pattern:"):
+        return None, text
+    src = resolve(text, offline=offline)
+    if src.kind is Source.ZOO:
+        return None, f"tiny-{src.zoo}" if src.tiny else src.zoo
+    if src.kind is Source.MODEL_FILE:
+        return None, str(src.path)
+    if src.kind is Source.RUN:
+        return src.path, None
+    return weights_path(src), None

@@ -1,4 +1,8 @@
-"""``storelab report``: build the HTML/Markdown/JSON report."""
+"""``storelab report``: build the HTML/Markdown/JSON report.
+
+``--checkpoint`` takes a model folder (with its tokenizer.json) as before, or a Hugging Face repo id
+``org/name[@revision]`` whose weights are in the local cache (``storelab.checkpoint.source``; the report
+reads only the cache: a repo not there is an error saying ``hf download org/name``)."""
 
 from __future__ import annotations
 
@@ -16,7 +20,9 @@ def register(app: typer.Typer) -> None:
                quick: bool = typer.Option(False, "--quick", help="Small sizes (about a minute)."),
                force: bool = opt.force(),
                checkpoint: Path = typer.Option(None, "--checkpoint", help="A model folder (Hugging Face or storelab "
-                                               "save, with tokenizer.json): a section with its measurements."),
+                                               "save, with tokenizer.json), or a Hugging Face repo id "
+                                               "org/name[@revision] in the local cache: a section with its "
+                                               "measurements."),
                stream: bool = typer.Option(False, "--stream", help="With --checkpoint: read each layer's weights "
                                            "during its call (checkpoints larger than memory)."),
                device: str = opt.device(),
@@ -26,10 +32,13 @@ def register(app: typer.Typer) -> None:
                                             "those instead of the shipped ones."),
                subjects: Path = typer.Option(None, "--subjects", help="A folder of trained subjects (`storelab "
                                              "subjects train --all --out DIR`) for sections 7 and 8."),
+               offline: bool = typer.Option(False, "--offline", help="A Hub repo from the local cache only (the "
+                                            "report reads weights from the cache alone in any case)."),
                json_: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
         """The essay's claims beside what the code measures, as a self-contained HTML page."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from storelab.checkpoint.source import checkpoint_weights
         from storelab.outputs import check_folder
         from storelab.report import build_report
         from storelab.report.build import FILES, check_checkpoint, check_subjects, default_sections
@@ -38,8 +47,8 @@ def register(app: typer.Typer) -> None:
         with opt.user_errors():
             check_folder(out, "report", FILES, force=force)  # before the sections run
             check_subjects(out, subjects, retrain, force=force)
-            if checkpoint is not None:
-                check_checkpoint(checkpoint)
+            if checkpoint is not None:   # a repo id: its snapshot in the Hugging Face cache
+                checkpoint = check_checkpoint(checkpoint_weights(checkpoint, offline=offline))
             elif stream:
                 raise ValueError("stream: --stream reads the model folder given as --checkpoint DIR")
             elif device != "cpu" or dtype is not None:
