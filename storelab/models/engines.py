@@ -27,7 +27,10 @@ a multiple of n, ``cdiv``: division rounded up):
   W entries' storage; the rule here is the one after a prefill.) A short convolution, LFM2's or the one
   in front of a Mamba, Gated DeltaNet or KDA store (``LinearAttentionLayer.conv_states``), keeps the
   kernel's whole window, W inputs (zeros before the first), where the next token needs W - 1: one input
-  more than the ideal (``conv_input_bytes``).
+  more than the ideal (``conv_input_bytes``). Keys, values and states are in the model's dtype
+  (``model_dtype``: ``storelab memory`` reads it from the checkpoint's ``dtype`` / ``torch_dtype``; a folder
+  saved in float32 keeps a float32 cache), unless ``--cache-dtype`` says; without one, each store's
+  published format, else bf16.
 
 * ``llama.cpp`` (ggml-org/llama.cpp; ``src/llama-context.cpp``, ``src/llama-kv-cache.cpp``,
   ``src/llama-kv-cache-iswa.cpp`` at 02c28f533ebba3e4ea944fc4a0719a012b3e7097,
@@ -55,7 +58,7 @@ a multiple of n, ``cdiv``: division rounded up):
   cell, no V), 4,392 MiB of f16 at 65,536 cells; Gemma-4-12B with ``-c 8192 -np 2``, 4,096 full cells and
   1,536 SWA cells (1,024 + 512) per sequence, 128 + 960 MiB.
 
-* ``vllm`` (vllm-project/vllm; ``vllm/v1/kv_cache_interface.py`` at
+* ``vllm`` (``kv_cache_dtype`` "auto": each store's published format, else ``model_dtype``; vllm-project/vllm; ``vllm/v1/kv_cache_interface.py`` at
   001cabc1be16a59a70d720ed61a13b678c060a18: ``FullAttentionSpec``, ``SlidingWindowSpec``,
   ``ChunkedLocalAttentionSpec``, ``MambaSpec``; ``vllm/platforms/interface.py``'s hybrid block size,
   ``HybridAttentionMambaModelConfig`` before it; ``vllm/v1/core/kv_cache_utils.py`` adds each layer's
@@ -97,6 +100,9 @@ __all__ = ["ENGINES", "LlamaCpp", "VLLM", "engine_cache_format", "engine_layers"
 
 ENGINES = ("ideal", "transformers", "llama.cpp", "vllm")
 SLIDING_TENSOR_BYTES = 8  # transformers' DynamicSlidingWindowLayer._sliding_window_tensor (int64 scalar)
+# transformers' settings: the model's dtype, which its DynamicCache keeps keys and values in (a folder saved in
+# float32 and loaded with its own dtype keeps a float32 cache); ``storelab memory`` takes it from config.json
+TRANSFORMERS_OPTIONS = {"model_dtype": str}
 
 
 def _pad(x: int, n: int) -> int:
@@ -228,7 +234,8 @@ class VLLM:
         return fixed - tail * st.conv_input_bytes(state) + tail * st.conv_input_bytes(self.model_dtype)
 
     def cache_format(self, st, cache: str | None) -> str:
-        return cache or st.published_cache_format() or "bf16"
+        """``kv_cache_dtype`` "auto": the store's published format, else the model's dtype."""
+        return cache or st.published_cache_format() or self.model_dtype
 
     def fit(self, stores: list, *, cache: str | None, state: str) -> None:
         """The hybrid rule: with both attention and recurrent layers, grow the block until one attention page
@@ -289,7 +296,7 @@ def engine_options(engine: str, pairs: list[str]) -> dict[str, Any]:
     """An engine's settings from ``KEY=VALUE`` strings (``storelab memory --engine-option``), each checked:
     a key the engine has (``OPTIONS``), an integer > 0, a boolean (true/false), or a state format."""
     _check_engine(engine)
-    known = {"llama.cpp": LlamaCpp.OPTIONS, "vllm": VLLM.OPTIONS}.get(engine, {})
+    known = {"llama.cpp": LlamaCpp.OPTIONS, "vllm": VLLM.OPTIONS, "transformers": TRANSFORMERS_OPTIONS}.get(engine, {})
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -326,20 +333,23 @@ def engine_layers(cfg: ModelConfig, context: int, *, batch: int = 1, engine: str
     if context <= 0 or batch <= 0:
         raise ValueError(f"context, batch: must be > 0, got {context}, {batch}")
     rows = []
-    if settings and engine in ("ideal", "transformers"):
-        raise ValueError(f"engine option: {engine} takes none, got {', '.join(settings)}")
+    if settings and engine == "ideal" or set(settings) - set(TRANSFORMERS_OPTIONS) and engine == "transformers":
+        takes = ", ".join(TRANSFORMERS_OPTIONS) if engine == "transformers" else "none"
+        raise ValueError(f"engine option: {engine} takes {takes}, got {', '.join(settings)}")
     if engine == "ideal":
         for t in layer_terms(cfg, cache=cache, state=state, context=context):
             held = batch * (t["bytes_per_token"] * context + t["bytes_per_sequence"])
             rows.append({"layer": t["layer"], "bytes": held, "rule": "ideal: the stores' two terms"})
         return {"engine": engine, "settings": {}, "layers": rows, "total_bytes": sum(r["bytes"] for r in rows)}
-    if engine == "transformers":
+    if engine == "transformers":  # keys and values in the model's dtype when it is known, unless ``cache`` says
+        model = settings.get("model_dtype")
         for i in range(cfg.n_layers):
             b = sum(store_state_bytes(st, context, engine="transformers",
-                                      dtype=st.cache_format or cache or st.published_cache_format() or "bf16")
+                                      dtype=st.cache_format or cache or model or st.published_cache_format() or "bf16")
                     for _, st in _held(cfg, i))
             rows.append({"layer": i, "bytes": batch * b, "rule": "DynamicCache after a prefill of the context"})
-        return {"engine": engine, "settings": {}, "layers": rows, "total_bytes": sum(r["bytes"] for r in rows)}
+        return {"engine": engine, "settings": dict(settings), "layers": rows,
+                "total_bytes": sum(r["bytes"] for r in rows)}
     eng = (LlamaCpp if engine == "llama.cpp" else VLLM)(context, batch, **settings)
     if isinstance(eng, VLLM):
         eng.fit([st for i in range(cfg.n_layers) for _, st in _held(cfg, i)], cache=cache, state=state)
