@@ -1,5 +1,8 @@
-"""Text in and out: a checkpoint folder's tokenizer, read with the ``tokenizers`` library.
+"""Text in and out: a checkpoint's tokenizer, read with the ``tokenizers`` library.
 
+``Tokenizer.load(PATH)`` reads a checkpoint folder (``from_folder``) or a GGUF file (``from_gguf``:
+the vocabulary, merges, special tokens and chat template llama.cpp keeps in its metadata, rebuilt
+as the fast tokenizer transformers builds from them; ``storelab.text_gguf``).
 ``Tokenizer.from_folder(DIR)`` reads ``DIR/tokenizer.json`` (the fast-tokenizer file every
 family this library loads ships) and, where present, ``DIR/tokenizer_config.json`` for the
 chat template, the special tokens and whether a beginning-of-sequence token is added.
@@ -53,6 +56,30 @@ class Tokenizer:
     chat_template: str | None = None
     specials: dict[str, str] = field(default_factory=dict)   # bos_token, eos_token, pad_token, ... -> text
     add_bos: bool = False
+    template_from: str = ""      # where the chat template is read, named in errors ("FILE: KEY")
+
+    def __post_init__(self):
+        if not self.template_from:
+            self.template_from = f"{self.path.parent / TOKENIZER_CONFIG}: chat_template"
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        """A checkpoint's tokenizer: a GGUF file's (``from_gguf``), else a folder's (``from_folder``)."""
+        from storelab.checkpoint.gguf.header import is_gguf
+
+        return cls.from_gguf(path) if is_gguf(path) else cls.from_folder(path)
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> "Tokenizer":
+        """The tokenizer and chat template a GGUF file's metadata holds (its header only; no tensor
+        byte read). A file without ``tokenizer.ggml.model``, or with a model this library does not
+        build, is a ``TokenizerError`` naming the file and the key."""
+        from storelab.text_gguf import build, read_vocab
+
+        vocab = read_vocab(path)
+        backend, specials, add_bos = build(vocab)
+        return cls(backend=backend, path=vocab.path, chat_template=vocab.chat_template, specials=specials,
+                   add_bos=add_bos, template_from=f"{vocab.path}: tokenizer.chat_template")
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "Tokenizer":
@@ -117,16 +144,22 @@ class Tokenizer:
     def decode(self, ids: list[int], *, skip_special: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special)
 
+    @property
+    def _origin(self) -> Path:
+        """The checkpoint named in chat-template errors: the folder, or the GGUF file."""
+        return self.path if self.path.suffix == ".gguf" else self.path.parent
+
     # -- chat -----------------------------------------------------------------------------------
     def render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
         """The chat template applied to ``messages`` ([{"role": ..., "content": ...}])."""
         if self.chat_template is None:
-            raise TokenizerError(f"{self.path.parent / TOKENIZER_CONFIG}: no chat_template (use plain text)")
+            where, key = self.template_from.rsplit(": ", 1)
+            raise TokenizerError(f"{where}: no {key} (use plain text)")
         from jinja2 import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(msg):
-            raise TokenizerError(f"chat template of {self.path.parent}: {msg}")
+            raise TokenizerError(f"chat template of {self._origin}: {msg}")
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
@@ -135,7 +168,7 @@ class Tokenizer:
             return env.from_string(self.chat_template).render(
                 messages=messages, add_generation_prompt=add_generation_prompt, **self.specials)
         except TemplateError as e:
-            raise TokenizerError(f"chat template of {self.path.parent}: {e}") from None
+            raise TokenizerError(f"chat template of {self._origin}: {e}") from None
 
     def chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered chat (the template writes its own special tokens)."""

@@ -28,7 +28,7 @@ def open_text_model(folder: Path, *, stream: bool = False, device: str = "cpu", 
     from storelab.probes.source import open_model
     from storelab.text import Tokenizer
 
-    tok = Tokenizer.from_folder(folder)          # a missing tokenizer.json is named before the weights are read
+    tok = Tokenizer.load(folder)                 # a missing tokenizer is named before the weights are read
     if not stream:
         meta = load(folder, device="meta", dtype=dtype)
         check_fits(meta.cfg, what="--checkpoint", bytes_per_param=next(meta.parameters()).element_size(),
