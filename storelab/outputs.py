@@ -26,11 +26,23 @@ subjects    ``storelab subjects train --out``                subjects.json (the 
                                                              subjects beside their safetensors)
 ==========  ===============================================  =========================================
 
+The kind says only which command a folder is for; which files are the command's to replace is
+proven by content, never by a name. Every file written through ``atomic_path`` / ``atomic_write``
+is recorded with its sha256 in the folder's manifest, ``.storelab-manifest.json`` (``MANIFEST``:
+``{"format": "storelab-manifest-1", "files": {name: sha256}}``, updated under a lock on the folder,
+so processes writing into one folder at once keep every entry). A file is the command's own
+(``owned``) only when the manifest of its folder lists it with the hash it has now; a folder is,
+when every file in it is. A ``step-*`` folder of a run is the run's when it holds DCP's files only
+(``is_step_folder``: DCP writes them, not ``atomic_path``).
+
 The rule: a folder of the command's own kind is its to rewrite (a resumed run, a report built
-again); an empty or missing folder is created; a folder of another kind is refused; in a folder
-of no known kind (a user's own) the command adds its files but refuses to replace one it did not
-write. ``force=True`` (the commands' ``--force``) is the one way past a refusal. Each refusal is an
-``OutputError`` (a ValueError) naming the option, the folder and the file.
+again) when every file it would replace or remove is its own; an empty or missing folder is
+created; a folder of another kind is refused; in a folder of no known kind (a user's own) the
+command adds its files but refuses to replace one it did not write. A marker file the user made
+(``report.html`` in a folder of theirs) therefore protects itself, and a folder written by a
+storelab older than the manifest is refused, saying so. ``force=True`` (the commands' ``--force``)
+is the one way past a refusal; a run's ``--fresh`` is not. Each refusal is an ``OutputError`` (a
+ValueError) naming the option, the folder and the file.
 
 What a command clears is checked the same way: a run folder's ``step-*`` folders are removed on the
 next checkpoint, so ``check_folder(..., "run")`` refuses a ``step-*`` entry that holds anything but
@@ -39,12 +51,14 @@ DCP's files (a user's file kept there), and ``storelab.train.checkpoint`` remove
 an input inside the output folder (``inputs=``: ``export RUN RUN/step-00000002`` is refused, since the
 run's next checkpoint would clear it). A single file with a JSON beside it (``memory --plot --out
 mine.png`` writes mine.png and mine.json) is checked as a pair by ``check_files``: both are the
-command's to rewrite when the JSON says it wrote them (``"command"``), else each existing one is
+command's to rewrite when the manifest lists each of them as it is now, else each existing one is
 refused unless ``force``.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import re
@@ -53,8 +67,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-__all__ = ["OutputError", "KINDS", "folder_kind", "is_step_folder", "check_folder", "check_file", "check_files",
-           "check_apart", "atomic_write", "atomic_path"]
+__all__ = ["OutputError", "KINDS", "MANIFEST", "folder_kind", "is_step_folder", "owned", "check_folder", "check_file",
+           "check_files", "check_apart", "atomic_write", "atomic_path"]
 
 KINDS = {
     "save": "a storelab save (config.json with model_type 'storelab')",
@@ -68,6 +82,8 @@ KINDS = {
 }
 STEP_FOLDER = re.compile(r"step-\d{8}(\.tmp)?")
 DCP_FILE = re.compile(r"\.metadata(\.tmp)?|__\d+(_\d+)?\.(distcp|metadata)(\.tmp)?")  # what dcp.save writes
+MANIFEST = ".storelab-manifest.json"  # the files storelab wrote into a folder, with their sha256
+MANIFEST_FORMAT = "storelab-manifest-1"
 HF_MARKERS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "tokenizer.json", "tokenizer_config.json",
               "generation_config.json", "model.safetensors.index.json")
 
@@ -94,7 +110,7 @@ def folder_kind(folder: str | Path) -> str | None:
     if not folder.is_dir():
         return None
     try:
-        names = {p.name for p in folder.iterdir()}
+        names = {p.name for p in folder.iterdir()} - {MANIFEST}
     except OSError:
         return "other"
     if not names:
@@ -136,6 +152,84 @@ def is_step_folder(path: str | Path) -> bool:
         return all(DCP_FILE.fullmatch(p.name) and p.is_file() and not p.is_symlink() for p in path.iterdir())
     except OSError:
         return False
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _manifest(folder: Path) -> dict[str, str] | None:
+    """The files the manifest of ``folder`` lists (name -> sha256), or None when it has none (or one that
+    is not a storelab manifest)."""
+    p = folder / MANIFEST
+    if p.is_symlink() or not p.is_file():
+        return None
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    files = d.get("files") if isinstance(d, dict) and d.get("format") == MANIFEST_FORMAT else None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return None
+    return files
+
+
+def _record(path: Path, digest: str) -> None:
+    """List ``path`` with ``digest`` in its folder's manifest (entries of files gone since are dropped).
+    The folder is locked meanwhile: subjects are trained by several processes into one folder."""
+    folder = path.parent
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        files = {k: v for k, v in (_manifest(folder) or {}).items() if (folder / k).is_file()}
+        files[path.name] = digest
+        _replace(folder / MANIFEST, (json.dumps({"format": MANIFEST_FORMAT, "files": dict(sorted(files.items()))},
+                                                indent=1) + "\n").encode())
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def owned(path: str | Path, *, step_folders: bool = False) -> bool:
+    """Whether ``path`` is storelab's own: a file its folder's manifest lists with the sha256 it has now,
+    or a folder (not a link) whose every file is. ``step_folders``: a run's ``step-*`` folder of DCP
+    files only counts as its own (``is_step_folder``)."""
+    path = Path(path)
+    if path.is_symlink():
+        return False
+    if path.is_dir():
+        if step_folders and STEP_FOLDER.fullmatch(path.name):
+            return is_step_folder(path)
+        if _manifest(path) is None:
+            return False  # a folder storelab never wrote into
+        try:
+            return all(owned(p) for p in path.iterdir() if p.name != MANIFEST)
+        except OSError:
+            return False
+    if not path.is_file():
+        return not path.exists()
+    files = _manifest(path.parent)
+    return files is not None and files.get(path.name) == _sha256(path)
+
+
+def _not_owned(path: Path, option: str) -> OutputError:
+    """The refusal of ``path``, saying why it is not the command's to replace."""
+    if path.is_symlink() or (path.exists() and not path.is_file() and not path.is_dir()):
+        why = "is a link or not a plain file, not one this command wrote"
+    elif path.is_dir():
+        why = (f"holds files this command did not write (a file its folder's {MANIFEST} does not list, or one "
+               f"changed since)")
+    elif _manifest(path.parent) is None:
+        why = (f"was not written by this command: the folder has no {MANIFEST} (storelab's record of the files "
+               f"it wrote, with their hashes), so the file is a user's, or the folder was written by a storelab "
+               f"older than the manifest")
+    else:
+        why = f"was not written by this command, or was changed since (its hash is not the one {MANIFEST} lists)"
+    return OutputError(f"{option}: {path} {why}: refusing to replace it (choose another folder, move it, or "
+                       f"--force to overwrite)")
 
 
 def _inside(inner: Path, outer: Path) -> bool:
@@ -199,26 +293,19 @@ def _check_kind(folder: Path, kind: str, files: Iterable[str], *, force: bool, o
     have = folder_kind(folder)
     if force or have == "empty":
         return folder
-    if have == kind == "run":  # the next checkpoint replaces the pointer and removes every step folder but its own
-        for name in ("checkpoint.json", "config.json"):
-            p = folder / name
-            if p.is_symlink() or (p.exists() and not p.is_file()):
-                raise OutputError(f"{option}: {p} is not a file this command wrote (a link or a folder): "
-                                  f"refusing to replace it (move it, or --force)")
-        theirs = sorted(p.name for p in folder.glob("step-*") if not is_step_folder(p))
-        if theirs:
-            raise OutputError(f"{option}: {folder / theirs[0]} holds files this command did not write, and the "
-                              f"run's next checkpoint would remove it (move them, or --force to lose them)")
-    if have == kind:
-        return folder
-    if have in KINDS:
+    if have in KINDS and have != kind:
         raise OutputError(f"{option}: {folder} is {KINDS[have]}, not {KINDS[kind]}: refusing to write into it "
                           f"(choose another folder, or --force to write anyway)")
-    clash = sorted({p.name for pat in files for p in folder.glob(pat)})
-    if clash:
-        raise OutputError(f"{option}: {folder / clash[0]} exists and was not written by this command: refusing to "
-                          f"replace it (choose another folder, or --force to overwrite)")
+    # its own kind, or a folder of the user's: every file the command would replace or remove must be its own
+    for name in sorted({p.name for pat in files for p in folder.glob(pat)} | _dangling(folder, files)):
+        if not owned(folder / name, step_folders=kind == "run"):
+            raise _not_owned(folder / name, option)
     return folder
+
+
+def _dangling(folder: Path, files: Iterable[str]) -> set[str]:
+    """Links among ``files`` that point nowhere (``glob`` does not list them; a write would follow them)."""
+    return {p.name for p in folder.iterdir() if p.is_symlink() and not p.exists() and any(p.match(f) for f in files)}
 
 
 def check_file(path: str | Path, *, force: bool = False, option: str = "--out") -> Path:
@@ -235,8 +322,9 @@ def check_file(path: str | Path, *, force: bool = False, option: str = "--out") 
 
 def check_files(paths: Iterable[str | Path], command: str, *, force: bool = False, option: str = "--out") -> None:
     """Say whether the files ``paths`` may be written together, the last one a JSON that records
-    ``"command": command``: when that JSON exists and says so, every file is the command's own (a
-    plot drawn again); else each one that exists is refused unless ``force``."""
+    ``"command": command``: when that JSON says so and the folders' manifests list every existing one
+    as it is now (``owned``), they are the command's own (a plot drawn again); else each one that
+    exists is refused unless ``force``."""
     paths = [Path(p) for p in paths]
     for p in paths:
         if p.is_dir():
@@ -248,7 +336,7 @@ def check_files(paths: Iterable[str | Path], command: str, *, force: bool = Fals
         own = json.loads(paths[-1].read_text()).get("command") == command
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         own = False
-    if own:
+    if own and all(owned(p) for p in paths):
         return
     for p in paths:
         if p.exists() or p.is_symlink():
@@ -258,9 +346,10 @@ def check_files(paths: Iterable[str | Path], command: str, *, force: bool = Fals
 
 
 @contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, *, record: bool = True) -> Iterator[Path]:
     """A temporary path beside ``path`` (same suffix, so writers that go by it still do) to write into;
-    on success it replaces ``path`` atomically, on failure it is removed."""
+    on success it replaces ``path`` atomically and (``record``) is listed with its sha256 in the
+    folder's manifest, which makes it the command's own to replace later; on failure it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
@@ -271,18 +360,46 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
+        digest = _sha256(tmp) if record else None
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
+    if record:
+        _record(path, digest)
 
 
-def atomic_write(path: str | Path, data: str | bytes) -> Path:
-    """Write ``data`` (text as UTF-8) to ``path`` atomically; return the path."""
+def atomic_write(path: str | Path, data: str | bytes, *, record: bool = True) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically (recorded in the folder's manifest unless
+    ``record`` is False); return the path."""
     raw = data.encode() if isinstance(data, str) else data
-    with atomic_path(path) as tmp:
+    with atomic_path(path, record=record) as tmp:
         tmp.write_bytes(raw)
     return Path(path)
+
+
+def _replace(path: Path, raw: bytes) -> None:
+    """Write ``raw`` to ``path`` through a temporary file and ``os.replace`` (the manifest's own write)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:

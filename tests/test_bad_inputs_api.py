@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from storelab.outputs import OutputError, atomic_path, atomic_write, check_file, check_folder, folder_kind
+from storelab.outputs import (MANIFEST, OutputError, atomic_path, atomic_write, check_file, check_folder, folder_kind,
+                              owned)
 
 
 # -- outputs -------------------------------------------------------------------------------------------
@@ -46,6 +47,32 @@ def test_check_folder_rules(tmp_path):
         check_folder(d, "nonsense")
 
 
+def test_a_file_is_the_command_s_own_only_as_its_manifest_lists_it(tmp_path):
+    """Ownership is proven by the manifest's hashes, never by a file's name (issue 38)."""
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "report.html").write_text("<html>mine</html>")  # the marker's name, the user's content
+    with pytest.raises(OutputError, match=f"report.html was not written by this command.*{MANIFEST}.*older"):
+        check_folder(d, "report", ("report.html", "report.json"))
+    assert check_folder(d, "report", ("report.html",), force=True) == d
+    atomic_write(d / "report.html", "<html>ours</html>")        # now listed with its hash
+    assert owned(d / "report.html") and check_folder(d, "report", ("report.html", "*.png")) == d
+    (d / "report.html").write_text("<html>edited by hand</html>")  # changed since: the user's again
+    assert not owned(d / "report.html")
+    with pytest.raises(OutputError, match="changed since"):
+        check_folder(d, "report", ("report.html",))
+    (d / "notes.png").write_bytes(b"a user's figure")            # beside the command's own files
+    atomic_write(d / "report.html", "<html>ours</html>")
+    with pytest.raises(OutputError, match="notes.png was not written by this command"):
+        check_folder(d, "report", ("report.html", "*.png"))
+    sub = d / "capacity"
+    sub.mkdir()
+    with pytest.raises(OutputError, match="capacity holds files"):  # a folder storelab never wrote into
+        check_folder(d, "report", ("report.html", "capacity"))
+    atomic_write(sub / "capacity.json", "{}")
+    assert check_folder(d, "report", ("report.html", "capacity")) == d
+
+
 def test_check_file(tmp_path):
     f = tmp_path / "a.png"
     assert check_file(f) == f
@@ -65,9 +92,9 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
             tmp.write_text("half")
             raise RuntimeError("killed")
     assert f.read_text() == "old"
-    assert os.listdir(tmp_path) == ["x.json"]  # no temporary left behind
+    assert sorted(os.listdir(tmp_path)) == [MANIFEST, "x.json"]  # no temporary left behind
     atomic_write(f, b"new")
-    assert f.read_bytes() == b"new" and os.listdir(tmp_path) == ["x.json"]
+    assert f.read_bytes() == b"new" and sorted(os.listdir(tmp_path)) == [MANIFEST, "x.json"]
     assert oct(f.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # as a plain write would leave it
 
 
@@ -103,7 +130,8 @@ def test_resharding_removes_only_stale_shards(tmp_path):
     many = save(model, d, max_shard_bytes=2_000)
     assert len(many) > 3
     one = save(model, d)
-    assert sorted(p.name for p in d.iterdir()) == sorted(p.name for p in one) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in d.iterdir() if p.name != MANIFEST) == sorted(p.name for p in one) == [
+        "config.json", "model.safetensors"]
     load(d)
 
 

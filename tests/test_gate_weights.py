@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from storelab.checkpoint import CheckpointError, load
 from storelab.cli import app
+from storelab.outputs import MANIFEST
 from storelab.probes.forgetting import channel_mixing, forgetting, rest_log_decay
 from storelab.probes.gate_weights import gate_spectra, gate_tensors
 from storelab.tasks import make_task
@@ -92,7 +93,7 @@ def test_weights_only_command(folder, tmp_path):
     res = CliRunner().invoke(app, ["probe", "forgetting", "--checkpoint", str(d), "--weights-only",
                                    "--out", str(tmp_path / "gates")])
     assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in (tmp_path / "gates").iterdir()) == ["forgetting_weights.png", "probe.json"]
+    assert sorted(p.name for p in (tmp_path / "gates").iterdir()) == [MANIFEST, "forgetting_weights.png", "probe.json"]
     assert "half-life at x = 0 per head" in res.output
     bad = CliRunner().invoke(app, ["probe", "mhc", "--checkpoint", str(d), "--weights-only"])
     assert bad.exit_code == 2 and "only the forgetting probe" in bad.output

@@ -19,6 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 from storelab.cli import app
+from storelab.outputs import MANIFEST
 from storelab.probes.prompts import shipped
 from tests.helpers import write_tokenizer
 from tests.test_checkpoint import FAMILIES, tiny_hf
@@ -70,7 +71,7 @@ def test_every_text_probe_with_outputs(model_type, folder, tmp_path, monkeypatch
     r = json.loads(checked.stdout)["results"]
     assert r["state_swap"]["recurrent_fraction"] is None and r["forgetting"]["median_half_life"] is None
     assert r["keep_one"]["cache_only"]["retrieval"] is None and r["keep_one"]["chance"]["retrieval"] > 0
-    assert [p.name for p in (tmp_path / "checked").iterdir()] == ["probe.json"]
+    assert [p.name for p in (tmp_path / "checked").iterdir() if p.name != MANIFEST] == ["probe.json"]
     from storelab.probes import validity
 
     monkeypatch.setattr(validity, "MARGIN", -1.0)       # the arithmetic and figures under the check
@@ -91,8 +92,8 @@ def test_every_text_probe_with_outputs(model_type, folder, tmp_path, monkeypatch
     f = r["forgetting"]
     assert f["heads"] and f["median_half_life"] > 0 and f["documents"] == 3
     assert (f["kda_mixing_fraction"] is not None) == (model_type == "kimi_linear")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["forgetting.png", "keep_one.png", "probe.json",
-                                                                    "state_swap.png"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [MANIFEST, "forgetting.png", "keep_one.png",
+                                                                    "probe.json", "state_swap.png"]
     assert json.loads((tmp_path / "out" / "probe.json").read_text())["results"]["state_swap"]["per_layer"]
     table = probe("state_swap", "--checkpoint", str(d), "--n", "2", "--out", str(tmp_path / "out"))
     assert table.exit_code == 0 and "layer 3" in table.output and "wrote probe.json" in table.output

@@ -288,12 +288,13 @@ class ModelConfig:
         return parse(d, source)
 
     def save(self, path: str | Path) -> None:
-        """Write the model as TOML (``.toml``) or JSON (any other suffix)."""
+        """Write the model as TOML (``.toml``) or JSON (any other suffix); a file of the caller's, so
+        it is not listed in a folder manifest (``storelab.outputs``)."""
         from storelab.outputs import atomic_write
 
         path = Path(path)
         d = self.to_dict()
-        atomic_write(path, dumps_toml(d) if path.suffix == ".toml" else json.dumps(d, indent=2) + "\n")
+        atomic_write(path, dumps_toml(d) if path.suffix == ".toml" else json.dumps(d, indent=2) + "\n", record=False)
 
 
 class _StoreNames:

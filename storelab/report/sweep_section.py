@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from storelab.outputs import atomic_path
 from storelab.report.core import Claim, Context, SectionResult, Table, checked_claim
 from storelab.report.subject_probes import Subjects, combined, show, spread
 from storelab.report.trained_section import HYBRIDS, subjects_of
@@ -159,7 +160,8 @@ def figure(out: Path, curves: dict[str, list[dict]], d: int) -> Path:
         first.legend(fontsize=8)
     fig.tight_layout()
     path = out / "sweep_shares.png"
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:  # listed in the folder's manifest: the report's own to redraw
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 

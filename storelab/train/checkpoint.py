@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from storelab.outputs import is_step_folder
+from storelab.outputs import atomic_write, is_step_folder
 
 CHECKPOINT = "checkpoint.json"
 LEGACY = "checkpoint.safetensors"
@@ -60,16 +60,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 @contextmanager
@@ -158,9 +148,9 @@ class Checkpointer:
         os.replace(tmp, final)
         _fsync_dir(out)
         pointer = {"format": FORMAT, "step": step, "folder": folder, **meta}
-        atomic_write_bytes(out / CHECKPOINT, (json.dumps(pointer) + "\n").encode())
-        atomic_write_bytes(out / "config.json", (json.dumps({"step": step, **{k: meta[k] for k in meta
-                                                             if k != "history"}}, indent=2) + "\n").encode())
+        atomic_write(out / CHECKPOINT, json.dumps(pointer) + "\n")  # listed in the run's manifest: its own
+        atomic_write(out / "config.json", (json.dumps({"step": step, **{k: meta[k] for k in meta
+                                                             if k != "history"}}, indent=2) + "\n"))
         for old in out.glob("step-*"):
             if old.name != folder and is_step_folder(old):  # a folder holding a user's file is left alone
                 shutil.rmtree(old, ignore_errors=True)
