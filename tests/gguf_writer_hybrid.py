@@ -278,3 +278,140 @@ CONVERTERS: dict[str, Callable[[dict, dict], Out]] = {
     "qwen35": _qwen35(MODEL_ARCH.QWEN35),
     "qwen35moe": _qwen35(MODEL_ARCH.QWEN35MOE),
 }
+
+
+# ---- Mamba-2 and its hybrids (conversion/mamba.py, granite.py, nemotron.py) --------------------------------
+
+def _mamba2_tensor(o: Out, name: str, t: torch.Tensor, n_group: int) -> None:
+    """``Mamba2Model.filter_tensors`` / ``modify_tensors``: dt_bias renamed, conv squeezed, A and D [H, 1],
+    the norm [groups, d / groups], A = -exp(A_log)."""
+    if name.endswith(".dt_bias"):
+        name = name.rpartition(".dt_bias")[0] + ".dt_proj.bias"
+    if name.endswith("conv1d.weight"):
+        t = t.squeeze()
+    elif name.endswith((".A_log", ".D")):
+        t = t.reshape(*t.shape, 1)
+    elif name.endswith("mixer.norm.weight") or name.endswith("mamba.norm.weight"):
+        t = t.reshape(n_group, -1)
+    if name.endswith(".A_log"):
+        t = -torch.exp(t)
+    o.add(name, t)
+
+
+def _ssm_meta(o: Out, conv: int, state: int, groups: int, inner: int, heads: int) -> None:
+    o.put("ssm.conv_kernel", conv)
+    o.put("ssm.inner_size", inner)
+    o.put("ssm.state_size", state)
+    o.put("ssm.time_step_rank", heads)
+    o.put("ssm.group_count", groups)
+
+
+def mamba2(cfg: dict, sd: dict) -> Out:
+    n = cfg["num_hidden_layers"]
+    o = Out(MODEL_ARCH.MAMBA2, cfg, n)
+    D = cfg["hidden_size"]
+    inner = cfg.get("expand", 2) * D
+    o.put("context_length", 2 ** 20)
+    o.put("embedding_length", D)
+    o.put("feed_forward_length", 0)
+    o.put("attention.head_count", 0)
+    o.put("block_count", n)
+    _ssm_meta(o, cfg["conv_kernel"], cfg["state_size"], cfg["n_groups"], inner, inner // cfg["head_dim"])
+    o.put("attention.layer_norm_rms_epsilon", float(cfg.get("layer_norm_epsilon", 1e-5)))
+    for name, t in sd.items():
+        _mamba2_tensor(o, name, t, cfg["n_groups"])
+    return o
+
+
+def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """``LlamaModel.permute``: each head's rows from half-split RoPE pairs to interleaved ones."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _attn_tensor(o: Out, name: str, t: torch.Tensor, H: int, KV: int) -> None:
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        t = _permute(t, H)
+    elif name.endswith(("k_proj.weight", "k_proj.bias")):
+        t = _permute(t, KV)
+    o.add(name, t)
+
+
+def nemotron_h(cfg: dict, sd: dict) -> Out:
+    types = cfg["layers_block_type"]
+    n = len(types)
+    moe = "num_experts_per_tok" in cfg
+    o = Out(MODEL_ARCH.NEMOTRON_H_MOE if moe else MODEL_ARCH.NEMOTRON_H, cfg, n)
+    text_meta(o, n)
+    attn = [i for i, x in enumerate(types) if x in ("attention", "full_attention")]
+    mlp = [i for i, x in enumerate(types) if x == "moe"] if moe else [i for i, x in enumerate(types) if x == "mlp"]
+    H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    o.put("attention.head_count_kv", [KV if i in attn else 0 for i in range(n)])
+    o.put("attention.key_length", cfg["head_dim"])
+    o.put("attention.value_length", cfg["head_dim"])
+    inner = cfg["mamba_num_heads"] * cfg["mamba_head_dim"]
+    _ssm_meta(o, cfg["conv_kernel"], cfg["ssm_state_size"], cfg["n_groups"], inner, cfg["mamba_num_heads"])
+    ff = cfg["moe_intermediate_size"] if moe else cfg["intermediate_size"]
+    o.put("feed_forward_length", [ff if i in mlp else 0 for i in range(n)])
+    if moe:
+        o.put("expert_feed_forward_length", cfg["moe_intermediate_size"])
+        o.put("expert_shared_feed_forward_length", cfg["moe_shared_expert_intermediate_size"])
+        o.put("expert_count", cfg["n_routed_experts"])
+        o.put("expert_shared_count", cfg["n_shared_experts"])
+        o.put("expert_weights_norm", bool(cfg["norm_topk_prob"]))
+        o.put("expert_weights_scale", float(cfg["routed_scaling_factor"]))
+        o.put("expert_group_count", cfg["n_group"])
+        if cfg.get("moe_latent_size") is not None:
+            o.put("moe_latent_size", cfg["moe_latent_size"])
+    for name, t in sd.items():
+        if ".mixer." in name and int(name.split(".")[2]) in attn:
+            _attn_tensor(o, name, t, H, KV)
+        elif ".mixer.experts." in name:
+            bid = int(name.split(".")[2])
+            o.add(name.replace(f"backbone.layers.{bid}.mixer.experts", f"model.layers.{bid}.mlp.experts")
+                  + ("" if name.endswith(".weight") else ".weight"), t)
+        else:
+            _mamba2_tensor(o, name, t, cfg["n_groups"])
+    return o
+
+
+def granitehybrid(cfg: dict, sd: dict) -> Out:
+    n = cfg["num_hidden_layers"]
+    o = Out(MODEL_ARCH.GRANITE_HYBRID, cfg, n)
+    c = {k: v for k, v in cfg.items() if k != "head_dim"}   # GraniteModel.set_gguf_parameters pops head_dim
+    o.cfg = c
+    text_meta(o, n)
+    for key, gk in (("attention_multiplier", "attention.scale"), ("embedding_multiplier", "embedding_scale"),
+                    ("residual_multiplier", "residual_scale"), ("logits_scaling", "logit_scale")):
+        if cfg.get(key):
+            o.put(gk, float(cfg[key]))
+    experts = bool(cfg.get("num_local_experts"))
+    if cfg.get("shared_intermediate_size"):
+        o.put("expert_shared_feed_forward_length", cfg["shared_intermediate_size"])
+    # get_attn_layers: "attention" in published configs; transformers 5 saves "full_attention"
+    attn = [i for i, x in enumerate(cfg["layer_types"]) if x in ("attention", "full_attention")]
+    inner = cfg["mamba_expand"] * cfg["hidden_size"]
+    _ssm_meta(o, cfg["mamba_d_conv"], cfg["mamba_d_state"], cfg["mamba_n_groups"], inner, cfg["mamba_n_heads"])
+    H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    o.put("attention.head_count_kv", [KV if i in attn else 0 for i in range(n)])
+    o.put("rope.scaling.finetuned", not [i for i in range(n) if i not in attn])
+    for name, t in sd.items():
+        bid = int(name.split(".")[2]) if name.startswith("model.layers.") else None
+        if name.endswith("block_sparse_moe.input_linear.weight"):
+            I = cfg["intermediate_size"]
+            o.raw(T.FFN_GATE_EXP, bid, t[:, :I])
+            o.raw(T.FFN_UP_EXP, bid, t[:, I:])
+        elif name.endswith("shared_mlp.input_linear.weight"):
+            S = cfg["shared_intermediate_size"]
+            o.raw(T.FFN_GATE_SHEXP if experts else T.FFN_GATE, bid, t[:S])
+            o.raw(T.FFN_UP_SHEXP if experts else T.FFN_UP, bid, t[S:])
+        elif name.endswith("shared_mlp.output_linear.weight") and not experts:
+            o.raw(T.FFN_DOWN, bid, t)
+        elif ".self_attn." in name:
+            _attn_tensor(o, name, t, H, KV)
+        else:
+            _mamba2_tensor(o, name, t, cfg["mamba_n_groups"])
+    return o
+
+
+CONVERTERS.update({"mamba2": mamba2, "nemotron_h": nemotron_h, "nemotron_h_moe": nemotron_h,
+                   "granitehybrid": granitehybrid})

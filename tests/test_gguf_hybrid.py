@@ -34,6 +34,23 @@ CASES = {
     "qwen3next": ("qwen3_next", "qwen3next", dict(COMMON, **LINEAR, **QWEN_MOE, intermediate_size=96)),
     "qwen35": ("qwen3_5_text", "qwen35", dict(COMMON, **LINEAR, intermediate_size=96)),
     "qwen35moe": ("qwen3_5_moe_text", "qwen35moe", dict(COMMON, **LINEAR, **QWEN_MOE)),
+    "mamba2": ("mamba2", "mamba2", dict(COMMON, num_heads=8, head_dim=16, state_size=8, n_groups=2, expand=2,
+                                        conv_kernel=4, chunk_size=8)),
+    "nemotron_h": ("nemotron_h", "nemotron_h", dict(
+        COMMON, num_hidden_layers=4, layers_block_type=["mamba", "mlp", "attention", "mlp"], head_dim=16,
+        intermediate_size=96, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=2, conv_kernel=4,
+        chunk_size=8)),
+    "nemotron_h_moe": ("nemotron_h", "nemotron_h_moe", dict(
+        COMMON, num_hidden_layers=4, layers_block_type=["mamba", "moe", "attention", "mlp"], head_dim=16,
+        intermediate_size=96, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=2, conv_kernel=4,
+        chunk_size=8, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1, routed_scaling_factor=2.5)),
+    # Granite 4.0-H as published: NoPE attention, experts beside the shared MLP, muP multipliers
+    "granitehybrid": ("granitemoehybrid", "granitehybrid", dict(
+        COMMON, layer_types=["mamba", "attention"], mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8,
+        mamba_n_groups=2, mamba_chunk_size=8, shared_intermediate_size=48, intermediate_size=32, num_local_experts=4,
+        num_experts_per_tok=2, position_embedding_type="nope", embedding_multiplier=3.0, logits_scaling=2.0,
+        residual_multiplier=0.5, attention_multiplier=0.1)),
 }
 
 
@@ -80,3 +97,23 @@ def test_logits(built, name):
         ref = hf(ids).logits
         got, _ = ours(ids)
     assert_close(got, ref, atol=1e-5 * ref.abs().max().item(), what=f"{name} GGUF logits")
+
+
+def test_falcon_h1_refused(tmp_path):
+    """A falcon-h1 GGUF is refused by name (no storelab family), from its header alone."""
+    import gguf
+    import numpy as np
+
+    from storelab.checkpoint import CheckpointError
+
+    path = tmp_path / "falcon.gguf"
+    w = gguf.GGUFWriter(path, "falcon-h1")
+    w.add_block_count(1)
+    w.add_embedding_length(8)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(CheckpointError, match="general.architecture 'falcon-h1'.*no Falcon-H1 family"):
+        read_model_config(path)
