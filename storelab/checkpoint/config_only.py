@@ -3,7 +3,7 @@
     read_model_config(path) -> ModelConfig
 
 ``path`` is a checkpoint folder (only its config.json is read: no safetensors need be there)
-or a config.json file itself (any file name). The family's own translation is used, the one
+or a config.json file itself (any file name), or a GGUF file (its header's metadata). The family's own translation is used, the one
 ``load`` uses before reading weights (``storelab.checkpoint.families``), so ``storelab memory
 --checkpoint`` and ``storelab models --checkpoint`` count exactly the model ``load`` builds.
 The model is named after the folder (``Qwen3.6-27B``) and titled with its family.
@@ -16,14 +16,18 @@ import json
 from pathlib import Path
 
 from storelab.checkpoint.families import family_for
+from storelab.checkpoint.gguf import is_gguf, read_gguf_config
 from storelab.checkpoint.shards import CheckpointError, read_config
 
 __all__ = ["read_model_config", "read_hf_config"]
 
 
 def read_hf_config(path: str | Path) -> tuple[dict, Path]:
-    """(config.json as a dict, the file it came from) for a folder or a JSON file."""
+    """(config.json as a dict, the file it came from) for a folder or a JSON file; for a GGUF file, the
+    transformers-style config made from its metadata (``storelab.checkpoint.gguf``, the header alone)."""
     path = Path(path)
+    if is_gguf(path):
+        return read_gguf_config(path), path
     if path.is_dir():
         return read_config(path), path / "config.json"
     if not path.exists():

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from storelab.checkpoint.families import FAMILIES, family_for
+from storelab.checkpoint.gguf import GGUFShards, is_gguf
 from storelab.checkpoint.quantized import QUANTIZED, SCALES, dequantize_table
 from storelab.checkpoint.shards import FLOAT_DTYPES, INT_DTYPES, TORCH_DTYPES, CheckpointError, Shards, read_config
 from storelab.checkpoint.table import Src, ours_to_load
@@ -115,26 +116,34 @@ class Plan:
 
 def plan(path: str | Path, *, dtype=None, shards: type[Shards] = Shards) -> Plan:
     """Steps 1-3 of ``load``: the checked plan of a checkpoint folder; nothing but headers is read.
-    ``shards``: the class that reads the folder (``storelab.checkpoint.reader.CountingShards`` counts it)."""
+    ``shards``: the class that reads the folder (``storelab.checkpoint.reader.CountingShards`` counts it).
+    A GGUF file (``storelab.checkpoint.gguf``) is read by ``GGUFShards`` whatever ``shards`` says."""
     from storelab.models.model import Model
 
     path = Path(path)
-    hf = read_config(path)
-    if "train_config" in hf:  # the config.json beside a train run's checkpoint
-        raise CheckpointError(f"{path}: a storelab train run folder, not a model folder (storelab export RUN OUT "
-                              "writes its model folder; storelab probe --checkpoint and "
-                              "storelab.train.loop.load_trained read run folders)")
-    fam = family_for(hf, path)
-    check_config(hf, str(path / "config.json"))
-    found = shards(path)
+    gguf = is_gguf(path)
+    if gguf:  # a GGUF file: its metadata as a config, its tensors under transformers' names
+        found = GGUFShards(path)
+        hf, cfg_file = found.hf, path
+        fam = family_for(hf, path)
+    else:
+        hf, cfg_file = read_config(path), path / "config.json"
+        if "train_config" in hf:  # the config.json beside a train run's checkpoint
+            raise CheckpointError(f"{path}: a storelab train run folder, not a model folder (storelab export RUN OUT "
+                                  "writes its model folder; storelab probe --checkpoint and "
+                                  "storelab.train.loop.load_trained read run folders)")
+        fam = family_for(hf, path)
+    check_config(hf, str(cfg_file))
+    if not gguf:
+        found = shards(path)
     try:
         cfg = fam.to_config(hf)
     except CheckpointError:
         raise
     except ValueError as e:
-        raise CheckpointError(f"{path / 'config.json'}: {e}") from None
+        raise CheckpointError(f"{cfg_file}: {e}") from None
     except (TypeError, KeyError, IndexError, AttributeError) as e:  # a field of a shape the family did not expect
-        raise CheckpointError(f"{path / 'config.json'}: the {fam.name} family cannot read this config "
+        raise CheckpointError(f"{cfg_file}: the {fam.name} family cannot read this config "
                               f"({type(e).__name__}: {e})") from None
     fam.runs(hf)
     target = resolve_dtype(dtype, hf)
@@ -145,6 +154,8 @@ def plan(path: str | Path, *, dtype=None, shards: type[Shards] = Shards) -> Plan
     check(tab, ours, found, fam.ignored(hf))
     model = model.to(target)  # still on meta: the weights are then allocated in the target dtype
     model.checkpoint = {"path": str(path), "family": fam.name, "model_type": hf.get("model_type")}
+    if "gguf" in hf:
+        model.checkpoint["gguf"] = hf["gguf"]
     return Plan(path=path, hf=hf, family=fam, model=model, table=tab, shards=found)
 
 

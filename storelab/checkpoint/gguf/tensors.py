@@ -1,0 +1,120 @@
+"""``GGUFShards``: a GGUF file seen as a ``Shards`` of transformers-named fp32 tensors.
+
+The loader (``storelab/checkpoint/loader.py``) and every family work on a ``Shards``: ``folder``,
+``files``, ``info {name: (shape, dtype)}``, ``where {name: file}``, ``names()``, ``read(file, names)``.
+Here the names are transformers' (``model.layers.0.self_attn.q_proj.weight``), made by the
+architecture's rules (``arch.Rule``) from the GGUF tensors; ``info`` gives each one's transformers
+shape (the rule run on ``meta`` tensors, from the header alone) and dtype ``F32``; ``read`` reads the
+GGUF pieces' bytes (one seek and one read each, no mmap kept), dequantizes them with gguf-py's
+``gguf.quants.dequantize`` (every type it implements: ``DEQUANTIZED``) and applies the rule, so
+the tensor handed over is fp32 in transformers' layout. ``where`` names the file of a rule's first
+piece; a rule whose pieces lie in several shards of a split file reads each from its own.
+
+``gguf_stored_bytes(path)``: the bytes each GGUF type occupies as stored (Q4_K, Q6_K, F32, ...),
+from the header only.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quant_shape_to_byte_shape
+
+from storelab.checkpoint.gguf.arch import Meta, Rule
+from storelab.checkpoint.gguf.header import Header, TensorInfo, read_header
+from storelab.checkpoint.gguf.registry import arch_for, config_from
+from storelab.checkpoint.shards import CheckpointError, Shards
+
+__all__ = ["GGUFShards", "gguf_stored_bytes", "read_tensor", "DEQUANTIZED"]
+
+# the GGML types gguf-py 0.19's ``gguf.quants.dequantize`` implements (a test holds this to gguf-py's own list)
+DEQUANTIZED = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
+               Q.Q6_K, Q.TQ1_0, Q.TQ2_0, Q.MXFP4, Q.NVFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S,
+               Q.IQ1_S, Q.IQ1_M, Q.IQ4_NL, Q.IQ4_XS)
+
+
+def gguf_stored_bytes(path: str | Path) -> dict[str, int]:
+    """{GGML type name: bytes its tensors occupy in the file(s)}, from the header only."""
+    out: dict[str, int] = {}
+    for t in read_header(path).tensors.values():
+        out[t.qtype.name] = out.get(t.qtype.name, 0) + t.nbytes
+    return out
+
+
+def read_tensor(folder: Path, t: TensorInfo) -> torch.Tensor:
+    """One GGUF tensor's bytes, dequantized to fp32 in torch order."""
+    if t.qtype not in DEQUANTIZED:
+        raise CheckpointError(f"{folder / t.file}: tensor {t.name!r}: GGML type {t.qtype.name} is not a weight "
+                              f"type storelab dequantizes (gguf.quants: {', '.join(q.name for q in DEQUANTIZED)})")
+    raw = np.empty(t.nbytes, dtype=np.uint8)
+    with open(folder / t.file, "rb") as f:
+        f.seek(t.offset)
+        got = f.readinto(memoryview(raw))
+    if got != t.nbytes:
+        raise CheckpointError(f"{folder / t.file}: tensor {t.name!r}: read {got} of its {t.nbytes} bytes (truncated)")
+    shape = t.shape or (1,)
+    w = dequantize(raw.reshape(quant_shape_to_byte_shape(shape, t.qtype)), t.qtype)
+    return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).reshape(t.shape)
+
+
+def _meta(t: TensorInfo) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=torch.float32, device="meta")
+
+
+class GGUFShards(Shards):
+    """A GGUF file (or split file) as transformers-named fp32 tensors; ``hf`` is its config dict."""
+
+    def __init__(self, path: str | Path, header: Header | None = None):
+        self.header = header if header is not None else read_header(path)
+        h = self.header
+        self.folder = h.path                 # named in the loader's messages: the file itself
+        self.files = list(h.files)
+        self.meta = Meta(h.meta, h.path, {n: t.shape for n, t in h.tensors.items()})
+        self.arch = arch_for(self.meta)
+        self.hf = config_from(self.arch, self.meta)
+        self.rules: dict[str, tuple[Rule, tuple[str, ...]]] = {}   # hf name -> (rule, the GGUF names)
+        self.where, self.info = {}, {}
+        used: set[str] = set()
+        n = self.hf["num_hidden_layers"]
+        for r in self.arch.rules(self.hf):
+            for bid in (range(n) if "{bid}" in r.hf else (None,)):
+                hf_name = r.hf.format(bid=bid) if bid is not None else r.hf
+                names = tuple(p.format(bid=bid) if bid is not None else p for p in r.gguf)
+                if hf_name in self.rules:
+                    continue
+                have = [x in h.tensors for x in names]
+                if not any(have):
+                    continue
+                if not all(have):
+                    missing = names[have.index(False)]
+                    raise CheckpointError(f"{h.path}: tensor {missing!r} missing: {hf_name!r} is made of "
+                                          f"{', '.join(names)} (general.architecture {self.arch.arch!r})")
+                try:
+                    out = r.make(*[_meta(h.tensors[x]) for x in names])
+                except (RuntimeError, ValueError, IndexError) as e:
+                    where = ", ".join(f"{x!r} shape {list(h.tensors[x].shape)}" for x in names)
+                    raise CheckpointError(f"{h.path}: mis-shaped tensor {where}: {r.what or 'read'} for "
+                                          f"{hf_name!r} fails ({e})") from None
+                self.rules[hf_name] = (r, names)
+                self.info[hf_name] = (tuple(out.shape), "F32")
+                self.where[hf_name] = h.tensors[names[0]].file
+                used.update(names)
+        pats = [re.compile(p) for p in self.arch.ignored]
+        unused = [x for x in h.tensors if x not in used and not any(p.search(x) for p in pats)]
+        if unused:
+            t = h.tensors[unused[0]]
+            raise CheckpointError(f"{h.folder / t.file}: tensor {t.name!r}: no rule of general.architecture "
+                                  f"{self.arch.arch!r} reads it ({len(unused)} unread: "
+                                  f"{', '.join(unused[:4])}{' ...' if len(unused) > 4 else ''})")
+
+    def read(self, fname: str, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (transformers name, fp32 tensor) for these names, each read and dequantized when asked for."""
+        h = self.header
+        for name in names:
+            r, pieces = self.rules[name]
+            yield name, r.make(*[read_tensor(h.folder, h.tensors[x]) for x in pieces]).contiguous()
