@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 __all__ = ["GgufVocab", "Recipe", "read_vocab", "build", "recipe_for", "SPLITS", "RECIPES"]
@@ -102,9 +103,12 @@ def read_vocab(path: str | Path) -> GgufVocab:
         return v
 
     def array(key: str, kind: type | tuple[type, ...], n: int | None) -> list | None:
-        v = get(key, list)
+        v = meta.get(key)
         if v is None:
             return None
+        if isinstance(v, (str, bytes)) or not isinstance(v, Sequence):
+            raise _error(f"{path}: {key} is {type(v).__name__} {v!r:.60}, expected an array")
+        v = list(v)     # the header may keep a string array undecoded until read
         if n is not None and len(v) != n:
             raise _error(f"{path}: {key} has {len(v)} entries, tokenizer.ggml.tokens {n}")
         bad = next((i for i, x in enumerate(v) if not isinstance(x, kind) or isinstance(x, bool)), None)
