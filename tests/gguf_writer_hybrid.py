@@ -415,3 +415,88 @@ def granitehybrid(cfg: dict, sd: dict) -> Out:
 
 CONVERTERS.update({"mamba2": mamba2, "nemotron_h": nemotron_h, "nemotron_h_moe": nemotron_h,
                    "granitehybrid": granitehybrid})
+
+
+# ---- DeepSeek-V2 / V3, GLM-4.5, MiniMax-M2 (conversion/deepseek.py, glm.py, minimax.py) ----------------------
+
+def deepseek2(cfg: dict, sd: dict) -> Out:
+    n = cfg["num_hidden_layers"]
+    c = dict(cfg)
+    if c["model_type"] == "deepseek_v3":
+        c.setdefault("scoring_func", "sigmoid")      # the published V3 config.json says so
+    H_kv = c["num_key_value_heads"]
+    c["num_key_value_heads"] = 1                     # MLA written as MQA
+    o = Out(MODEL_ARCH.DEEPSEEK2, c, n)
+    text_meta(o, n)
+    has_moe = c.get("n_routed_experts") is not None
+    o.put("leading_dense_block_count", c.get("first_k_dense_replace") or (0 if has_moe else n))
+    o.put("vocab_size", c["vocab_size"])
+    if c.get("q_lora_rank") is not None:
+        o.put("attention.q_lora_rank", c["q_lora_rank"])
+    kv = c.get("kv_lora_rank", 512)
+    o.put("attention.kv_lora_rank", kv)
+    o.put("attention.key_length", kv + c["qk_rope_head_dim"])
+    o.put("attention.value_length", kv)
+    o.put("attention.key_length_mla", c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
+    o.put("attention.value_length_mla", c["v_head_dim"])
+    o.put("expert_feed_forward_length", c.get("moe_intermediate_size") or c["intermediate_size"])
+    if has_moe:
+        o.put("expert_count", c["n_routed_experts"])
+    o.put("expert_shared_count", c.get("n_shared_experts", 0))
+    if c.get("routed_scaling_factor") is not None:
+        o.put("expert_weights_scale", float(c["routed_scaling_factor"]))
+    if c.get("norm_topk_prob"):
+        o.put("expert_weights_norm", True)
+    o.put("rope.dimension_count", c["qk_rope_head_dim"])
+    rp = _rope(c)
+    if rp.get("mscale_all_dim") is not None:
+        o.put("rope.scaling.yarn_log_multiplier", 0.1 * rp["mscale_all_dim"])
+    nope, v = c["qk_nope_head_dim"], c["v_head_dim"]
+    for name, t in sd.items():
+        if _experts(o, name, t):
+            continue
+        if name.endswith("kv_b_proj.weight"):
+            bid = int(name.split(".")[2])
+            kv_b = t.view(H_kv, v + nope, t.shape[-1])
+            k_b, v_b = torch.split(kv_b, [nope, v], dim=1)
+            o.add(name.replace("kv_b_proj", "k_b_proj"), k_b.transpose(1, 2))
+            o.add(name.replace("kv_b_proj", "v_b_proj"), v_b)
+            continue
+        o.add(name, t)
+    return o
+
+
+def glm4moe(cfg: dict, sd: dict) -> Out:
+    n = cfg["num_hidden_layers"]
+    o = Out(MODEL_ARCH.GLM4_MOE, cfg, n)
+    text_meta(o, n)
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    o.put("rope.dimension_count", int(hd * _rope(cfg).get("partial_rotary_factor", 0.5)))
+    for key, gk in (("n_routed_experts", "expert_count"), ("moe_intermediate_size", "expert_feed_forward_length"),
+                    ("n_shared_experts", "expert_shared_count"), ("first_k_dense_replace", "leading_dense_block_count")):
+        if cfg.get(key) is not None:
+            o.put(gk, cfg[key])
+    o.put("expert_gating_func", 2)
+    if cfg.get("routed_scaling_factor") is not None:
+        o.put("expert_weights_scale", float(cfg["routed_scaling_factor"]))
+    if cfg.get("norm_topk_prob") is not None:
+        o.put("expert_weights_norm", bool(cfg["norm_topk_prob"]))
+    for name, t in sd.items():
+        if not _experts(o, name, t):
+            o.add(name, t)
+    return o
+
+
+def minimax_m2(cfg: dict, sd: dict) -> Out:
+    n = cfg["num_hidden_layers"]
+    c = dict(cfg, scoring_func=cfg.get("scoring_func", "sigmoid"))   # the published config.json says so
+    o = Out(MODEL_ARCH.MINIMAXM2, c, n)
+    text_meta(o, n)
+    o.put("expert_feed_forward_length", cfg["intermediate_size"])
+    o.put("rope.dimension_count", cfg["rotary_dim"])
+    for name, t in sd.items():   # the experts' w1 / w2 / w3 already stacked (merge_experts)
+        o.add(name, t)
+    return o
+
+
+CONVERTERS.update({"deepseek2": deepseek2, "glm4moe": glm4moe, "minimax-m2": minimax_m2})

@@ -51,6 +51,23 @@ CASES = {
         mamba_n_groups=2, mamba_chunk_size=8, shared_intermediate_size=48, intermediate_size=32, num_local_experts=4,
         num_experts_per_tok=2, position_embedding_type="nope", embedding_multiplier=3.0, logits_scaling=2.0,
         residual_multiplier=0.5, attention_multiplier=0.1)),
+    # grouped sigmoid routing, a dense first layer, a shared expert, query latent
+    "deepseek_v3": ("deepseek_v3", "deepseek2", dict(
+        COMMON, num_key_value_heads=4, intermediate_size=96, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+        first_k_dense_replace=1, n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=2.5)),
+    # softmax routing by the best score per group, no query latent
+    "deepseek_v2": ("deepseek_v2", "deepseek2", dict(
+        COMMON, num_key_value_heads=4, intermediate_size=96, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+        topk_method="group_limited_greedy", first_k_dense_replace=1, n_shared_experts=1, moe_intermediate_size=32,
+        routed_scaling_factor=1.5)),
+    "glm4moe": ("glm4_moe", "glm4moe", dict(
+        COMMON, head_dim=16, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=2, topk_group=1, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.5,
+        attention_bias=True, use_qk_norm=True)),
+    "minimax_m2": ("minimax_m2", "minimax-m2", dict(
+        COMMON, head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, rotary_dim=8)),
 }
 
 
