@@ -172,7 +172,7 @@ def _then(*fns):
     return fn
 
 
-def _common_rules(hf: dict, mtp: list) -> list:
+def _common_rules() -> list:
     """Embedding, head, norms (1 + w) and the gated attention layers."""
     L = LAYER
     rules = [rule("model.embed_tokens.weight", g(T.TOKEN_EMBD)), rule("lm_head.weight", g(T.OUTPUT)),
@@ -213,7 +213,7 @@ def _heads(hf: dict) -> tuple[int, int, int, int]:
 def qwen3next_rules(hf: dict) -> list:
     H, K, r, V = _heads(hf)
     a = f"{LAYER}.linear_attn"
-    rules = _common_rules(hf, []) + _moe_rules() + [
+    rules = _common_rules() + _moe_rules() + [
         rule(f"{a}.in_proj_qkvz.weight", g(T.ATTN_QKV), g(T.ATTN_GATE), fn=_qkvz(H, K, r * V),
              what="q, k, v, z re-interleaved per key head"),
         rule(f"{a}.in_proj_ba.weight", g(T.SSM_BETA_ALPHA)),
@@ -245,11 +245,11 @@ def _qwen35_linear(hf: dict) -> list:
 
 
 def qwen35_rules(hf: dict) -> list:
-    return _common_rules(hf, []) + _dense_rules() + _qwen35_linear(hf) + _mtp_rules(hf)
+    return _common_rules() + _dense_rules() + _qwen35_linear(hf) + _mtp_rules(hf)
 
 
 def qwen35moe_rules(hf: dict) -> list:
-    return _common_rules(hf, []) + _moe_rules() + _qwen35_linear(hf) + _mtp_rules(hf)
+    return _common_rules() + _moe_rules() + _qwen35_linear(hf) + _mtp_rules(hf)
 
 
 def _mtp_rules(hf: dict) -> list:
