@@ -15,7 +15,7 @@ from storelab.checkpoint.shards import CheckpointError
 
 __all__ = ["GGUF_ARCHS", "arch_for", "config_from", "read_gguf_config"]
 
-_MODULES = ("archs", "archs_qwen_linear", "archs_ssm")
+_MODULES = ("archs", "archs_qwen_linear", "archs_ssm", "archs_moe")
 
 
 def _collect() -> dict[str, Arch]:
@@ -44,7 +44,7 @@ def config_from(arch: Arch, m: Meta) -> dict:
     """The transformers config dict of a GGUF: the architecture's fields, ``model_type``, and dtype float32
     (a GGUF's weights are dequantized to fp32; ``load(..., dtype=)`` narrows them)."""
     hf = arch.config(m)
-    hf["model_type"] = arch.model_type
+    hf.setdefault("model_type", arch.model_type)   # an architecture whose config picks it (deepseek2: v2 or v3)
     hf.setdefault("dtype", "float32")
     hf["gguf"] = {"architecture": arch.arch, "file_type": m.raw("general.file_type", None),
                   "name": m.raw("general.name", None)}
