@@ -151,8 +151,11 @@ def common_config(m: Meta) -> dict:
     D = m.int("embedding_length", minimum=1)
     n = m.int("block_count", minimum=1)
     H = m.int("attention.head_count", minimum=1)
-    hf = {"hidden_size": D, "num_hidden_layers": n, "num_attention_heads": H,
-          "num_key_value_heads": m.int("attention.head_count_kv", H, minimum=1),
+    # one count, or one per layer (0 on layers without attention: LFM2, the hybrids); the largest is the heads'
+    kv = m.ints("attention.head_count_kv", n) if m.has("attention.head_count_kv") else [H]
+    if max(kv) < 1:
+        raise m._err("attention.head_count_kv", "at least 1 on some layer", m.raw("attention.head_count_kv"))
+    hf = {"hidden_size": D, "num_hidden_layers": n, "num_attention_heads": H, "num_key_value_heads": max(kv),
           "head_dim": m.int("attention.key_length", D // H, minimum=1),
           "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon", 1e-6),
           "rope_theta": m.float("rope.freq_base", 10000.0),

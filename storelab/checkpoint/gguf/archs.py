@@ -39,7 +39,8 @@ def base_rules(*, norm_fn=None) -> list[Rule]:
             rule("lm_head.weight", g(T.OUTPUT))]
 
 
-def attention_rules(hf: dict, *, permute: bool = False, norm_fn=None, out: str = "o_proj") -> list[Rule]:
+def attention_rules(hf: dict, *, permute: bool = False, norm_fn=None, out: str = "o_proj",
+                    norms: tuple[str, str] = ("q_norm", "k_norm")) -> list[Rule]:
     """q, k, v, o (weights and any biases) and per-head q/k norms, under ``self_attn``."""
     H, K = hf["num_attention_heads"], hf["num_key_value_heads"]
     q, k = (unpermute(H), unpermute(K)) if permute else (None, None)
@@ -51,8 +52,8 @@ def attention_rules(hf: dict, *, permute: bool = False, norm_fn=None, out: str =
                   rule(f"{ATTN}.v_proj{sfx}", g(T.ATTN_V, sfx)),
                   rule(f"{ATTN}.{out}{sfx}", g(T.ATTN_OUT, sfx))]
     what = "1 + w -> w" if norm_fn else ""
-    rules += [rule(f"{ATTN}.q_norm.weight", g(T.ATTN_Q_NORM), fn=norm_fn, what=what),
-              rule(f"{ATTN}.k_norm.weight", g(T.ATTN_K_NORM), fn=norm_fn, what=what)]
+    rules += [rule(f"{ATTN}.{norms[0]}.weight", g(T.ATTN_Q_NORM), fn=norm_fn, what=what),
+              rule(f"{ATTN}.{norms[1]}.weight", g(T.ATTN_K_NORM), fn=norm_fn, what=what)]
     return rules
 
 
@@ -184,10 +185,9 @@ def lfm2_rules(hf: dict) -> list[Rule]:
             rule(f"{c}.in_proj.weight", g(T.SHORTCONV_INPROJ)),
             rule(f"{c}.out_proj.weight", g(T.SHORTCONV_OUTPROJ)),
             rule(f"{c}.conv.weight", g(T.SHORTCONV_CONV), fn=lambda w: w.unsqueeze(1), what="[D, W] -> [D, 1, W]"),
-            rule(f"{ATTN}.q_layernorm.weight", g(T.ATTN_Q_NORM)),
-            rule(f"{ATTN}.k_layernorm.weight", g(T.ATTN_K_NORM)),
             rule(f"{f}.w1.weight", g(T.FFN_GATE)), rule(f"{f}.w3.weight", g(T.FFN_UP)),
-            rule(f"{f}.w2.weight", g(T.FFN_DOWN))] + attention_rules(hf, out="out_proj")
+            rule(f"{f}.w2.weight", g(T.FFN_DOWN))] + attention_rules(hf, out="out_proj",
+                                                                    norms=("q_layernorm", "k_layernorm"))
 
 
 # ---- gpt-oss ----------------------------------------------------------------------------------------------
@@ -246,8 +246,8 @@ def mamba_rules(hf: dict) -> list[Rule]:
     rules = [rule("backbone.embeddings.weight", g(T.TOKEN_EMBD)), rule("backbone.norm_f.weight", g(T.OUTPUT_NORM)),
              rule("lm_head.weight", g(T.OUTPUT)), rule(f"{b}.norm.weight", g(T.ATTN_NORM)),
              rule(f"{x}.conv1d.weight", g(T.SSM_CONV1D), fn=lambda w: w.unsqueeze(1), what="[C, W] -> [C, 1, W]"),
-             rule(f"{x}.A_log", g(T.SSM_A), fn=lambda a: torch.log(-a), what="-exp(A_log) -> A_log"),
-             rule(f"{x}.D", g(T.SSM_D)), rule(f"{x}.x_proj.weight", g(T.SSM_X))]
+             rule(f"{x}.A_log", g(T.SSM_A, ""), fn=lambda a: torch.log(-a), what="-exp(A_log) -> A_log"),
+             rule(f"{x}.D", g(T.SSM_D, "")), rule(f"{x}.x_proj.weight", g(T.SSM_X))]
     for sfx in (".weight", ".bias"):
         rules += [rule(f"{x}.in_proj{sfx}", g(T.SSM_IN, sfx)), rule(f"{x}.out_proj{sfx}", g(T.SSM_OUT, sfx)),
                   rule(f"{x}.dt_proj{sfx}", g(T.SSM_DT, sfx))]
