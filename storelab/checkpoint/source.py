@@ -48,10 +48,12 @@ from pathlib import Path
 
 from huggingface_hub import get_safetensors_metadata, hf_hub_download, scan_cache_dir, snapshot_download
 from huggingface_hub import constants as hf_constants
-from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+from huggingface_hub.errors import (CacheNotFound, CorruptedCacheException, HFValidationError,
+                                    LocalEntryNotFoundError)
 
-__all__ = ["Source", "HubRepo", "ModelSource", "resolve", "checkpoint_source", "checkpoint_weights", "model_file_source", "hub_cache",
-           "is_offline", "fetch_config", "model_config", "hf_config_path", "weights_path", "safetensors_headers", "load"]
+__all__ = ["Source", "HubRepo", "ModelSource", "resolve", "zoo_source", "checkpoint_source", "checkpoint_weights",
+           "model_file_source", "hub_cache", "is_offline", "fetch_config", "model_config", "hf_config_path",
+           "weights_path", "safetensors_headers", "load"]
 
 
 class Source(enum.Enum):
@@ -177,8 +179,9 @@ def _resolve(text: str, *, offline: bool) -> ModelSource:
     m = HUB_ID.fullmatch(text)
     if path.exists():
         if zoo is not None:
-            raise ValueError(f"model: {text!r} is both {Source.ZOO.value} and a {'folder' if path.is_dir() else 'file'} "
-                             f"here ({path.resolve()}): give ./{text} for the path or zoo:{text} for the zoo model")
+            what = "folder" if path.is_dir() else "file"
+            raise ValueError(f"model: {text!r} is both {Source.ZOO.value} and a {what} here ({path.resolve()}): "
+                             f"give ./{text} for the path or zoo:{text} for the zoo model")
         hub = _hub(text, m, offline=True, missing_ok=True) if m is not None else None
         if hub is not None and hub.path is not None:
             raise ValueError(f"model: {text!r} is both a path here ({path.resolve()}) and a repo in the Hugging "
@@ -193,17 +196,13 @@ def _resolve(text: str, *, offline: bool) -> ModelSource:
 
 
 def _zoo(text: str) -> ModelSource | None:
-    from storelab.zoo import zoo_path
+    """A zoo name in any spelling (``NAME``, ``NAME.tiny``, ``tiny-NAME``), or None."""
+    from storelab.zoo import zoo_names
 
-    if "/" in text or "\\" in text or not text:
+    base = text.removeprefix("tiny-").removesuffix(".tiny")
+    if base not in zoo_names():
         return None
-    try:
-        p = zoo_path(text)
-    except ValueError:
-        return None
-    name = p.name[:-len(".toml")]
-    base, tiny = (name[:-len(".tiny")], True) if name.endswith(".tiny") else (name, False)
-    return ModelSource(text=text, kind=Source.ZOO, zoo=base, tiny=tiny)
+    return ModelSource(text=text, kind=Source.ZOO, zoo=base, tiny=base != text)
 
 
 def _close_zoo(text: str) -> str:
@@ -227,7 +226,8 @@ def _local(text: str, path: Path) -> ModelSource:
             return ModelSource(text=text, kind=Source.FOLDER, path=path)
         ggufs = _first_shards(path)
         if ggufs:
-            return ModelSource(text=text, kind=Source.GGUF, path=path / _one_gguf(ggufs, f"{path}", f"{path}/FILE.gguf"))
+            one = _one_gguf(ggufs, f"{path}", f"{path}/FILE.gguf")
+            return ModelSource(text=text, kind=Source.GGUF, path=path / one)
         what = KINDS.get(kind, "a folder of no known kind") if kind not in ("hf", "save") else "a folder"
         raise ValueError(f"model: {text!r}: {path} is {what}, no model: no config.json and no .gguf file in it")
     if path.suffix == ".gguf":
@@ -294,9 +294,11 @@ def _hub(text: str, m: re.Match, *, offline: bool, missing_ok: bool = False) -> 
             return None
         if not offline:
             return ModelSource(text=text, kind=Source.HUB, repo=repo)
+        here = Path(text).expanduser()
+        nofolder = "" if text.startswith("hf://") else f"; no file or folder {here.resolve()} either"
         raise ValueError(f"model: {repo.asked}: not in the Hugging Face cache {cache} and offline "
                          f"({'--offline' if not is_offline() else 'HF_HUB_OFFLINE is set'}): "
-                         f"{_cache_miss(repo, e)}; fetch it with `{repo.download_hint()}`") from None
+                         f"{_cache_miss(repo, e)}{nofolder}; fetch it with `{repo.download_hint()}`") from None
     repo = dataclasses.replace(repo, commit=snap.name)
     if repo.filename is not None:
         if not (snap / repo.filename).is_file():
@@ -323,7 +325,7 @@ def _cache_miss(repo: HubRepo, err: Exception) -> str:
     if not folder.is_dir():
         try:
             ids = [r.repo_id for r in scan_cache_dir(repo.cache).repos if r.repo_type == "model"]
-        except Exception:  # noqa: BLE001 - a missing or unreadable cache folder: nothing cached to list
+        except (CacheNotFound, CorruptedCacheException, OSError):   # no cache folder yet: nothing cached to list
             ids = []
         close = difflib.get_close_matches(repo.repo_id, ids, n=3, cutoff=0.5)
         return f"no folder {folder.name}" + (f" (cached: {', '.join(close)})" if close else "")
@@ -340,6 +342,14 @@ def checkpoint_source(path: str | Path) -> ModelSource:
     p = Path(path)
     kind = Source.FOLDER if p.is_dir() else Source.GGUF if p.suffix == ".gguf" else Source.CONFIG_JSON
     return ModelSource(text=str(path), kind=kind, path=p)
+
+
+def zoo_source(name: str, tiny: bool = False) -> ModelSource:
+    """A zoo model by its name, no path looked at (``storelab models`` with no name lists the zoo this way)."""
+    src = _zoo(name)
+    if src is None:
+        raise ValueError(f"model: no zoo model {name!r}{_close_zoo(name)}")
+    return dataclasses.replace(src, tiny=True) if tiny else src
 
 
 def checkpoint_weights(path: str | Path, *, offline: bool | None = None) -> Path:

@@ -36,7 +36,7 @@ def load_sources(names: list[str] | None, tiny: bool = False, *, config: list[Pa
     files and the ``--checkpoint`` folders, in that order; all zoo models when nothing is named. A Hub repo
     not in the cache has its config.json fetched (online only). Returns (source, ModelConfig) pairs."""
     from storelab.checkpoint.source import (checkpoint_source, fetch_config, model_config, model_file_source,
-                                            resolve)
+                                            resolve, zoo_source)
     from storelab.zoo import zoo_names
 
     if tiny and not names and (config or checkpoint):
@@ -45,7 +45,7 @@ def load_sources(names: list[str] | None, tiny: bool = False, *, config: list[Pa
     srcs = ([resolve(n, tiny=tiny, offline=offline) for n in names or []]
             + [model_file_source(p) for p in config or []] + [checkpoint_source(p) for p in checkpoint or []])
     if not srcs:
-        srcs = [resolve(n, tiny=tiny) for n in zoo_names()]
+        srcs = [zoo_source(n, tiny=tiny) for n in zoo_names()]
     srcs = [fetch_config(s) for s in srcs]
     return [(s, model_config(s)) for s in srcs]
 

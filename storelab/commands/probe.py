@@ -8,8 +8,8 @@ The model is the second positional argument, any model argument (``storelab.chec
 ``storelab probe all ./run``, ``storelab probe state_swap Qwen/Qwen3.5-0.8B``, ``storelab probe all
 tiny-kimi-k3``. A train run folder, a model folder or a Hugging Face repo id ``org/name[@revision]`` whose
 weights are in the local cache (the probes read only the cache: a repo not there is an error saying ``hf
-download org/name``) is read as ``--checkpoint``; a zoo name (``tiny-NAME``, ``NAME.tiny``, ``NAME --tiny``
-is not taken here), a model file or a built-in stack (``pattern:KKKA``) as ``--model``. The options
+download org/name``) is read as ``--checkpoint``; a zoo name (``tiny-NAME`` or ``NAME.tiny``), a model
+file or a built-in stack (``hybrid``, ``pattern:KKKA``) as ``--model``, untrained. The options
 ``--checkpoint DIR`` and ``--model NAME`` work as before.
 
 ``--checkpoint`` takes a ``storelab train`` run folder (the probes run on its task) or a model
