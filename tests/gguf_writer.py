@@ -145,6 +145,7 @@ def write_gguf(hf_model, arch: str, path, *, qtype: gguf.GGMLQuantizationType | 
     """Write ``hf_model`` as a GGUF of ``arch``; ``qtype`` quantizes the 2-D weights whose rows fit its blocks."""
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[ARCH_OF[arch]], split_max_tensors=split_max_tensors)
     w.add_name(f"tiny {arch}")
+    w.add_token_list([f"<t{i}>" for i in range(hf_model.config.vocab_size)])
     for k, v in _meta(hf_model, arch).items():
         _put(w, f"{gguf.MODEL_ARCH_NAMES[ARCH_OF[arch]]}.{k}", v)
     for name, t in _tensors(hf_model, arch).items():

@@ -171,6 +171,7 @@ def lfm2_config(m: Meta) -> dict:
     kv = m.ints("attention.head_count_kv", hf["num_hidden_layers"])
     hf.update(num_key_value_heads=max(kv), conv_L_cache=m.int("shortconv.l_cache", minimum=2),
               block_auto_adjust_ff_dim=False, block_ff_dim=hf["intermediate_size"],
+              conv_bias="blk.0.shortconv.in_proj.bias" in m.shapes,
               layer_types=["full_attention" if k else "conv" for k in kv], tie_word_embeddings=True)
     hf["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
     return hf
@@ -182,9 +183,11 @@ def lfm2_rules(hf: dict) -> list[Rule]:
             rule("model.embedding_norm.weight", g(T.TOKEN_EMBD_NORM)),
             rule(f"{LAYER}.operator_norm.weight", g(T.ATTN_NORM)),
             rule(f"{LAYER}.ffn_norm.weight", g(T.FFN_NORM)),
-            rule(f"{c}.in_proj.weight", g(T.SHORTCONV_INPROJ)),
+            rule(f"{c}.in_proj.weight", g(T.SHORTCONV_INPROJ)), rule(f"{c}.in_proj.bias", g(T.SHORTCONV_INPROJ, ".bias")),
             rule(f"{c}.out_proj.weight", g(T.SHORTCONV_OUTPROJ)),
+            rule(f"{c}.out_proj.bias", g(T.SHORTCONV_OUTPROJ, ".bias")),
             rule(f"{c}.conv.weight", g(T.SHORTCONV_CONV), fn=lambda w: w.unsqueeze(1), what="[D, W] -> [D, 1, W]"),
+            rule(f"{c}.conv.bias", g(T.SHORTCONV_CONV, ".bias")),
             rule(f"{f}.w1.weight", g(T.FFN_GATE)), rule(f"{f}.w3.weight", g(T.FFN_UP)),
             rule(f"{f}.w2.weight", g(T.FFN_DOWN))] + attention_rules(hf, out="out_proj",
                                                                     norms=("q_layernorm", "k_layernorm"))
