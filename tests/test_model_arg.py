@@ -304,3 +304,23 @@ def test_probe_takes_the_model_positionally(cache):
     assert json.loads(res.stdout)["model"].startswith("kimi-k3")
     res = run("probe", "forgetting", "org/tiny", "--weights-only", "--json")
     assert res.exit_code == 0, res.output
+
+
+def test_gguf_end_to_end(cache, tmp_path):
+    """A .gguf path and a GGUF repo in the cache reach the GGUF reader as a folder path would."""
+    from tests.family_harness import tiny_hf
+    from tests.gguf_writer import write_gguf
+
+    hf = tiny_hf("llama", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               vocab_size=128, intermediate_size=96, head_dim=16, max_position_embeddings=512))
+    path = tmp_path / "tiny-llama.gguf"
+    write_gguf(hf, "llama", path)
+    snapshot(cache, "org/llama-gguf", C1, {"tiny-llama-Q8_0.gguf": path})
+    for arg, name in ((str(path), "tiny-llama"), ("org/llama-gguf", "llama-gguf")):
+        res = run("models", arg, "--json")
+        assert res.exit_code == 0 and json.loads(res.stdout)[0]["name"] == name, res.output
+        res = run("memory", arg, "--context", "100", "--json")
+        assert res.exit_code == 0 and json.loads(res.stdout)["models"][0]["model"] == name, res.output
+        res = run("generate", arg, "--prompt-len", "4", "--new-tokens", "1", "--json")
+        assert res.exit_code == 0 and len(json.loads(res.stdout)["tokens"]) == 1, res.output
+    assert storelab.load("org/llama-gguf").checkpoint["gguf"]["architecture"] == "llama"
