@@ -500,3 +500,188 @@ def minimax_m2(cfg: dict, sd: dict) -> Out:
 
 
 CONVERTERS.update({"deepseek2": deepseek2, "glm4moe": glm4moe, "minimax-m2": minimax_m2})
+
+
+# ---- Jamba, Kimi Linear, GLM-5 (DSA), MiMo-V2-Flash (conversion/jamba.py, kimi_linear.py, glm.py, mimo.py) ----
+
+def _bid(name: str) -> int | None:
+    return int(name.split(".")[2]) if name.startswith("model.layers.") else None
+
+
+def jamba(cfg: dict, sd: dict) -> Out:
+    """``JambaModel``: per-layer KV heads from the attention period, Mamba's conv squeezed, A = -exp(A_log)."""
+    n, D = cfg["num_hidden_layers"], cfg["hidden_size"]
+    o = Out(MODEL_ARCH.JAMBA, cfg, n)
+    off, per = cfg["attn_layer_offset"], cfg["attn_layer_period"]
+    o.put("block_count", n)
+    o.put("context_length", cfg["max_position_embeddings"])
+    o.put("embedding_length", D)
+    o.put("feed_forward_length", cfg["intermediate_size"])
+    o.put("attention.head_count", cfg["num_attention_heads"])
+    o.put("attention.head_count_kv", [cfg["num_key_value_heads"] if i >= off and (i - off) % per == 0 else 0
+                                      for i in range(n)])
+    o.put("ssm.conv_kernel", cfg.get("mamba_d_conv") or 4)
+    o.put("ssm.inner_size", cfg["mamba_expand"] * D)
+    o.put("ssm.state_size", cfg.get("mamba_d_state") or 16)
+    rank = cfg.get("mamba_dt_rank")
+    o.put("ssm.time_step_rank", rank if isinstance(rank, int) else -(D // -16))
+    o.put("attention.layer_norm_rms_epsilon", float(cfg.get("rms_norm_eps") or 1e-6))
+    o.put("expert_count", cfg["num_experts"])
+    o.put("expert_used_count", cfg["num_experts_per_tok"])
+    for name, t in sd.items():
+        if _experts(o, name.replace(".feed_forward.experts.", ".mlp.experts."), t):
+            continue
+        if name.endswith("conv1d.weight"):
+            t = t.squeeze()
+        if name.endswith(".A_log"):
+            t = -torch.exp(t)
+        o.add(name, t)
+    return o
+
+
+def kimi_linear(cfg: dict, sd: dict) -> Out:
+    """``KimiLinearModel``: MLA as MQA (head_count_kv 1 on MLA layers, 0 on KDA layers), kv_b split, KDA convs
+    as (1, C, 1, W), A = -exp(A_log), dt_bias as dt_proj.bias; the published config's fields (linear_attn_config,
+    model_max_length, moe_router_activation_func) from transformers' saved ones."""
+    n = cfg["num_hidden_layers"]
+    full = [i + 1 for i, x in enumerate(cfg["layer_types"]) if x == "full_attention"]
+    H_kv = cfg["num_key_value_heads"]
+    c = {k: v for k, v in cfg.items() if k != "head_dim"}     # the published config.json has no head_dim
+    c.update(num_key_value_heads=1, max_position_embeddings=cfg["model_max_length"],
+             moe_router_activation_func="sigmoid", n_group=cfg.get("num_expert_group"))
+    o = Out(MODEL_ARCH.KIMI_LINEAR, c, n)
+    text_meta(o, n)
+    o.put("vocab_size", c["vocab_size"])
+    o.put("attention.head_count_kv", [1 if i + 1 in full else 0 for i in range(n)])
+    o.put("ssm.conv_kernel", cfg["linear_conv_kernel_dim"])
+    o.put("kda.head_dim", cfg["linear_head_dim"])
+    if cfg.get("q_lora_rank") is not None:
+        o.put("attention.q_lora_rank", cfg["q_lora_rank"])
+    kv = cfg["kv_lora_rank"]
+    o.put("attention.kv_lora_rank", kv)
+    o.put("rope.dimension_count", cfg["qk_rope_head_dim"])
+    o.put("attention.key_length", kv + cfg["qk_rope_head_dim"])
+    o.put("attention.key_length_mla", cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])
+    o.put("attention.value_length_mla", cfg["v_head_dim"])
+    o.put("expert_feed_forward_length", cfg["moe_intermediate_size"])
+    o.put("expert_shared_count", cfg["num_shared_experts"])
+    o.put("leading_dense_block_count", cfg["mlp_layer_types"].index("sparse"))
+    o.put("expert_weights_scale", float(cfg["routed_scaling_factor"]))
+    nope, v = cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    for name, t in sd.items():
+        bid = _bid(name)
+        if name.endswith(("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")):
+            t = t.reshape(1, t.shape[0], 1, t.shape[-1])
+        if name.endswith(".A_log"):
+            t = -torch.exp(t)
+        if name.endswith(".dt_bias"):
+            name = name.rpartition(".dt_bias")[0] + ".dt_proj.bias"
+        if name.endswith("kv_b_proj.weight"):
+            k_b, v_b = torch.split(t.view(H_kv, nope + v, t.shape[-1]), [nope, v], dim=1)
+            o.raw(T.ATTN_K_B, bid, k_b.transpose(1, 2))
+            o.raw(T.ATTN_V_B, bid, v_b)
+            continue
+        if ".block_sparse_moe.experts." in name:     # w1 / w3 / w2 stacked by merge_experts
+            kind = {"w1": T.FFN_GATE_EXP, "w3": T.FFN_UP_EXP, "w2": T.FFN_DOWN_EXP}[name.split(".")[-2]]
+            o.raw(kind, bid, t)
+            continue
+        if ".block_sparse_moe." in name and bid is not None and name.endswith(("gate_proj.weight", "up_proj.weight",
+                                                                               "down_proj.weight")):
+            name = name.replace(".block_sparse_moe.", ".mlp.")
+        o.add(name, t)
+    return o
+
+
+def _mla_convert(arch: MODEL_ARCH, cfg: dict, sd: dict, extra: Callable[[Out, dict], None] | None = None) -> Out:
+    """``DeepseekV2Model`` (deepseek2, and glm-dsa through ``GlmMoeDsaModel``): MLA as MQA, kv_b split."""
+    n = cfg["num_hidden_layers"]
+    c = dict(cfg)
+    H_kv = c["num_key_value_heads"]
+    c["num_key_value_heads"] = 1
+    o = Out(arch, c, n)
+    text_meta(o, n)
+    has_moe = c.get("n_routed_experts") is not None
+    o.put("leading_dense_block_count", c.get("first_k_dense_replace") or (0 if has_moe else n))
+    o.put("vocab_size", c["vocab_size"])
+    if c.get("q_lora_rank") is not None:
+        o.put("attention.q_lora_rank", c["q_lora_rank"])
+    kv = c.get("kv_lora_rank", 512)
+    o.put("attention.kv_lora_rank", kv)
+    o.put("attention.key_length", kv + c["qk_rope_head_dim"])
+    o.put("attention.value_length", kv)
+    o.put("attention.key_length_mla", c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
+    o.put("attention.value_length_mla", c["v_head_dim"])
+    o.put("expert_feed_forward_length", c.get("moe_intermediate_size") or c["intermediate_size"])
+    if has_moe:
+        o.put("expert_count", c["n_routed_experts"])
+    o.put("expert_shared_count", c.get("n_shared_experts", 0))
+    if c.get("routed_scaling_factor") is not None:
+        o.put("expert_weights_scale", float(c["routed_scaling_factor"]))
+    if c.get("norm_topk_prob"):
+        o.put("expert_weights_norm", True)
+    o.put("rope.dimension_count", c["qk_rope_head_dim"])
+    rp = _rope(c)
+    if rp.get("mscale_all_dim") is not None:
+        o.put("rope.scaling.yarn_log_multiplier", 0.1 * rp["mscale_all_dim"])
+    if extra is not None:
+        extra(o, c)
+    nope, v = c["qk_nope_head_dim"], c["v_head_dim"]
+    for name, t in sd.items():
+        if _experts(o, name, t):
+            continue
+        if name.endswith("kv_b_proj.weight"):
+            kv_b = t.view(H_kv, v + nope, t.shape[-1])
+            k_b, v_b = torch.split(kv_b, [nope, v], dim=1)
+            o.add(name.replace("kv_b_proj", "k_b_proj"), k_b.transpose(1, 2))
+            o.add(name.replace("kv_b_proj", "v_b_proj"), v_b)
+            continue
+        o.add(name, t)
+    return o
+
+
+def glm_dsa(cfg: dict, sd: dict) -> Out:
+    """``GlmMoeDsaModel``: deepseek2's MLA, the indexer's sizes and per-layer types (true = full)."""
+    def extra(o: Out, c: dict) -> None:
+        o.put("rope.dimension_count", int(c["qk_rope_head_dim"] * _rope(c).get("partial_rotary_factor", 1.0)))
+        o.put("attention.indexer.head_count", c["index_n_heads"])
+        o.put("attention.indexer.key_length", c["index_head_dim"])
+        o.put("attention.indexer.top_k", c["index_topk"])
+        if c.get("indexer_types") is not None:
+            o.put("attention.indexer.types", [t == "full" for t in c["indexer_types"]])
+
+    c = dict(cfg, scoring_func="sigmoid")        # the published GLM-5 config.json says so
+    return _mla_convert(MODEL_ARCH.GLM_DSA, c, sd, extra)
+
+
+def mimo2(cfg: dict, sd: dict) -> Out:
+    """``MimoV2Model``: per-layer KV heads, window and its pattern, v_head_dim as value_length, the two rope
+    bases, the value scale; sinks renamed ``attention_sink_bias.weight`` as the published checkpoint has them."""
+    n = cfg["num_hidden_layers"]
+    rp = cfg["rope_parameters"]
+    c = {k: v for k, v in cfg.items() if k != "rope_parameters"}
+    o = Out(MODEL_ARCH.MIMO2, c, n)
+    text_meta(o, n)
+    swa = [t == "sliding_attention" for t in cfg["layer_types"]]
+    G = cfg["num_key_value_heads"]
+    o.put("attention.head_count_kv", [2 * G if x else G for x in swa])
+    o.put("attention.sliding_window", cfg["sliding_window"])
+    o.put("attention.sliding_window_pattern", [int(x) for x in swa])
+    o.put("attention.value_length", cfg["v_head_dim"])
+    o.put("expert_count", cfg["n_routed_experts"])
+    o.put("expert_feed_forward_length", cfg["moe_intermediate_size"])
+    o.put("rope.freq_base", float(rp["full_attention"]["rope_theta"]))
+    o.put("rope.freq_base_swa", float(rp["sliding_attention"]["rope_theta"]))
+    o.put("rope.dimension_count", int(cfg["head_dim"] * rp["full_attention"]["partial_rotary_factor"]))
+    o.put("attention.value_scale", float(cfg["attention_value_scale"]))
+    for name, t in sd.items():
+        if _experts(o, name, t):
+            continue
+        if name.endswith(".self_attn.sinks"):
+            name = name.replace(".sinks", ".attention_sink_bias")
+        if "attention_sink" in name and not name.endswith(".weight"):
+            name += ".weight"
+        o.add(name, t)
+    return o
+
+
+CONVERTERS.update({"jamba": jamba, "kimi-linear": kimi_linear, "glm-dsa": glm_dsa, "mimo2": mimo2})
