@@ -134,8 +134,8 @@ def kimi_linear_config(m: Meta) -> dict:
     n = hf["num_hidden_layers"]
     for k in ("head_dim", "rope_theta", "rope_scaling"):
         hf.pop(k, None)
-    if _gating(m, "sigmoid") != "sigmoid":
-        raise m._err("expert_gating_func", "2 (sigmoid: Kimi Linear's router)", m.raw("expert_gating_func"))
+    if not m.has("expert_gating_func") or _gating(m, "sigmoid") != "sigmoid":   # llama.cpp requires the key
+        raise m._err("expert_gating_func", "2 (sigmoid: Kimi Linear's router)", m.raw("expert_gating_func", None))
     for key in ("moe_latent_size", "attn_res_block_size", "hidden_activation"):
         if m.has(key):
             raise m._err(key, "absent (Kimi K3's latent experts, AttnRes and activations are read from its "
