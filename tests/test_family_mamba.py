@@ -60,3 +60,20 @@ def test_memory_equals_transformers_cache(model_type, T, saved):
     from tests.test_family_jamba import hybrid_cache_bytes
 
     check_cache(*saved(model_type), T, counter=hybrid_cache_bytes)
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_models_command_on_the_tiny_folders(model_type, saved):
+    """``storelab models --checkpoint`` on a folder whose layers leave the channel slot empty (issue 38)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from storelab.cli import app
+
+    _, d = saved(model_type)
+    for extra in ((), ("--json",)):
+        r = CliRunner().invoke(app, ["models", "--checkpoint", str(d), *extra], env={"COLUMNS": "400"})
+        assert r.exit_code == 0 and r.exception is None, r.output
+    rec = json.loads(r.output)
+    assert "none" in json.dumps(rec) or model_type.startswith("nemotron_h")

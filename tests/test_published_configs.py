@@ -92,3 +92,28 @@ def test_not_yet_exit_code_2(tmp_path):
     path.write_text(json.dumps(dict(json.loads((FIXTURES / "gpt-oss-20b.json").read_text()), model_type="unread_moe")))
     r = CliRunner().invoke(app, ["memory", "--checkpoint", str(path)])
     assert r.exit_code == 2 and "unread_moe" in r.output
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
+def test_models_command_on_every_fixture(path):
+    """``storelab models --checkpoint`` (table and --json) on every published config: exit 0, or 2 with the
+    file named for a family not read yet; never a traceback (issue 38: Mamba's and Nemotron-H's layers leave
+    the channel slot empty, and the store mix says so)."""
+    for extra in ((), ("--json",)):
+        r = CliRunner().invoke(app, ["models", "--checkpoint", str(path), *extra], env={"COLUMNS": "400"})
+        assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+        if path.stem in NOT_YET:
+            assert r.exit_code == 2 and NOT_YET[path.stem] in r.output, r.output
+            continue
+        assert r.exit_code == 0, r.output
+        if extra:
+            rec = json.loads(r.output)
+            rec = rec[0] if isinstance(rec, list) else rec
+            assert "channel_mix" in json.dumps(rec)
+
+
+def test_an_empty_channel_slot_is_named_in_the_mix():
+    from storelab.models.record import model_record
+
+    rec = model_record(read_model_config(FIXTURES / "mamba-2.8b-hf.json"))
+    assert rec["channel_mix"] == "64 none"

@@ -32,9 +32,14 @@ def _experts(cfg) -> str:
     return "; ".join(out)
 
 
+EMPTY_SLOT = "none"  # a layer with no store in the slot (Mamba's and Nemotron-H's layers hold no channel mixer)
+
+
 def _slot_mix(cfg, slot: str) -> str:
+    """The stores of one slot over the layers, e.g. ``"56 ffn + 62 none"`` (``EMPTY_SLOT``: the slot left empty)."""
     counts: dict[str, int] = {}
     for lay in cfg.layers:
-        k = getattr(lay, slot).KIND
+        store = getattr(lay, slot)
+        k = EMPTY_SLOT if store is None else store.KIND
         counts[k] = counts.get(k, 0) + 1
     return " + ".join(f"{c} {k}" for k, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
