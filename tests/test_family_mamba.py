@@ -5,6 +5,7 @@ pass, parameters from config.json alone equal to the saved tensors."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.family_harness import check_bf16, check_cache, check_counts, check_logits, saved_fixture
 
@@ -77,3 +78,26 @@ def test_models_command_on_the_tiny_folders(model_type, saved):
         assert r.exit_code == 0 and r.exception is None, r.output
     rec = json.loads(r.output)
     assert "none" in json.dumps(rec) or model_type.startswith("nemotron_h")
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_weights_only_forgetting_equals_the_loaded_model(model_type, saved):
+    """``probe forgetting --weights-only`` on the state-space folders (issue 38: it asked Mamba-2 for a rule):
+    each store declares what its gate reads at x = 0 (``gate_params``), and the gate read from those tensors
+    alone equals the loaded model's own gate at x = 0, bit for bit."""
+    from typer.testing import CliRunner
+
+    from storelab.checkpoint import load
+    from storelab.cli import app
+    from storelab.probes.forgetting import rest_log_decay
+    from storelab.probes.gate_weights import gate_tensors
+
+    _, d = saved(model_type)
+    gates, io = gate_tensors(d)
+    model = load(d)
+    assert sorted(gates) == [i for i, lay in enumerate(model.cfg.layers) if lay.token.RECURRENT]
+    for i, g in gates.items():
+        assert torch.equal(g, rest_log_decay(model.blocks[i].token)), f"layer {i}"
+    assert not any(n.endswith(("in_proj.weight", "out_proj.weight")) for n in io["tensors"]), io["tensors"]
+    r = CliRunner().invoke(app, ["probe", "forgetting", "--checkpoint", str(d), "--weights-only", "--json"])
+    assert r.exit_code == 0 and r.exception is None, r.output

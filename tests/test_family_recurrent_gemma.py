@@ -221,3 +221,18 @@ def test_fields_left_out_take_transformers_defaults(tmp_path):
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(ref)
     assert count_params(cfg).stored == sum(p.numel() for p in model.parameters())
+
+
+def test_weights_only_forgetting_equals_the_loaded_model(saved):
+    """RG-LRU declares what its gate reads at x = 0 (``gate_params``); read from those tensors alone, the gate
+    equals the loaded model's (issue 38)."""
+    from storelab.probes.forgetting import rest_log_decay
+    from storelab.probes.gate_weights import gate_tensors
+
+    _, d = saved
+    gates, io = gate_tensors(d)
+    model = load(d)
+    assert sorted(gates) == [0, 2, 4]
+    for i, g in gates.items():
+        assert torch.equal(g, rest_log_decay(model.blocks[i].token)), f"layer {i}"
+    assert not any(n.endswith("y_proj.weight") for n in io["tensors"])

@@ -67,3 +67,21 @@ def test_report_checkpoint_errors(tmp_path, kimi_folder):
     res = runner.invoke(app, ["report", "--out", str(tmp_path / "r"), "--checkpoint", str(bare)], env={"COLUMNS": "300"})
     assert res.exit_code == 2 and "tokenizer.json: missing" in res.output, res.output
     assert not (tmp_path / "r").exists()   # refused before any section ran or wrote
+
+
+@pytest.mark.parametrize("model_type", ["mamba2", "nemotron_h"])
+def test_the_checkpoint_section_on_mamba2_layers_keeps_its_weights_only_part(model_type, tmp_path):
+    """Issue 38: the weights-only forgetting estimate asked Mamba-2 for a rule and the section was lost; the
+    store now declares what its gate reads (``gate_params``)."""
+    from storelab.report.build import checkpoint_section_of
+    from tests.family_harness import tiny_hf as tiny_family
+    from tests.test_family_mamba import TINY
+
+    d = tmp_path / model_type
+    tiny_family(model_type, dict(TINY[model_type], vocab_size=VOCAB), perturb=0.1).save_pretrained(d)
+    write_tokenizer(d, corpus(), vocab=VOCAB)
+    _, outcomes = build_report(tmp_path / "r", quick=True, sections=[checkpoint_section_of(d)], checkpoint=d)
+    (oc,) = outcomes
+    assert oc.ok, oc.error
+    w = oc.result.data["weights_only"]
+    assert w["layers"] and all(lay["decay"] == "per head" for lay in w["layers"])

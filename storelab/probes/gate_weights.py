@@ -16,11 +16,12 @@ How, and why it reads megabytes of a 100-GB checkpoint:
    table (``families/<family>.py``) says which checkpoint tensors make each of our parameters and
    how (Kimi's A_log [1, 1, H, 1] -> [H]; FP8 pieces with their scales); the headers say where
    they lie (``CountingShards``: 8 bytes + the JSON header per file, counted).
-2. Each recurrent layer's store is built on ``meta`` (no memory). The store's rule declares the
-   parameters its gates own (``Rule.params``): its projections of x (modules), which give 0 at
-   x = 0 and are set to zeros, never read (a projection's bias would be read); its own tensors
+2. Each recurrent layer's store is built on ``meta`` (no memory). The store declares what its gate
+   reads at x = 0 (``gate_params()``, parameter -> "zero" | "read"; the pipeline's stores from their
+   rule's ``Rule.params``, Mamba, Mamba-2, RG-LRU and lightning attention by their own): the weights
+   that meet x give 0 there and are zeros, never read (a projection's bias is read); its own tensors
    (A_log, dt_bias), which are read, exactly those bytes, and cast to the dtype ``load`` gives
-   them; its computed buffers (a fixed decay), made from the config.
+   them. A fixed decay comes from the config.
 3. The store's own gate (``_log_decay``) is called on x = 0, the call the in-memory probe makes
    (``forgetting.rest_log_decay``), so the two agree bit for bit; nothing names a store kind.
 
@@ -56,30 +57,23 @@ def _half_life(g: torch.Tensor) -> list[float]:
 
 
 def _gate_store(lay, i: int, tab: dict, reader: CountingShards, dtype: torch.dtype):
-    """Layer i's store on meta, with the parameters its gates own set for x = 0 (on the CPU)."""
-    cfg = lay.token
+    """Layer i's store on meta, with the parameters its gate reads at x = 0 (``gate_params``) on the CPU:
+    the weights that meet x as zeros (a stride-0 view, no memory), the rest read from the checkpoint."""
     with torch.device("meta"):
-        store = cfg.build()
-        parts = store.rule.params(cfg)      # names and kinds of the gates' own parameters
-    computed = {n: p for n, p in parts.items() if not isinstance(p, (nn.Module, nn.Parameter))}
-    if computed:                            # buffers made from the config (a fixed decay)
-        made = store.rule.params(cfg)
-        computed = {n: made[n].to(dtype) for n in computed}
+        store = lay.token.build()
+    roles = store.gate_params()             # parameter name -> "zero" | "read", declared by the store
     names: list[str] = []
-    for name, part in parts.items():
-        if isinstance(part, nn.Module):     # a projection of x: zero at x = 0 (its bias read)
-            mod = getattr(store, name).to_empty(device="cpu").to(dtype)
-            for pn, p in mod.named_parameters():
-                if pn.rsplit(".", 1)[-1] == "bias":
-                    names += _read_into(p, f"blocks.{i}.token.{name}.{pn}", tab, reader)
-                else:
-                    p.data.zero_()
-        elif isinstance(part, nn.Parameter):
-            ours = f"blocks.{i}.token.{name}"
-            setattr(store, name, nn.Parameter(torch.empty(part.shape, dtype=dtype), requires_grad=False))
-            names += _read_into(getattr(store, name), ours, tab, reader)
+    for pn, p in list(store.named_parameters()):
+        role = roles.get(pn)
+        if role is None:                    # not read by the gate: stays on meta
+            continue
+        if role == "zero":
+            value = torch.zeros((), dtype=dtype).expand(p.shape)
         else:
-            setattr(store, name, computed[name])
+            value = torch.empty(p.shape, dtype=dtype)
+            names += _read_into(value, f"blocks.{i}.token.{pn}", tab, reader)
+        owner, _, leaf = pn.rpartition(".")
+        setattr(store.get_submodule(owner), leaf, nn.Parameter(value, requires_grad=False))
     return store, names
 
 

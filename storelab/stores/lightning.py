@@ -126,6 +126,10 @@ class LightningAttention(nn.Module):
         forgetting probes ask for it)."""
         return self.cfg.log_decay(x_BTD.device).expand(x_BTD.shape[0], x_BTD.shape[1], -1)
 
+    def gate_params(self) -> dict[str, str]:
+        """What ``_log_decay`` reads (as ``RecurrentStore.gate_params``): nothing, the slopes come from the config."""
+        return {}
+
     def forward(self, x_BTD: Tensor, state: RecurrentState | None = None, *, token_ids: Tensor | None = None):
         cfg = self.cfg
         check_input(x_BTD, cfg.d_model)

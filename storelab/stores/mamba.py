@@ -224,6 +224,16 @@ class MambaStore(nn.Module):
         dt_BTE, _, _ = self._dt_B_C(u_BTE)
         return dt_BTE[..., None] * -at_least_fp32(self.A_log).exp()
 
+    def gate_params(self) -> dict[str, str]:
+        """What ``_log_decay`` reads at x = 0 (parameter -> "zero" | "read", as ``RecurrentStore.gate_params``):
+        in_proj's weight meets x, so it is zero there; the rest of the way to dt (in_proj's bias, the
+        convolution, x_proj, dt_proj, the dt norm) and A_log are read: dt depends on u = SiLU(conv_bias) even
+        at x = 0."""
+        own = {n for n, p in self.named_parameters()}
+        read = ("in_proj.bias", "conv_weight", "conv_bias", "x_proj.weight", "x_proj.bias", "dt_proj.weight",
+                "dt_proj.bias", "dt_norm", "b_norm", "c_norm", "A_log")
+        return {"in_proj.weight": "zero", **{n: "read" for n in read if n in own}}
+
     def forward(self, x_BTD: Tensor, state: RecurrentState | None = None, *, token_ids=None):
         cfg = self.cfg
         check_input(x_BTD, cfg.d_model)

@@ -223,6 +223,13 @@ class Mamba2Store(nn.Module):
         bias = None if self.in_proj.bias is None else self.in_proj.bias[-H:]
         return self._dt(F.linear(x_BTD, self.in_proj.weight[-H:], bias)) * -at_least_fp32(self.A_log).exp()
 
+    def gate_params(self) -> dict[str, str]:
+        """What ``_log_decay`` reads at x = 0 (parameter -> "zero" | "read", as ``RecurrentStore.gate_params``):
+        in_proj's weight meets x, so it is zero there; its bias, dt_bias and A_log give the decay per head,
+        -exp(A_log) clamp(softplus(dt_bias), dt_limit)."""
+        return {"in_proj.weight": "zero", **({"in_proj.bias": "read"} if self.in_proj.bias is not None else {}),
+                "dt_bias": "read", "A_log": "read"}
+
     def _gated_norm(self, o_BTI: Tensor, z_BTI: Tensor) -> Tensor:
         """transformers' MambaRMSNormGated (gate first unless norm_before_gate), in at least fp32."""
         cfg = self.cfg

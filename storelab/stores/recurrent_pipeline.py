@@ -91,6 +91,7 @@ class RecurrentStore(nn.Module):
         self.conv_weight = nn.Parameter(torch.randn(cfg.conv_channels, cfg.conv_kernel) / math.sqrt(cfg.conv_kernel))
         self.o_norm = nn.Parameter(torch.ones(V))
         self.o_proj = nn.Linear(HV * V, D, bias=False)
+        self._rule_params = tuple(rule.params(cfg))  # the names of the gates' own parameters (gate_params)
         for name, p in rule.params(cfg).items():
             if not isinstance(p, (nn.Module, nn.Parameter)):
                 raise TypeError(f"Rule.params: {name} is a {type(p).__name__}; a rule owns modules and parameters "
@@ -112,6 +113,21 @@ class RecurrentStore(nn.Module):
     def _log_decay(self, x_BTD: Tensor) -> Tensor | None:
         """g <= 0: the log of what each step keeps of the old state; None when the rule has no decay."""
         return None if self.rule.log_decay is None else self.rule.log_decay(self, x_BTD)
+
+    def gate_params(self) -> dict[str, str]:
+        """What ``_log_decay`` reads at x = 0, parameter name -> "zero" (a weight applied to x, zero there)
+        or "read" (a tensor the gate keeps: A_log, dt_bias, a projection's bias): the rule's own
+        parameters (``Rule.params``). The weights-only forgetting estimate reads exactly the "read" ones
+        (``storelab.probes.gate_weights``)."""
+        out: dict[str, str] = {}
+        for name in self._rule_params:
+            part = getattr(self, name)
+            if isinstance(part, nn.Module):   # a projection of x (Rule.params: a module or a parameter)
+                out.update({f"{name}.{pn}": "read" if pn.rsplit(".", 1)[-1] == "bias" else "zero"
+                            for pn, _ in part.named_parameters()})
+            else:
+                out[name] = "read"
+        return out
 
     # -- the store -------------------------------------------------------------------
     def forward(self, x_BTD: Tensor, state: RecurrentState | None = None, *, token_ids=None):

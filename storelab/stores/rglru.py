@@ -178,6 +178,14 @@ class RGLRUStore(nn.Module):
         _, r_BTC = self._gates(u_BTC)
         return rg_lru_log_decay(r_BTC, self.recurrent_param, c=self.cfg.gate_exponent)
 
+    def gate_params(self) -> dict[str, str]:
+        """What ``_log_decay`` reads at x = 0 (parameter -> "zero" | "read", as ``RecurrentStore.gate_params``):
+        x_proj's weight meets x, so it is zero there; its bias goes through the convolution and the gates, and
+        the recurrent parameter sets the decay: -c r softplus(p)."""
+        return {"x_proj.weight": "zero", "x_proj.bias": "read", "conv_weight": "read", "conv_bias": "read",
+                "input_gate_weight": "read", "input_gate_bias": "read", "recurrent_gate_weight": "read",
+                "recurrent_gate_bias": "read", "recurrent_param": "read"}
+
     def forward(self, x_BTD: Tensor, state: RecurrentState | None = None, *, token_ids=None):
         cfg = self.cfg
         check_input(x_BTD, cfg.d_model)
