@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import typer
 
-__all__ = ["integer", "count", "number", "seed", "int_list", "force", "device", "dtype", "resolve_device", "DTYPES", "user_errors", "fail", "SEED_MAX"]
+__all__ = ["integer", "count", "cores", "number", "seed", "int_list", "force", "device", "dtype", "resolve_device", "DTYPES", "user_errors", "fail", "SEED_MAX"]
 
 SEED_MAX = 2**63 - 2  # torch's generators take 64-bit seeds; commands also seed with seed + 1
 
@@ -32,6 +32,14 @@ def integer(default: Any, *names: str, help: str = "", min: int | None = None, m
 def count(default: Any, *names: str, help: str = "", zero: bool = False) -> Any:
     """A positive int option (``zero=True``: 0 allowed too, usually meaning 'the default')."""
     return typer.Option(default, *names, help=help, min=0 if zero else 1)
+
+
+def cores(default: Any, *names: str, help: str = "") -> Any:
+    """A count of threads or processes: 0 (the default) up to this machine's cores (``os.cpu_count()``); more
+    would only contend, and a thousand torch threads end in a MemoryError."""
+    import os
+
+    return typer.Option(default, *names, help=help, min=0, max=os.cpu_count() or 1)
 
 
 def _finite(name: str, above: float | None):
@@ -57,15 +65,22 @@ def seed(default: int = 0, *names: str, help: str = "Random seed.") -> Any:
     return typer.Option(default, *(names or ("--seed",)), help=help, min=0, max=SEED_MAX)
 
 
-def int_list(default: str, name: str, *, help: str = "", min: int = 1) -> Any:
-    """A comma-separated list of ints, each >= min; the command receives a tuple of ints (declare the
-    parameter ``str``: the parser reads text, this callback returns the tuple)."""
+MAX_LIST = 64  # values in one list option: each is a run of its own (a context length, a width)
+
+
+def int_list(default: str, name: str, *, help: str = "", min: int = 1, max_items: int = MAX_LIST) -> Any:
+    """A comma-separated list of ints, each >= min, at most ``max_items`` of them (each value is work of
+    its own: 3,000 context lengths would run for days); the command receives a tuple of ints (declare
+    the parameter ``str``: the parser reads text, this callback returns the tuple)."""
     def parse(value):
         if value is None or isinstance(value, tuple):
             return value
         items = [s.strip() for s in str(value).split(",") if s.strip()]
         if not items:
             raise typer.BadParameter("expected a comma-separated list of integers, got nothing", param_hint=f"'{name}'")
+        if len(items) > max_items:
+            raise typer.BadParameter(f"at most {max_items} values (each is a run of its own), got {len(items):,}",
+                                     param_hint=f"'{name}'")
         out = []
         for s in items:
             try:

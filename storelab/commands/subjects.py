@@ -64,8 +64,8 @@ def register(app: typer.Typer) -> None:
                   seed: int = opt.seed(0, "--seed", help="Which seed (0, 1, 2)."),
                   all_: bool = typer.Option(False, "--all", help="Every subject and seed."),
                   out: Path = typer.Option(None, "--out", help="Folder to write into (default: the shipped data)."),
-                  jobs: int = opt.count(0, "--jobs", help="Processes at once, one thread each (default: the "
-                                        "machine's cores, at most 2).", zero=True),
+                  jobs: int = opt.cores(0, "--jobs", help="Processes at once, one thread each (default: the "
+                                        "machine's cores, at most 2; at most the machine's cores)."),
                   force: bool = opt.force(),
                   json_: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
         """Train subjects by their recipes (the exact runs that made the shipped files)."""

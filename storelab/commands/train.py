@@ -60,7 +60,8 @@ def register(app: typer.Typer) -> None:
         seed: int = opt.seed(),
         eval_every: int = opt.count(100, "--eval-every"),
         checkpoint_every: int = opt.count(100, "--checkpoint-every"),
-        threads: int = opt.count(0, "--threads", zero=True, help="Torch threads per process (0: torch's default)."),
+        threads: int = opt.cores(0, "--threads", help="Torch threads per process (0: torch's default; at most the "
+                                 "machine's cores)."),
         indexer_weight: float = opt.number(1.0, "--indexer-weight", min=0, help="Weight of the indexers' imitation "
                                            "of the main attention (DSA, hierarchical, MSA, CSA; 0: off)."),
         task_opt: list[str] = typer.Option(None, "--task-opt", help="Task option key=value (repeatable)."),

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,6 +288,10 @@ def train(cfg: TrainConfig, out: str | Path | None = None, *, resume: bool = Tru
         raise ValueError(f"batch_size: the global batch {cfg.batch_size} does not split into {dist.world} "
                          f"process(es) x {cfg.accumulate} micro-batch(es)")
     if cfg.threads:
+        cores = os.cpu_count() or 1
+        if cfg.threads > cores:  # checked here, not in TrainConfig: a run resumed on a smaller machine still reads
+            raise ValueError(f"threads: {cfg.threads} torch threads per process, more than this machine's {cores} "
+                             f"cores (--threads at most {cores}, or 0 for torch's default)")
         torch.set_num_threads(cfg.threads)
     keep_freed_memory()  # each step's activations reuse the last step's pages (``storelab.allocator``)
     eng = engine(default_parallel(dist.world) if cfg.parallel == "auto" else cfg.parallel, dist, cfg.precision)
