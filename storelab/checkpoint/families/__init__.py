@@ -23,7 +23,11 @@ FAMILIES: list[Family] = [importlib.import_module(f"{__name__}.{m}").FAMILY for 
 
 
 def family_for(hf: dict, path: str | Path = "") -> Family:
-    """The family that reads this config; an unknown ``model_type`` lists the supported ones."""
+    """The family that reads this config; an unknown ``model_type`` lists the supported ones. Its sizes are
+    held first (``check_sizes``: a billion layers is refused, naming the field, before anything is built)."""
+    from storelab.checkpoint.families._reader import check_sizes
+
+    check_sizes(hf, str(Path(path) / "config.json") if str(path) else "config.json")
     mt = hf.get("model_type")
     for fam in FAMILIES:
         if mt in fam.model_types:

@@ -145,6 +145,53 @@ def tied(hf: dict, t: Fields, default: bool = False) -> bool:
     return t.bool("tie_word_embeddings", default=default)
 
 
+# -- sizes held before anything is built --------------------------------------------------------------
+# a field of any of these names, at any depth of the config, is at most this (a billion layers would take
+# gigabytes just to describe, one LayerConfig each; an expert count times the layers is a table entry each)
+SIZE_LIMITS: dict[str, tuple[int, str]] = {
+    **dict.fromkeys(("num_hidden_layers", "n_layers", "num_layers", "n_layer", "num_decoder_layers"),
+                    (100_000, "layers")),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "n_experts"),
+                    (65_536, "experts")),
+    **dict.fromkeys(("vocab_size", "padded_vocab_size"), (2**31 - 1, "tokens (an int32 token id)")),
+    **dict.fromkeys(("hidden_size", "d_model", "intermediate_size", "moe_intermediate_size", "ffn_hidden_size",
+                     "head_dim", "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+                     "kv_lora_rank", "q_lora_rank"), (2**31 - 1, "(a tensor dimension)")),
+}
+MAX_LAYER_EXPERTS = 10_000_000  # layers x experts: the experts' tensor names are listed per layer
+BIGGEST = 2**63 - 1             # any integer of the config: beyond it, no tensor size or count can hold it
+
+
+def check_sizes(hf: dict, where: str = "config.json") -> None:
+    """Refuse, before anything is built, a config whose layer count, vocabulary, expert count or sizes cannot
+    be represented or would need more memory than a machine has just to describe (``SIZE_LIMITS``), naming
+    the field; any integer beyond 2^63 - 1 too."""
+    def walk(d: Any, path: str, depth: int) -> None:
+        if depth > 8:
+            return
+        items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+        for k, v in items:
+            name = f"{path}{k}" if isinstance(d, dict) else f"{path.rstrip('.')}[{k}]"
+            if isinstance(v, (dict, list)):
+                walk(v, name + ".", depth + 1)
+            elif isinstance(v, int) and not isinstance(v, bool):
+                limit, what = SIZE_LIMITS.get(k, (BIGGEST, "")) if isinstance(d, dict) else (BIGGEST, "")
+                if abs(v) > limit:
+                    raise CheckpointError(f"{where}: {name}: {v:,} is more than storelab reads (at most {limit:,}"
+                                          f"{' ' + what if what else ''}): refused before anything is built")
+    walk(hf, "", 0)
+    for t in (hf, *(hf[k] for k in ("text_config", "language_config", "llm_config") if isinstance(hf.get(k), dict))):
+        layers = max((t[k] for k in SIZE_LIMITS if SIZE_LIMITS[k][1] == "layers" and _count(t.get(k))), default=0)
+        experts = max((t[k] for k in SIZE_LIMITS if SIZE_LIMITS[k][1] == "experts" and _count(t.get(k))), default=0)
+        if layers * experts > MAX_LAYER_EXPERTS:
+            raise CheckpointError(f"{where}: {layers:,} layers x {experts:,} experts is more than storelab reads "
+                                  f"(at most {MAX_LAYER_EXPERTS:,} expert tables): refused before anything is built")
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
 # -- per-layer types ----------------------------------------------------------------------------------
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 
