@@ -191,7 +191,7 @@ def _resolve(text: str, *, offline: bool) -> ModelSource:
         return zoo
     if m is not None:
         return _hub(text, m, offline=offline)
-    raise ValueError(f"model: unknown {text!r}: not a zoo model{_close_zoo(text)}; no file or folder "
+    raise ValueError(f"model: {text!r}: unknown zoo model{_close_zoo(text)}; no file or folder "
                      f"{path.resolve()}; not a Hub repo id (org/name[@revision])")
 
 
