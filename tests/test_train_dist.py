@@ -279,8 +279,10 @@ def test_an_older_single_file_run_still_loads_and_refuses_to_resume(tmp_path):
     assert folder_kind(tmp_path) == "run"
     loaded, _, got = load_trained(tmp_path)
     assert got["step"] == 4 and all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
-    with pytest.raises(ValueError, match="earlier storelab"):
+    with pytest.raises(ValueError, match="storelab older than the manifest"):  # no manifest: not proven its own
         train(cfg, tmp_path)
+    with pytest.raises(ValueError, match="earlier storelab"):  # --force passes the folder check, not the resume
+        train(cfg, tmp_path, force=True)
 
 
 def test_a_cache_readers_unused_parameters_resume(tmp_path):
