@@ -6,9 +6,14 @@ Models: any model argument, positionally (``storelab.checkpoint.source.resolve``
 config.json or .gguf files, Hugging Face repo ids ``org/name[@revision]`` (from the local cache; online, a
 repo not there has its config.json fetched and, for ``--budget``, its safetensors headers read by HTTP range
 reads, never its weights; ``--offline`` or ``HF_HUB_OFFLINE``: the cache alone). ``--config FILE`` and
-``--checkpoint DIR|config.json`` say the kind outright, as before. No weights are needed. Formats: ``--cache-dtype`` for caches (each store's
-published format when not given), ``--state-dtype`` for recurrent states and open pools,
-``--weights-dtype`` for the weights beside them under ``--budget``.
+``--checkpoint DIR|config.json`` say the kind outright, as before. No weights are needed. Formats:
+``--cache-dtype`` for caches (each store's published format when not given), ``--state-dtype`` for
+recurrent states and open pools, ``--weights-dtype`` for the weights beside them under ``--budget``.
+
+A GGUF file is read from its header alone (milliseconds at any size, a large vocabulary aside) and accounted
+for the engine that runs it: ``--engine`` defaults to llama.cpp there (said in the output: "default for a
+GGUF file"), with llama.cpp's f16 caches and f32 states; ``--budget`` counts each tensor as the file stores
+it (Q4_K, Q6_K, Q8_0, MXFP4, ..., ``weights_format`` "gguf", ``weights_by_dtype`` by GGML type).
 
 From a checkpoint folder: the cache format its config states (``quantization_config.kv_cache_scheme``,
 ``kv_cache_quant_algo``, ``kv_cache_dtype``; ``storelab.models.memory_terms.folder_cache_format``) when no
@@ -18,9 +23,12 @@ from the shards' headers, tensor by tensor in its stored dtype (fp8 and packed f
 scales), unless ``--weights-dtype`` is given.
 
 ``--engine``: what an engine allocates beside the ideal (``storelab.models.engines``: ideal, the
-default, stated in the output; transformers, llama.cpp, vllm, each rule from its source): per layer in
-the JSON (``engine_bytes``, ``engine_rule``), its total in the text; ``--engine-option KEY=VALUE`` sets
-the engine's settings (``storelab.models.engines.engine_options``).
+default but for a GGUF, stated in the output; transformers, llama.cpp, vllm, each rule from its source): per
+layer in the JSON (``engine_bytes``, ``engine_rule``), its total in the text; ``--engine-option KEY=VALUE``
+sets the engine's settings (``storelab.models.engines.engine_options``). transformers and vLLM keep their
+caches in the model's dtype, read from the checkpoint's ``dtype`` / ``torch_dtype`` unless
+``--engine-option model_dtype=`` or ``--cache-dtype`` says otherwise (a folder saved in float32 keeps a
+float32 cache in transformers); the output names where it was read (``engine.model_dtype_source``).
 
 ``--json`` prints one document of ``storelab.report.memory_json`` (docs/memory.schema.json, versioned);
 the text is made from the same records. ``--plot`` writes the figure and a JSON beside it, both checked
@@ -43,9 +51,10 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64)
 def register(app: typer.Typer) -> None:
     @app.command()
     def memory(
-        name: list[str] = typer.Argument(None, metavar="[MODEL]...", help="Models (default: the zoo's, unless "
+        name: list[str] = typer.Argument(None, metavar="MODEL", help="Models (default: the zoo's, unless "
                                          "--config/--checkpoint): zoo names, model files, checkpoint folders, "
-                                         "config.json or .gguf files, Hugging Face repo ids org/name[@revision]."),
+                                         "config.json or .gguf files, Hugging Face repo ids org/name (or "
+                                         "org/name@REV)."),
         context: int = typer.Option(None, "--context", help="Context length L in tokens (default: each model's "
                                                             "published context, else 1,000,000)."),
         batch: int = typer.Option(1, "--batch", help="Sequences held at once (totals at L are for all of them)."),
@@ -57,9 +66,9 @@ def register(app: typer.Typer) -> None:
                                           "default: a folder's safetensors headers, else bf16)."),
         budget: str = typer.Option(None, "--budget", help="Memory to fill, e.g. 24GiB: the longest context per "
                                                           "batch size that fits beside the weights."),
-        engine: str = typer.Option("ideal", "--engine", help="Whose allocation: ideal (what the stores need), "
+        engine: str = typer.Option(None, "--engine", help="Whose allocation: ideal (what the stores need), "
                                    "transformers, llama.cpp or vllm (their conventions: padding, pages, f32 "
-                                   "states)."),
+                                   "states). Default: llama.cpp for a .gguf file (what it runs on), else ideal."),
         engine_option: list[str] = typer.Option(None, "--engine-option", help="An engine's setting, KEY=VALUE "
                                                 "(llama.cpp: n_ubatch, swa_full, kv_unified; vllm: "
                                                 "max_num_batched_tokens, block_size, model_dtype)."),
@@ -77,6 +86,7 @@ def register(app: typer.Typer) -> None:
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Per layer and model at context L: bytes per token and per sequence, entries kept and read."""
+        from storelab.checkpoint.gguf import is_gguf
         from storelab.checkpoint.source import hf_config_path
         from storelab.commands.models import load_sources
         from storelab.models.accounting import count_params
@@ -91,9 +101,8 @@ def register(app: typer.Typer) -> None:
             room = parse_size(budget) if budget is not None else None
             if batch <= 0:
                 raise ValueError(f"batch: must be > 0, got {batch}")
-            if engine not in ENGINES:
+            if engine is not None and engine not in ENGINES:
                 raise ValueError(f"engine: unknown {engine!r} (known: {', '.join(ENGINES)})")
-            options = engine_options(engine, engine_option or [])
             if context is not None and context <= 0:
                 raise ValueError(f"context: must be > 0, got {context}")
             if out is not None and not plot:
@@ -112,21 +121,34 @@ def register(app: typer.Typer) -> None:
             reports = []
             for src, cfg in found:
                 folder = hf_config_path(src) if src.kind.is_checkpoint else None
+                gguf = folder is not None and is_gguf(folder)
+                eng = engine or ("llama.cpp" if gguf else "ideal")  # a GGUF is run by llama.cpp: its rules
+                options = engine_options(eng, engine_option or [])
                 L = context or cfg.context or 1_000_000
                 stated = folder_format(folder) if folder is not None and cache is None else None
-                eng_state, eng_settings = (vllm_formats(folder, state_dtype and state, options.get("model_dtype"))
-                                           if engine == "vllm" else (None, {}))
+                eng_state, eng_settings, model_source = None, {}, None
+                if eng in ("vllm", "transformers") and "model_dtype" not in options:
+                    model_source = model_dtype(folder)   # (format, where it was read), or None
+                    if model_source:
+                        eng_settings = {"model_dtype": model_source[0]}
+                if eng == "vllm":
+                    eng_state, eng_settings = vllm_formats(folder, state_dtype and state,
+                                                           options.get("model_dtype"))
                 eng_settings = {**eng_settings, **options}
                 rec = memory_record(cfg, L, cache=stated[0] if stated else cache, state=state, batch=batch,
-                                    engine=engine, engine_state=eng_state, engine_settings=eng_settings)
+                                    engine=eng, engine_state=eng_state, engine_settings=eng_settings)
                 if stated:
                     rec["cache_format_source"] = stated[1]
+                if engine is None and eng != "ideal":
+                    rec["engine"]["chosen"] = "default for a GGUF file"
+                if model_source and "model_dtype" in rec["engine"]["settings"]:
+                    rec["engine"]["model_dtype_source"] = model_source[1]
                 if room is not None:
                     rec["budget"] = budget_record(rec["total"], budget=room, weights_format=wdt,
                                                   stored=count_params(cfg).stored, batches=sorted({*BATCHES, batch}))
                     held = weights_held(src) if folder is not None and weights_dtype is None else None
                     if held:
-                        from_headers(rec["budget"], rec["total"], held)
+                        from_headers(rec["budget"], rec["total"], held, source="gguf" if gguf else "folder")
                 reports.append((cfg, rec))
         except ValueError as e:  # CheckpointError is one
             opt.fail(str(e))
@@ -173,10 +195,15 @@ def engine_text(rec) -> list[str]:
         return ["", "engine: ideal (what the stores need; --engine llama.cpp, vllm, transformers)"]
     fmt = "published formats" if e["cache_format"] == "published" else f"{shown(e['cache_format'])} caches"
     out = ["", f"engine {e['name']}, {fmt}: {gib_mib(e['total_bytes'])}"]
+    if e.get("chosen"):
+        out[-1] += f" ({e['chosen']}; --engine ideal for what the stores need)"
+    if e.get("model_dtype_source"):
+        out.append(f"  model dtype {e['settings']['model_dtype']} from {e['model_dtype_source']}")
     if e["state_format"] != rec["state_format"]:
         out[-1] += f", states {shown(e['state_format'])}"
     items = [f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
-             for k, v in e["settings"].items() if v not in (0, "")]
+             for k, v in e["settings"].items()
+             if v not in (0, "") and not (k == "model_dtype" and e.get("model_dtype_source"))]
     line = ""
     for i, item in enumerate(items):  # the settings, wrapped at 80 columns
         piece = item + ("," if i < len(items) - 1 else "")
@@ -206,6 +233,24 @@ def folder_format(path: Path) -> tuple[str, str] | None:
         raise ValueError(f"{file}: {e}") from None
 
 
+def model_dtype(folder: Path | None) -> tuple[str, str] | None:
+    """The model's dtype a checkpoint's config states (``dtype`` / ``torch_dtype``, under ``text_config`` too)
+    and where it was read (``config.json: dtype``), or None; a GGUF's is its weights' dequantized dtype."""
+    from storelab.checkpoint.config_only import read_hf_config
+    from storelab.models.memory_terms import folder_dtypes
+
+    if folder is None:
+        return None
+    hf, file = read_hf_config(folder)
+    named = folder_dtypes(hf)
+    if "model" not in named:
+        return None
+    key = next(k for d in (hf.get("text_config"), hf) if isinstance(d, dict) for k in ("dtype", "torch_dtype")
+               if isinstance(d.get(k), str))
+    where = f"{file.name}: {key}" if file.suffix != ".gguf" else f"{file.name} (dequantized weights)"
+    return named["model"], where
+
+
 def vllm_formats(folder: Path | None, state: str | None, model: str | None = None) -> tuple[str, dict[str, str]]:
     """vLLM's formats for a model: the states' (``state`` when given, else the config's ``mamba_ssm_dtype``,
     else the model's dtype: its "auto") and the model's dtype (the convolution states': ``model`` when given,
@@ -224,10 +269,12 @@ def weights_held(src) -> dict[str, int] | None:
     headers only); None when neither is there (a config.json alone offline, a GGUF)."""
     import math
 
-    from storelab.checkpoint.source import Source, safetensors_headers
+    from storelab.checkpoint.source import Source, hf_config_path, safetensors_headers
 
     if src.kind is Source.GGUF or (src.repo is not None and src.repo.filename is not None):
-        return None
+        from storelab.checkpoint.gguf import gguf_stored_bytes
+
+        return dict(sorted(gguf_stored_bytes(hf_config_path(src)).items()))   # each tensor as stored (Q4_K ...)
     remote = safetensors_headers(src)
     if remote is None:
         return folder_weights(src.path)
@@ -260,11 +307,12 @@ def folder_weights(path: Path) -> dict[str, int] | None:
     return dict(sorted(out.items()))
 
 
-def from_headers(bud: dict, total: dict, held: dict[str, int]) -> None:
-    """A budget record's weights replaced by the bytes the shards hold, and what fits beside them."""
+def from_headers(bud: dict, total: dict, held: dict[str, int], *, source: str = "folder") -> None:
+    """A budget record's weights replaced by the bytes the shards (``source`` "folder") or the GGUF file's tensors
+    ("gguf", by GGML type) hold, and what fits beside them."""
     from storelab.models.memory_terms import longest_contexts
 
-    bud["weights_format"], bud["weights_bytes"], bud["weights_by_dtype"] = "folder", sum(held.values()), held
+    bud["weights_format"], bud["weights_bytes"], bud["weights_by_dtype"] = source, sum(held.values()), held
     bud["longest_context"] = longest_contexts(total["bytes_per_token"], total["bytes_per_sequence_full"],
                                               budget=bud["budget_bytes"], weights=bud["weights_bytes"],
                                               batches=[f["batch"] for f in bud["longest_context"]])

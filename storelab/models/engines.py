@@ -279,10 +279,12 @@ class VLLM:
         return 0.0, ""
 
 
-def engine_cache_format(engine: str, cache: str | None) -> str:
+def engine_cache_format(engine: str, cache: str | None, model_dtype: str | None = None) -> str:
     """The cache format ``engine`` keeps when asked for ``cache`` ("published": each store's publisher's,
-    else bf16)."""
+    else bf16; transformers with the model's dtype known: that dtype)."""
     _check_engine(engine)
+    if engine == "transformers" and model_dtype:
+        return cache or model_dtype
     return cache or (LlamaCpp.DEFAULT_CACHE if engine == "llama.cpp" else "published")
 
 

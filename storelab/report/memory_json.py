@@ -75,7 +75,8 @@ def memory_record(cfg, context: int, *, cache: str | None, state: str, batch: in
     total["total_bytes"] = batch * (total["bytes_per_token"] * context + total["bytes_per_sequence"])
     return {"model": cfg.name, "context": context, "batch": batch, "cache_format": cache or "published",
             "state_format": state,
-            "engine": {"name": engine, "cache_format": engine_cache_format(engine, cache),
+            "engine": {"name": engine,
+                       "cache_format": engine_cache_format(engine, cache, (engine_settings or {}).get("model_dtype")),
                        "state_format": engine_state_format(engine, eng_state), "settings": eng["settings"],
                        "total_bytes": eng["total_bytes"]},
             "layers": layers, "total": {**total, "layers": cfg.n_layers, "mix": cfg.mix()}}

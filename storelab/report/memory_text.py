@@ -136,7 +136,7 @@ def params_text(n: int) -> str:
 def budget_text(cfg, b: dict[str, Any]) -> list[str]:
     """What fits in the budget (a ``budget_record``), per batch size."""
     fits, budget, weights = b["longest_context"], b["budget_bytes"], b["weights_bytes"]
-    held = ", as stored" if b["weights_format"] == "folder" else \
+    held = ", as stored" if b["weights_format"] in ("folder", "gguf") else \
         f" in {shown(b['weights_format'])}"
     out = ["", f"budget {human_bytes(budget)}, weights {human_bytes(weights)} "
                f"({params_text(b['stored_params'])} parameters{held}):",
