@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
     def save(
         model: str = typer.Argument(..., help="A zoo model name or model file (random weights), or a checkpoint to "
                                               "convert: a folder, .gguf, config.json beside its safetensors, or a "
-                                              "Hugging Face repo id org/name[@revision] in the local cache."),
+                                              "Hugging Face repo id org/name (or org/name@REV) in the local cache."),
         out: Path = typer.Argument(..., help="The folder to write (created)."),
         tiny: bool = typer.Option(False, "--tiny", help="Use the zoo model's tiny version."),
         config: bool = typer.Option(False, "--config", help="MODEL is a model file path."),

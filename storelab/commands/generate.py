@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
     def generate(
         model: str = typer.Argument(None, help="A zoo model name or model file (random weights), or a checkpoint: "
                                     "a folder, .gguf, config.json beside its safetensors, or a Hugging Face repo "
-                                    "id org/name[@revision] in the local cache."),
+                                    "id org/name (or org/name@REV) in the local cache."),
         tiny: bool = typer.Option(False, "--tiny", help="Use the model's tiny version."),
         prompt_len: int = opt.integer(32, "--prompt-len", min=1, max=MAX_TOKENS, help="Random prompt length."),
         new_tokens: int = opt.integer(8, "--new-tokens", min=0, max=MAX_TOKENS, help="Tokens to generate."),
@@ -144,7 +144,7 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Option(None, "--config", help="A model file (TOML or JSON) instead of a zoo name."),
         checkpoint: Path = typer.Option(None, "--checkpoint",
                                         help="A checkpoint folder (config.json + safetensors), or a Hugging Face "
-                                        "repo id org/name[@revision] in the local cache: its weights."),
+                                        "repo id org/name (or org/name@REV) in the local cache: its weights."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
         prompt: str = typer.Option(None, "--prompt", help="Text to continue (needs --checkpoint: its tokenizer.json); "
                                    "prints the generated text."),

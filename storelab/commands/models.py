@@ -6,10 +6,10 @@ a .gguf file, or a Hugging Face repo id ``org/name[@revision]`` (read from the l
 its config.json is fetched; ``--offline`` or ``HF_HUB_OFFLINE``: the cache alone). ``--config FILE`` and
 ``--checkpoint DIR|config.json`` say the kind outright, as before.
 
-With a checkpoint (a folder, config.json, GGUF or repo, or ``--checkpoint``), the text model's stored and active parameters, and beside them what the checkpoint
-holds that storelab does not build (``storelab.checkpoint.towers``): each vision or audio tower and the
-MTP layers, named, with their parameters or "not counted" and why; and the total of the text model and
-the counted parts (Qwen3.5-0.8B: 752M + 101M + 20.5M = 873M, its published figure). ``--json``: per
+With a checkpoint (a folder, config.json, GGUF or repo, or ``--checkpoint``), the text model's stored and
+active parameters, and beside them what the checkpoint holds that storelab does not build
+(``storelab.checkpoint.towers``): each vision or audio tower and the MTP layers, named, with their
+parameters or "not counted" and why; and the total of the text model and the counted parts (Qwen3.5-0.8B: 752M + 101M + 20.5M = 873M, its published figure). ``--json``: per
 checkpoint ``parts`` (name, kind, source, params: null when not counted, why) and ``params.total_stored``,
 ``params.not_counted``."""
 
@@ -65,9 +65,9 @@ def add_parts(rec: dict, cfg, path: Path) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def models(
-        name: list[str] = typer.Argument(None, metavar="[MODEL]...", help="Models to show (default: the zoo's): "
+        name: list[str] = typer.Argument(None, metavar="MODEL", help="Models to show (default: the zoo's): "
                                          "zoo names, model files, checkpoint folders, config.json or .gguf files, "
-                                         "Hugging Face repo ids org/name[@revision]."),
+                                         "Hugging Face repo ids org/name (or org/name@REV)."),
         config: list[Path] = typer.Option(None, "--config", help="A model file (TOML or JSON) instead of the zoo."),
         checkpoint: list[Path] = typer.Option(None, "--checkpoint", help="A checkpoint folder or its config.json "
                                                                         "(no weights needed)."),

@@ -42,12 +42,12 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def probe(
         name: str = typer.Argument(..., help="state_swap, keep_one, forgetting, mhc, selection, or all."),
-        target: str = typer.Argument(None, metavar="[MODEL]", help="The model: a train run or model folder, a "
-                                     "Hugging Face repo id org/name[@revision] in the local cache (as --checkpoint), "
-                                     "or a zoo name, model file or built-in stack (as --model)."),
+        target: str = typer.Argument(None, metavar="MODEL", help="The model: a train run or model folder, a "
+                                     "Hugging Face repo id org/name (or org/name@REV) in the local cache (as "
+                                     "--checkpoint), or a zoo name, model file or built-in stack (as --model)."),
         checkpoint: Path = typer.Option(None, "--checkpoint", help="A run folder written by storelab train --out, "
                                         "or a model folder (Hugging Face or storelab save: probes on text), or a "
-                                        "Hugging Face repo id org/name[@revision] in the local cache."),
+                                        "Hugging Face repo id org/name (or org/name@REV) in the local cache."),
         model: str = typer.Option(None, "--model", help="Instead of a checkpoint: an untrained model "
                                   "(tiny-<zoo name> or a built-in stack), for a look at the machinery."),
         task: str = typer.Option(None, "--task", help="Probe on this task instead of the checkpoint's."),

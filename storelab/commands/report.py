@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
                force: bool = opt.force(),
                checkpoint: Path = typer.Option(None, "--checkpoint", help="A model folder (Hugging Face or storelab "
                                                "save, with tokenizer.json), or a Hugging Face repo id "
-                                               "org/name[@revision] in the local cache: a section with its "
+                                               "org/name (or org/name@REV) in the local cache: a section with its "
                                                "measurements."),
                stream: bool = typer.Option(False, "--stream", help="With --checkpoint: read each layer's weights "
                                            "during its call (checkpoints larger than memory)."),
