@@ -13,12 +13,14 @@ PKG = Path(stores.__file__).parent.parent
 # ``allocator``, ``console`` and ``outputs`` are neutral (they import nothing of storelab); the top-level
 # package is a facade; ``subjects`` (trained models for the report) sits with train, which it calls
 RANK = {"ops": 0, "state": 1, "stores": 2, "models": 3, "zoo": 4, "checkpoint": 4, "capacity": 4, "tasks": 4, "text": 4,
-        "probes": 5, "train": 5, "bench": 5, "subjects": 5, "report": 6, "options": 7, "commands": 7, "cli": 8, "__main__": 9}
+        "probes": 5, "train": 5, "bench": 5, "subjects": 5, "report": 6, "options": 7, "commands": 7, "cli": 8, "__main__": 9,
+        "docs": 9}  # docs: the generated reference pages read the CLI app and the registries
 NEUTRAL = {"allocator", "console", "outputs"}
 
 # Files above stores/ that may name store kinds as data, and why:
 NAMES_KINDS = {
     "checkpoint/families": "each family translates the publisher's layer types into our kinds",
+    "checkpoint/gguf": "each GGUF architecture translates llama.cpp's layer vocabulary into the publisher's config",
     "bench": "each bench names the peer implementation of the kind it times",
     "commands/bench.py": "the benches' names (gdn, kda, mamba2 are benches of those ops), a command-line vocabulary",
     "report/memory.py": "the essay's own counts per kind (ESSAY_MIX), compared as claims",
