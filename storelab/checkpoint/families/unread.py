@@ -1,0 +1,83 @@
+"""Decoders storelab does not read yet, each refused by its ``model_type`` with the reason.
+
+transformers 5.23 lists these among its causal LMs; storelab has no store for a device they use, or their
+files have not yet been compared with storelab's stores. Reading a config of one of them is refused with
+exit code 2, naming the model type and the reason (``storelab models --checkpoint``, ``memory``, ``load``):
+never a traceback, never a silent misreading. ``tests/test_family_coverage.py`` holds every causal-LM model
+type of transformers to a family that reads it, this list, or the test's short list of encoders and
+encoder-decoders (which are not decoders). A family added moves its model types out of ``REASONS``.
+"""
+
+from __future__ import annotations
+
+from storelab.checkpoint.families._family import Family
+from storelab.checkpoint.shards import CheckpointError
+
+__all__ = ["FAMILY", "REASONS"]
+
+_ABSOLUTE = "learned or sinusoidal absolute position embeddings (storelab's attention rotates or uses no positions)"
+_ALIBI = "ALiBi position biases (storelab's attention has none)"
+_BIASED_NORM = "LayerNorms with a bias (storelab's norms are RMSNorm and bias-free LayerNorm)"
+_INDEXED = "layer type 'indexed_attention' (an indexer of its own, not compared with storelab's dsa store)"
+_GEMMA4 = "Gemma 4's layers (keys as values, an MoE block beside the MLP, per-layer scalars): no store yet"
+_UNCOMPARED = "its modeling file is not yet compared with storelab's stores"
+_MULTIMODAL = "a multimodal causal LM whose image tokens enter the decoder (no text-only decoder to read)"
+
+REASONS: dict[str, str] = {
+    **dict.fromkeys(("gpt2", "gpt-sw3", "openai-gpt", "gpt_neo", "gpt_bigcode", "opt", "xglm", "biogpt", "ctrl",
+                     "git"), _ABSOLUTE),
+    **dict.fromkeys(("bloom", "mpt"), _ALIBI),
+    **dict.fromkeys(("falcon", "gpt_neox_japanese", "phi", "persimmon", "codegen", "gptj",
+                     "jais2", "nemotron"), _BIASED_NORM),
+    **dict.fromkeys(("axk2", "dots3_note", "dots3_note_text", "qwen4_exp", "qwen4_exp_text", "hy_v4"), _INDEXED),
+    **dict.fromkeys(("gemma4_assistant", "gemma4_unified", "gemma4_unified_assistant", "gemma4_unified_text"),
+                    _GEMMA4),
+    **dict.fromkeys(("emu3", "fuyu", "got_ocr2", "phi4_multimodal"), _MULTIMODAL),
+    "olmo": "weightless LayerNorms (OLMo 1's non-parametric norm; no store norm without a weight)",
+    "apertus": "the xIELU activation (trainable per-layer alpha_p / alpha_n): no ffn activation for it",
+    "bitnet": "ternary weights with sub-norms inside the attention and the MLP (attn_sub_norm, ffn_sub_norm)",
+    "diffllama": "differential attention (two softmax maps subtracted, arXiv 2410.05258): no store",
+    "doge": "dynamic mask attention and cross-domain experts (keys / values per expert product): no store",
+    "dbrx": "clip_qkv clamps the fused query/key/value projections: no store does",
+    "jetmoe": "mixture of attention heads (attention experts, arXiv 2404.07413): no store",
+    "minicpm3": "MLA with muP's per-layer residual scale (scale_depth / sqrt(layers)) not folded yet",
+    "longcat_flash": "two attentions and two MLPs per layer with zero-computation experts (shortcut MoE): no store",
+    "rwkv": "RWKV-4 time mixing (arXiv 2305.13048): no store",
+    "xlstm": "mLSTM / sLSTM blocks (arXiv 2405.04517): no store",
+    "zamba": "shared attention blocks reading the embeddings beside Mamba layers: no store",
+    "zamba2": "shared attention blocks with LoRA per use beside Mamba-2 layers: no store",
+    "falcon_h1": "attention and Mamba-2 side by side in one layer with muP multipliers: no store",
+    "gemma3n": "AltUp, Laurel blocks, per-layer inputs and KV-cache sharing across layers: no store",
+    "gemma3n_text": "AltUp, Laurel blocks, per-layer inputs and KV-cache sharing across layers: no store",
+    "inkling_text": "layer type 'hybrid' (two mixers in one layer): no store",
+    "inkling2_text": "layer type 'hybrid' (two mixers in one layer): no store",
+    "zaya": "compressed convolutional attention (CCA) layers: no store",
+    "moshi": "audio codebooks read by a depth transformer per time step: not a text decoder",
+    "cpmant": "T5-style relative position buckets: no store",
+    "blt": "byte patches through a local encoder and decoder (Byte Latent Transformer): no store",
+    "hrm_text": "hierarchical recurrent modules iterated per token (HRM): no store",
+    "mllama": "cross-attention layers reading image states between the self-attention layers: no store",
+    **dict.fromkeys(("afmoe", "aria_text", "axk1", "beam", "cohere_compass_text", "cwm", "flint", "hy_v3",
+                     "hunyuan_v1_dense", "hunyuan_v1_moe", "kolibri1", "laguna", "mellum", "modernbert-decoder",
+                     "nanochat", "vaultgemma", "youtu", "hyperclovax", "solar_open", "exaone_moe", "flex_olmo",
+                     "glm4_moe_lite", "cohere2_moe", "phimoe", "ernie4_5", "granite", "granitemoe",
+                     "granitemoeshared", "granite_swa", "granitemoe_swa", "cohere", "ministral3", "internlm3",
+                     "iquestcoder", "gpt_neox", "starcoder2", "stablelm", "gemma"), _UNCOMPARED),
+}
+
+
+def to_config(hf: dict):
+    mt = hf.get("model_type")
+    raise CheckpointError(f"config.json: model_type: {mt!r} is not read by storelab yet: {REASONS[mt]}")
+
+
+def _refused() -> str:
+    by_reason: dict[str, list[str]] = {}
+    for mt, why in REASONS.items():
+        by_reason.setdefault(why, []).append(mt)
+    return "not read: " + "; ".join(f"{why} ({', '.join(types)})" for why, types in by_reason.items())
+
+
+FAMILY = Family(name="unread", model_types=tuple(REASONS), to_config=to_config,
+                table=lambda hf, cfg, names: {}, stores=(), refused=_refused(),
+                oracle="none: every config of these model types is refused by name, with the reason")
