@@ -29,6 +29,32 @@ def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _rope_freqs(c) -> torch.Tensor | None:
+    """``LlamaModel.generate_extra_tensors``: a llama3 scaling as per-frequency factors ``rope_freqs.weight``. As the
+    converter, the pretraining length is the config's top-level ``original_max_position_embeddings`` (8192 when
+    absent), the rest from ``rope_parameters``."""
+    import math
+
+    rp = c.rope_parameters or {}
+    if rp.get("rope_type") != "llama3":
+        return None
+    dim = c.head_dim or c.hidden_size // c.num_attention_heads
+    freqs = 1.0 / (rp.get("rope_theta", 10000.0) ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high = rp.get("factor", 8.0), rp.get("low_freq_factor", 1.0), rp.get("high_freq_factor", 4.0)
+    old = c.to_dict().get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32)
+
+
 def _raw(kind: T, bid: int, suffix: str = ".weight") -> str:
     return TENSOR_NAMES[kind].format(bid=bid) + suffix
 
@@ -83,6 +109,8 @@ def _tensors(hf_model, arch: str) -> dict[str, torch.Tensor]:
         if gname is None:
             raise ValueError(f"gguf-py maps no {arch} name onto {name!r}")
         out[gname] = w
+    if arch == "llama" and (f := _rope_freqs(c)) is not None:
+        out[TENSOR_NAMES[T.ROPE_FREQS] + ".weight"] = f
     return out
 
 

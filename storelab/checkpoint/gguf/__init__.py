@@ -15,7 +15,10 @@
    or fused tensors).
 
 Header-only work (``read_model_config``, ``gguf_stored_bytes``, ``plan(..., device="meta")``)
-reads no tensor byte (``header.py``, tens of milliseconds at any size).
+reads no tensor byte (``header.py``, tens of milliseconds at any size), with one declared exception: an
+architecture's ``config_tensors``, small tensors whose values its config needs (llama's
+``rope_freqs.weight``, Llama 3's RoPE scaling as 64 factors: ``rope_freqs.py``), read through
+``Meta.values`` (at most 64 KiB, only the names declared).
 
 ## The contract: adding an architecture
 
@@ -28,7 +31,8 @@ One ``Arch`` (``arch.py``) in the ``ARCHS`` tuple of a module of this package wh
                                      #   "expert_count" means "{arch}.expert_count"; errors name file and key;
                                      #   common_config(meta) gives the fields every decoder has)
          rules=fn(hf) -> [Rule],     # given that config, each transformers tensor from GGUF tensors
-         ignored=(regex, ...))       # GGUF tensors read by nothing on purpose
+         ignored=(regex, ...),       # GGUF tensors read by nothing on purpose
+         config_tensors=(name, ...)) # small tensors ``config`` reads the values of (``meta.values(name)``)
 
     rule(hf_name, *gguf_names, fn=None, what="")
         hf_name, gguf_names: templates, "{bid}" = layer index (expanded for num_hidden_layers);
@@ -45,8 +49,9 @@ CheckpointError naming ``general.architecture`` and listing the known ones.
 
 Files: ``header.py`` (the format, split shards, ``is_gguf``), ``arch.py`` (the declarations),
 ``registry.py`` (``GGUF_ARCHS``, ``read_gguf_config``), ``tensors.py`` (``GGUFShards``,
-dequantization, ``gguf_stored_bytes``), ``archs.py`` (llama, qwen2, qwen2moe, qwen3, qwen3moe,
-gemma2, gemma3, lfm2, gpt-oss, mamba).
+``gguf_stored_bytes``), ``dequant.py`` (one tensor's bytes -> fp32), ``rope_freqs.py`` (Llama 3's
+scaling from its factors), ``archs.py`` (llama, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3,
+lfm2, gpt-oss, mamba).
 """
 
 from storelab.checkpoint.gguf.arch import Arch, Meta, Rule, common_config, g, minus_one, rope_scaling, rule, unpermute

@@ -64,7 +64,10 @@ class Arch:
       ``model_type``, added by the reader);
     * ``rules(hf) -> list[Rule]``: the transformers tensors, given that config;
     * ``ignored``: GGUF tensor names (regular expressions) read by nothing on purpose; any other tensor
-      no rule uses is an error naming it.
+      no rule uses is an error naming it;
+    * ``config_tensors``: small tensors whose *values* ``config`` reads (``Meta.values``), the one exception to
+      a header-only config: llama's ``rope_freqs.weight``, Llama 3's RoPE scaling as per-frequency factors.
+      They are read by nothing else (no rule names them).
     """
 
     arch: str
@@ -72,15 +75,48 @@ class Arch:
     config: Callable[["Meta"], dict]
     rules: Callable[[dict], list[Rule]]
     ignored: tuple[str, ...] = ()
+    config_tensors: tuple[str, ...] = ()
     doc: str = field(default="", compare=False)
 
 
-class Meta:
-    """Typed access to a GGUF's metadata; ``key`` without a dot is ``{general.architecture}.key``."""
+# the most a config-time tensor read (``Meta.values``) may read, as stored: a few hundred bytes in practice
+SMALL_TENSOR_BYTES = 64 * 1024
 
-    def __init__(self, meta: dict, path: Path, shapes: dict[str, tuple[int, ...]]):
+
+class Meta:
+    """Typed access to a GGUF's metadata; ``key`` without a dot is ``{general.architecture}.key``.
+
+    Made from a ``Header`` (``Meta.of``), it can also read the values of the small tensors its architecture
+    declares in ``Arch.config_tensors`` (``values``; ``readable`` is set by ``registry.config_from``), and
+    counts the bytes that reads (``bytes_read``)."""
+
+    def __init__(self, meta: dict, path: Path, shapes: dict[str, tuple[int, ...]], header=None):
         self.d, self.path, self.shapes = meta, Path(path), shapes
         self.arch = meta.get("general.architecture")
+        self.header = header
+        self.readable: tuple[str, ...] = ()
+        self.bytes_read = 0
+
+    @classmethod
+    def of(cls, h) -> "Meta":
+        return cls(h.meta, h.path, {n: t.shape for n, t in h.tensors.items()}, header=h)
+
+    def values(self, name: str) -> Tensor:
+        """The fp32 values of the small tensor ``name`` (one of ``readable``, at most ``SMALL_TENSOR_BYTES`` as
+        stored), read now: a config made from it is no longer header-only, so only declared names are read."""
+        from storelab.checkpoint.gguf.dequant import read_tensor
+
+        if name not in self.readable or self.header is None:
+            raise ValueError(f"{name!r}: not a config tensor of general.architecture {self.arch!r} "
+                             f"(Arch.config_tensors: {self.readable})")
+        t = self.header.tensors.get(name)
+        if t is None:
+            raise CheckpointError(f"{self.path}: tensor {name!r} missing (general.architecture {self.arch!r})")
+        if t.nbytes > SMALL_TENSOR_BYTES:
+            raise CheckpointError(f"{self.path}: tensor {name!r}: {t.nbytes} bytes, more than the "
+                                  f"{SMALL_TENSOR_BYTES} a config-time read takes (damaged header?)")
+        self.bytes_read += t.nbytes
+        return read_tensor(self.header.folder, t)
 
     def full(self, key: str) -> str:
         return key if key.startswith(("general.", "tokenizer.", "split.")) else f"{self.arch}.{key}"

@@ -8,7 +8,7 @@ fixed 6-layer window pattern and local theta 10,000), and transformers 5.23's re
 
 | general.architecture | model_type   | undone                                                        |
 |----------------------|--------------|---------------------------------------------------------------|
-| llama                | llama        | q/k rows permuted per head (``unpermute``)                    |
+| llama                | llama        | q/k rows permuted per head (``unpermute``); Llama 3's ``rope_freqs`` factors -> ``rope_scaling`` llama3 |
 | qwen2, qwen3         | qwen2, qwen3 | nothing (Qwen's converter does not permute)                   |
 | qwen2moe, qwen3moe   | qwen2_moe, qwen3_moe | experts 3-D ``ffn_{gate,up,down}_exps`` (or fused ``ffn_gate_up_exps``) -> ``gate_up_proj`` / ``down_proj``; the shared gate ``[D]`` -> ``[1, D]`` |
 | gemma2, gemma3       | gemma2, gemma3_text | every norm stored 1 + w                                 |
@@ -24,6 +24,8 @@ from gguf.constants import MODEL_TENSOR as T
 
 from storelab.checkpoint.gguf.arch import LAYER, Arch, Meta, Rule, cat_rows, common_config, g, minus_one, rule, \
     unpermute
+from storelab.checkpoint.gguf.rope_freqs import llama3_scaling
+from storelab.checkpoint.shards import CheckpointError
 
 __all__ = ["ARCHS"]
 
@@ -81,10 +83,24 @@ def experts_rules(prefix: str = MLP) -> list[Rule]:
 
 # ---- llama, qwen2, qwen3 --------------------------------------------------------------------------------
 
+ROPE_FREQS = g(T.ROPE_FREQS)
+
+
 def llama_config(m: Meta) -> dict:
+    """Llama 3's RoPE scaling is the ``rope_freqs.weight`` factors (no metadata): read back as transformers'
+    llama3 ``rope_scaling`` (``rope_freqs.py``), or refused by name where no llama3 scaling gives them."""
     hf = common_config(m)
     hf["attention_bias"] = "blk.0.attn_q.bias" in m.shapes
     hf["head_dim"] = m.int("rope.dimension_count", hf["head_dim"], minimum=1)
+    if ROPE_FREQS in m.shapes:
+        where = f"{m.path}: tensor {ROPE_FREQS!r}"
+        if "rope_scaling" in hf:
+            raise CheckpointError(f"{where}: per-frequency factors beside metadata {m.full('rope.scaling.type')!r} "
+                                  f"{hf['rope_scaling']['rope_type']!r}: two scalings, not read")
+        scaling = llama3_scaling(m.values(ROPE_FREQS).flatten().tolist(), theta=hf["rope_theta"],
+                                 dim=hf["head_dim"], where=where)
+        if scaling is not None:
+            hf["rope_scaling"] = scaling
     return hf
 
 
@@ -258,7 +274,7 @@ def mamba_rules(hf: dict) -> list[Rule]:
 
 
 ARCHS = (
-    Arch("llama", "llama", llama_config, llama_rules),
+    Arch("llama", "llama", llama_config, llama_rules, config_tensors=(ROPE_FREQS,)),
     Arch("qwen2", "qwen2", common_config, plain_rules),
     Arch("qwen3", "qwen3", common_config, plain_rules),
     Arch("qwen2moe", "qwen2_moe", lambda m: moe_config(m, norm_topk_prob=False), moe_rules),

@@ -42,7 +42,9 @@ def arch_for(m: Meta) -> Arch:
 
 def config_from(arch: Arch, m: Meta) -> dict:
     """The transformers config dict of a GGUF: the architecture's fields, ``model_type``, and dtype float32
-    (a GGUF's weights are dequantized to fp32; ``load(..., dtype=)`` narrows them)."""
+    (a GGUF's weights are dequantized to fp32; ``load(..., dtype=)`` narrows them). ``m`` may read the values
+    of the architecture's ``config_tensors`` (``Meta.values``), and nothing else."""
+    m.readable = arch.config_tensors
     hf = arch.config(m)
     hf.setdefault("model_type", arch.model_type)   # an architecture whose config picks it (deepseek2: v2 or v3)
     hf.setdefault("dtype", "float32")
@@ -52,7 +54,8 @@ def config_from(arch: Arch, m: Meta) -> dict:
 
 
 def read_gguf_config(path: str | Path) -> dict:
-    """The transformers-style config dict of a GGUF file; the header alone is read."""
+    """The transformers-style config dict of a GGUF file; the header alone is read (and the architecture's
+    ``config_tensors``, a few hundred bytes, where the file has them)."""
     h = read_header(path)
-    m = Meta(h.meta, h.path, {n: t.shape for n, t in h.tensors.items()})
+    m = Meta.of(h)
     return config_from(arch_for(m), m)

@@ -20,22 +20,15 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 import torch
-from gguf.constants import GGMLQuantizationType as Q
-from gguf.quants import dequantize, quant_shape_to_byte_shape
 
 from storelab.checkpoint.gguf.arch import Meta, Rule
+from storelab.checkpoint.gguf.dequant import DEQUANTIZED, read_tensor
 from storelab.checkpoint.gguf.header import Header, TensorInfo, read_header
 from storelab.checkpoint.gguf.registry import arch_for, config_from
 from storelab.checkpoint.shards import CheckpointError, Shards
 
 __all__ = ["GGUFShards", "gguf_stored_bytes", "read_tensor", "DEQUANTIZED"]
-
-# the GGML types gguf-py 0.19's ``gguf.quants.dequantize`` implements (a test holds this to gguf-py's own list)
-DEQUANTIZED = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
-               Q.Q6_K, Q.TQ1_0, Q.TQ2_0, Q.MXFP4, Q.NVFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S,
-               Q.IQ1_S, Q.IQ1_M, Q.IQ4_NL, Q.IQ4_XS)
 
 
 def gguf_stored_bytes(path: str | Path) -> dict[str, int]:
@@ -44,22 +37,6 @@ def gguf_stored_bytes(path: str | Path) -> dict[str, int]:
     for t in read_header(path).tensors.values():
         out[t.qtype.name] = out.get(t.qtype.name, 0) + t.nbytes
     return out
-
-
-def read_tensor(folder: Path, t: TensorInfo) -> torch.Tensor:
-    """One GGUF tensor's bytes, dequantized to fp32 in torch order."""
-    if t.qtype not in DEQUANTIZED:
-        raise CheckpointError(f"{folder / t.file}: tensor {t.name!r}: GGML type {t.qtype.name} is not a weight "
-                              f"type storelab dequantizes (gguf.quants: {', '.join(q.name for q in DEQUANTIZED)})")
-    raw = np.empty(t.nbytes, dtype=np.uint8)
-    with open(folder / t.file, "rb") as f:
-        f.seek(t.offset)
-        got = f.readinto(memoryview(raw))
-    if got != t.nbytes:
-        raise CheckpointError(f"{folder / t.file}: tensor {t.name!r}: read {got} of its {t.nbytes} bytes (truncated)")
-    shape = t.shape or (1,)
-    w = dequantize(raw.reshape(quant_shape_to_byte_shape(shape, t.qtype)), t.qtype)
-    return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).reshape(t.shape)
 
 
 def _meta(t: TensorInfo) -> torch.Tensor:
@@ -74,12 +51,12 @@ class GGUFShards(Shards):
         h = self.header
         self.folder = h.path                 # named in the loader's messages: the file itself
         self.files = list(h.files)
-        self.meta = Meta(h.meta, h.path, {n: t.shape for n, t in h.tensors.items()})
+        self.meta = Meta.of(h)
         self.arch = arch_for(self.meta)
         self.hf = config_from(self.arch, self.meta)
         self.rules: dict[str, tuple[Rule, tuple[str, ...]]] = {}   # hf name -> (rule, the GGUF names)
         self.where, self.info = {}, {}
-        used: set[str] = set()
+        used: set[str] = set(self.arch.config_tensors)   # read by the config (Meta.values)
         n = self.hf["num_hidden_layers"]
         for r in self.arch.rules(self.hf):
             for bid in (range(n) if "{bid}" in r.hf else (None,)):
