@@ -187,15 +187,19 @@ def submodule_path(store_cfg, class_name: str) -> str | None:
     return next((n for n, m in mod.named_modules() if type(m).__name__ == class_name), None)
 
 
-def model_config(hf: dict, text: dict, *, name: str, title: str, d_model: int, layers: list, norm_eps: float,
+def model_config(hf: dict, text, *, name: str, title: str, d_model: int, layers: list, norm_eps: float,
                  context: int | None = None):
     """The storelab ModelConfig every family ends with: vocabulary and context from the text config
-    ``text`` (the whole config, or a VL checkpoint's text part), tied embeddings from ``hf``."""
+    ``text`` (the whole config, or a VL checkpoint's text part: a dict or the reader's ``Fields``, whose
+    errors then name ``text_config.vocab_size``), tied embeddings from ``hf``."""
+    from storelab.checkpoint.families._reader import Fields
     from storelab.models.config import ModelConfig
 
-    return ModelConfig(name=name, title=title, d_model=d_model, vocab_size=field(text, "vocab_size"), layers=layers,
-                       norm_eps=norm_eps, tie_embeddings=bool(field(hf, "tie_word_embeddings", False)),
-                       context=int(field(text, "max_position_embeddings", 0)) if context is None else int(context))
+    t = text if isinstance(text, Fields) else Fields(text)
+    return ModelConfig(name=name, title=title, d_model=d_model, vocab_size=t.int("vocab_size", minimum=1),
+                       layers=layers, norm_eps=norm_eps,
+                       tie_embeddings=Fields(hf, t.where).bool("tie_word_embeddings", default=False),
+                       context=t.int("max_position_embeddings", default=0) if context is None else context)
 
 
 def layer_prefix(names: set[str], extra: tuple[tuple[str, str], ...] = ()) -> tuple[str, str]:

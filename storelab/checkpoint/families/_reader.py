@@ -79,14 +79,35 @@ class Fields:
             raise self._err(k, f"must be an integer >= {minimum}, got {v!r}")
         return v
 
-    def float(self, *keys: str, default: Any = _MISSING) -> float:
+    def float(self, *keys: str, default: Any = _MISSING, positive: bool = False, minimum: float | None = None,
+              maximum: float | None = None) -> float:
+        """A finite number; ``positive``: > 0 (an epsilon, a scale, a rope base); ``minimum`` / ``maximum``:
+        the closed range it must lie in (a rotated fraction in [0, 1])."""
         k = self.key(*keys)
         if k is None:
             return self.raw(*keys, default=default)
         v = self.d[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise self._err(k, f"must be a finite number, got {v!r}")
+        if positive and v <= 0:
+            raise self._err(k, f"must be a number > 0, got {v!r}")
+        if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+            raise self._err(k, f"must be a number in [{minimum if minimum is not None else '-inf'}, "
+                               f"{maximum if maximum is not None else 'inf'}], got {v!r}")
         return float(v)
+
+    def layers(self, *keys: str, n: int, base: int = 0, default: Any = _MISSING) -> list[int]:
+        """A list of layer numbers (``mlp_only_layers``, ``moe_layers``; Kimi's 1-based ``kda_layers``:
+        ``base=1``), each an integer naming one of the ``n`` layers."""
+        k = self.key(*keys)
+        if k is None:
+            return self.raw(*keys, default=default)
+        v = self.list(k)
+        for j, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, int) or not base <= x < n + base:
+                raise self._err(f"{k}[{j}]", f"must be a layer number in [{base}, {n + base - 1}] "
+                                             f"(num_hidden_layers is {n}), got {x!r}")
+        return v
 
     def bool(self, *keys: str, default: Any = _MISSING) -> bool:
         k = self.key(*keys)
@@ -125,6 +146,10 @@ class Fields:
         if k is None:
             return Fields(self.raw(*keys, default=default) or {}, self.where, self.prefix + keys[0] + ".")
         return Fields(self.d[k], self.where, self.prefix + k + ".")
+
+    def name(self, key: str) -> str:
+        """The config's own name of ``key`` for a message: ``text_config.hidden_size``."""
+        return self.prefix + key
 
 
 def text_fields(hf: dict, where: str = "config.json") -> Fields:
@@ -229,10 +254,10 @@ def mlp_types(t: Fields, n: int, *, moe: bool) -> list[str]:
     if not moe or not t.int("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", default=0):
         return ["dense"] * n
     if t.has("moe_layers"):
-        where = set(t.list("moe_layers"))
+        where = set(t.layers("moe_layers", n=n))
         return ["sparse" if i in where else "dense" for i in range(n)]
     first = t.int("first_k_dense_replace", "moe_layer_start_index", "num_dense_layers", default=0)
-    only = set(t.list("mlp_only_layers", default=[]))
+    only = set(t.layers("mlp_only_layers", n=n, default=[]))
     if t.has("moe_layer_freq", "moe_layer_interval"):  # DeepSeek: layer i >= first with i % freq == 0
         freq = t.int("moe_layer_freq", "moe_layer_interval", minimum=1)
         sparse = [i >= first and i % freq == 0 for i in range(n)]
@@ -262,16 +287,34 @@ def rope_of(t: Fields, layer_type: str = FULL, *, partial: float = 1.0, theta: f
         rp = t
     sc = t.sub("rope_scaling", default={}) if t.has("rope_scaling") else rp
     kind = sc.str("rope_type", "type", default="default")
-    th = rp.float("rope_theta", default=t.float("rope_theta", default=theta))
-    pr = rp.float("partial_rotary_factor", default=t.float("partial_rotary_factor", default=partial))
+    th = rp.float("rope_theta", default=t.float("rope_theta", default=theta, positive=True), positive=True)
+    pr = rp.float("partial_rotary_factor", minimum=0.0, maximum=1.0,
+                  default=t.float("partial_rotary_factor", default=partial, minimum=0.0, maximum=1.0))
     scaling = None
     if kind != "default":  # as transformers: the pretraining length defaults to max_position_embeddings
+        scaling_numbers(sc)
         scaling = {k: v for k, v in sc.d.items() if k not in ("rope_theta", "partial_rotary_factor")}
         scaling["rope_type"] = kind
         if scaling.get("original_max_position_embeddings") is None:
             scaling["original_max_position_embeddings"] = t.int("original_max_position_embeddings",
                                                                 "max_position_embeddings", default=None)
     return Rope(theta=th, partial=pr, kind=kind, scaling=scaling)
+
+
+SCALING_POSITIVE = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "low_freq_factor",
+                    "high_freq_factor", "attention_factor", "short_factor", "long_factor")
+SCALING_NUMBERS = ("mscale", "mscale_all_dim", "extrapolation_factor")
+
+
+def scaling_numbers(sc: Fields) -> None:
+    """The numbers of a rope scaling (yarn's ``factor``, ``mscale_all_dim``; llama3's frequency factors),
+    checked where given, naming the field: the scaling code computes with them unread."""
+    for k in SCALING_POSITIVE:
+        if sc.has(k) and not isinstance(sc.d[k], list):  # longrope's factors are lists, not read here
+            sc.float(k, positive=True)
+    for k in SCALING_NUMBERS:
+        if sc.has(k):
+            sc.float(k)
 
 
 # -- the declaration --------------------------------------------------------------------------------------
@@ -362,7 +405,7 @@ def _channel(t: Fields, i: int, sparse: bool, decl: Decl, D: int, eps: float):
     k = t.int("num_experts_per_tok", "num_experts_per_token", "moe_k", "top_k", minimum=1)
     width = t.int("moe_intermediate_size", "expert_intermediate_size", default=None, minimum=1)
     if width is None:
-        width = t.int("intermediate_size")  # Mixtral: its experts are intermediate_size wide
+        width = t.int("intermediate_size", minimum=1)  # Mixtral: its experts are intermediate_size wide
     score = t.str("scoring_func", default=decl.router)
     bias = ((decl.router_bias and t.bool("use_expert_bias", default=True))  # LFM2-MoE may turn it off
             or t.str("topk_method", default="") == "noaux_tc")
@@ -374,7 +417,7 @@ def _channel(t: Fields, i: int, sparse: bool, decl: Decl, D: int, eps: float):
     n_shared = 1 if S else t.int("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", default=0)
     return MoEConfig(d_model=D, n_experts=E, top_k=k, d_expert=width, router=score, router_bias=bias,
                      norm_topk_prob=t.bool("norm_topk_prob", default=decl.norm_topk_default),
-                     routed_scaling=t.float("routed_scaling_factor", default=1.0),
+                     routed_scaling=t.float("routed_scaling_factor", default=1.0, positive=True),
                      n_shared=n_shared, d_shared=S or (width if n_shared else None),
                      shared_gate=decl.shared_gate and n_shared > 0, n_group=n_group, topk_group=topk_group,
                      norm_eps=eps)
@@ -388,7 +431,7 @@ def to_config(decl: Decl, hf: dict):
     t = text_fields(hf)
     D = t.int("hidden_size", "d_model", "n_embd", minimum=1)
     n = t.int("num_hidden_layers", "n_layer", "num_layers", minimum=1)
-    eps = t.float("rms_norm_eps", "layer_norm_eps", "norm_eps", default=decl.eps)
+    eps = t.float("rms_norm_eps", "layer_norm_eps", "norm_eps", default=decl.eps, positive=True)
     types = decl.types(t, n) if decl.types else layer_types(t, n, every=decl.every)
     mlp = mlp_types(t, n, moe=True)
     layers = []

@@ -60,7 +60,7 @@ import torch
 
 from storelab.checkpoint.families._common import base_entries, gated_mlp, layer_prefix, linear, norm
 from storelab.checkpoint.families._family import Family, fixed
-from storelab.checkpoint.families._reader import FULL, SLIDING, Fields, text_fields, tied
+from storelab.checkpoint.families._reader import FULL, SLIDING, Fields, scaling_numbers, text_fields, tied
 from storelab.ops.rope import SCALINGS
 
 GEMMA2, GEMMA3 = ("gemma2",), ("gemma3_text", "gemma3")
@@ -87,7 +87,7 @@ def _nullable(t: Fields, key: str, default: float | None) -> float | None:
     """A float that may be null on purpose (no soft cap): absent -> ``default``, null -> None."""
     if key not in t.d:
         return default
-    return None if t.d[key] is None else t.float(key)
+    return None if t.d[key] is None else t.float(key, positive=True)
 
 
 def gemma_types(t: Fields, n: int, pattern: int) -> list[str]:
@@ -113,11 +113,11 @@ def gemma_rope(t: Fields, kind: str, gen: str) -> tuple[float, dict | None, str]
         if isinstance(rp.d.get(kind), dict):
             rp = rp.sub(kind)
         theta = d["local_theta"] if kind == SLIDING and d["local_theta"] else d["theta"]
-        return rp.float("rope_theta", default=theta), _scaling(rp), rp.prefix + "rope_type"
+        return rp.float("rope_theta", default=theta, positive=True), _scaling(rp), rp.prefix + "rope_type"
     if kind == SLIDING and d["local_theta"] is not None:
-        return t.float("rope_local_base_freq", default=d["local_theta"]), None, "rope_local_base_freq"
+        return t.float("rope_local_base_freq", default=d["local_theta"], positive=True), None, "rope_local_base_freq"
     sc = _scaling(t.sub("rope_scaling")) if t.has("rope_scaling") else None
-    return t.float("rope_theta", default=d["theta"]), sc, "rope_scaling.rope_type"
+    return t.float("rope_theta", default=d["theta"], positive=True), sc, "rope_scaling.rope_type"
 
 
 def _scaling(rp: Fields) -> dict | None:
@@ -125,6 +125,7 @@ def _scaling(rp: Fields) -> dict | None:
     kind = rp.str("rope_type", "type", default="default")
     if kind == "default":
         return None
+    scaling_numbers(rp)
     return {**{k: v for k, v in rp.d.items() if k not in ("rope_theta", "type")}, "rope_type": kind}
 
 
@@ -142,7 +143,7 @@ def gemma_attention(t: Fields, i: int, kind: str, gen: str, D: int, eps: float):
                   head_dim=t.int("head_dim", default=d["head_dim"], minimum=1), rope_theta=theta,
                   qk_norm=gen == "gemma3",
                   qkv_bias=bias, out_bias=bias, norm_eps=eps, rope_scaling=scaling if _runs(scaling) else None,
-                  attn_scale=t.float("query_pre_attn_scalar", default=256.0) ** -0.5,
+                  attn_scale=t.float("query_pre_attn_scalar", default=256.0, positive=True) ** -0.5,
                   softcap=_nullable(t, "attn_logit_softcapping", 50.0) if gen == "gemma2" else None)
     if kind == FULL:
         return AttentionConfig(**common)
@@ -178,7 +179,7 @@ def to_config(hf: dict):
     D = t.int("hidden_size", default=d["hidden_size"], minimum=1)
     n = t.int("num_hidden_layers", default=d["num_hidden_layers"], minimum=1)
     V = t.int("vocab_size", default=d["vocab_size"], minimum=1)
-    eps = t.float("rms_norm_eps", default=1e-6)
+    eps = t.float("rms_norm_eps", default=1e-6, positive=True)
     act = t.str("hidden_activation", "hidden_act", default="gelu_pytorch_tanh")
     if act not in ACTIVATIONS:
         key = t.key("hidden_activation", "hidden_act")

@@ -57,6 +57,7 @@ def gpt_oss_token(t, i, kind, decl, D, eps):
 def gpt_oss_config(decl: Decl, hf: dict):
     """The reader's config, every MoE layer given gpt-oss's router bias, expert biases and clamped SwiGLU."""
     t = text_fields(hf)
+    t.int("num_local_experts", "num_experts", minimum=1)  # every layer is a mixture of experts
     cfg = to_config(decl, hf)
     unit = dict(activation="clamped_swiglu", swiglu_alpha=t.float("swiglu_alpha", default=SWIGLU_ALPHA),
                 swiglu_limit=t.float("swiglu_limit", default=SWIGLU_LIMIT), swiglu_up_shift=1.0,

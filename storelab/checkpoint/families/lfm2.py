@@ -63,7 +63,7 @@ def lfm2_width(t: Fields) -> int:
     if t.str("model_type", default="lfm2") == "lfm2_moe" or not t.bool("block_auto_adjust_ff_dim", default=True):
         return width
     width = int(2 * width / 3)
-    width = int(t.float("block_ffn_dim_multiplier", default=1.0) * width)
+    width = int(t.float("block_ffn_dim_multiplier", default=1.0, positive=True) * width)
     multiple = t.int("block_multiple_of", default=256, minimum=1)
     return multiple * ((width + multiple - 1) // multiple)
 

@@ -46,7 +46,7 @@ def mamba_store(t: Fields, D: int, *, falcon: bool):
                        conv_kernel=t.int("conv_kernel", minimum=1), use_conv_bias=t.bool("use_conv_bias", default=True),
                        use_bias=t.bool("use_bias", default=False),
                        bcdt_norm="weightless" if falcon else "none",
-                       bcdt_norm_eps=t.float("mixer_rms_eps", default=1e-6))
+                       bcdt_norm_eps=t.float("mixer_rms_eps", default=1e-6, positive=True))
 
 
 def mamba2_store(t: Fields, D: int, *, heads: str = "num_heads", head_dim: str = "head_dim",
@@ -57,7 +57,7 @@ def mamba2_store(t: Fields, D: int, *, heads: str = "num_heads", head_dim: str =
                         d_state=t.int("state_size", "ssm_state_size", minimum=1),
                         n_groups=t.int("n_groups", "mamba_n_groups", default=1, minimum=1),
                         conv_kernel=t.int("conv_kernel", "mamba_d_conv", minimum=1),
-                        norm_eps=t.float("layer_norm_epsilon", "rms_norm_eps", default=1e-5),
+                        norm_eps=t.float("layer_norm_epsilon", "rms_norm_eps", default=1e-5, positive=True),
                         use_conv_bias=t.bool("use_conv_bias", "mamba_conv_bias", default=True),
                         use_bias=t.bool("use_bias", "mamba_proj_bias", default=False),
                         dt_limit=dt_limit if dt_limit is not None else time_step_limit(t),
@@ -82,7 +82,7 @@ def to_config(hf: dict):
     import dataclasses
 
     cfg = model_config(hf, t.d, name=mt.replace("_", "-"), title=f"{mt} (checkpoint)", d_model=D, layers=layers,
-                       norm_eps=t.float("layer_norm_epsilon", default=1e-5), context=0)
+                       norm_eps=t.float("layer_norm_epsilon", default=1e-5, positive=True), context=0)
     return dataclasses.replace(cfg, tie_embeddings=tied_default(hf, t, mt != "mamba2"))
 
 

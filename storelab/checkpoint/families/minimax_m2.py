@@ -54,6 +54,7 @@ def minimax_m2_config(decl: Decl, hf: dict):
     if t.int("shared_intermediate_size", default=0):
         raise t._err("shared_intermediate_size", f"{t.int('shared_intermediate_size')}: MiniMax-M2 has no shared "
                                                  f"expert (transformers' MiniMaxM2SparseMoeBlock builds none)")
+    t.int("num_local_experts", "num_experts", minimum=1)  # every layer is a mixture of experts
     cfg = to_config(decl, hf)
     bias = t.bool("use_routing_bias", default=True)
     layers = [dataclasses.replace(lay, channel=dataclasses.replace(lay.channel, router_bias=bias, norm_topk_prob=True))

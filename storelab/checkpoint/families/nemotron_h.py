@@ -78,7 +78,7 @@ def experts(t, D: int, eps: float):
     return MoEConfig(d_model=D, n_experts=t.int("n_routed_experts", "num_local_experts", minimum=1),
                      top_k=t.int("num_experts_per_tok", minimum=1), d_expert=t.int("moe_intermediate_size", minimum=1),
                      router="sigmoid", router_bias=True, norm_topk_prob=t.bool("norm_topk_prob", default=True),
-                     routed_scaling=t.float("routed_scaling_factor", default=1.0),
+                     routed_scaling=t.float("routed_scaling_factor", default=1.0, positive=True),
                      n_group=t.int("n_group", default=1, minimum=1), topk_group=t.int("topk_group", default=1, minimum=1),
                      n_shared=t.int("n_shared_experts", default=1) if shared else 0, d_shared=shared or None,
                      latent_dim=t.int("moe_latent_size", default=None, minimum=1), latent_norm=False,
@@ -93,7 +93,7 @@ def to_config(hf: dict):
 
     t = text_fields(hf)
     D = t.int("hidden_size", minimum=1)
-    eps = t.float("layer_norm_epsilon", "rms_norm_eps", default=1e-5)
+    eps = t.float("layer_norm_epsilon", "rms_norm_eps", default=1e-5, positive=True)
     if t.str("mlp_hidden_act", default="relu2") != "relu2":
         raise t._err("mlp_hidden_act", f"{t.str('mlp_hidden_act')!r} is not supported (Nemotron-H's MLP is ReLU^2)")
     lim = time_step_limit(t)

@@ -25,20 +25,19 @@ from __future__ import annotations
 from storelab.checkpoint import towers
 from storelab.checkpoint.families import qwen3_next
 from storelab.checkpoint.families._family import Family, fixed
+from storelab.checkpoint.families._reader import Fields, text_fields
 
 NAME = "qwen3_5"
 MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 
 
-def text_config(hf: dict) -> dict:
-    """The text model's config (a ``qwen3_5`` wrapper's ``text_config``), ``layer_types`` filled in."""
-    t = dict(hf.get("text_config") or {}) if hf.get("model_type") == "qwen3_5" else dict(hf)
-    t.setdefault("model_type", "qwen3_5_text")
-    return qwen3_next.text_config(t)
+def text_config(hf: dict) -> Fields:
+    """The text model's fields (a ``qwen3_5`` wrapper's ``text_config``)."""
+    return text_fields(hf) if hf.get("model_type") == "qwen3_5" else Fields(hf)
 
 
 def to_config(hf: dict):
-    cfg = qwen3_next.build_config(hf, text_config(hf), title="Qwen3.5 (checkpoint)")
+    cfg = qwen3_next.build_config(hf, text_config(hf), title="Qwen3.5 (checkpoint)", model_type="qwen3_5_text")
     cfg.notes = towers.note(towers.parts(hf, cfg))   # the vision tower and MTP layers, counted apart
     return cfg
 

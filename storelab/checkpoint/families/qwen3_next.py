@@ -24,10 +24,10 @@ RoPE for text (its three position streams are equal). The vision tower and MTP l
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (layer_prefix, model_config,
-                                                  base_entries, check_act, experts, field, gated_mlp, linear, norm,
-                                                  rope, unsupported)
+from storelab.checkpoint.families._common import (layer_prefix, model_config, base_entries, experts, gated_mlp,
+                                                  linear, norm)
 from storelab.checkpoint.families._family import Family, fixed
+from storelab.checkpoint.families._reader import Fields, text_fields
 from storelab.checkpoint.table import Src, copy
 
 NAME = "qwen3_next"
@@ -35,30 +35,55 @@ MODEL_TYPES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
 IGNORED = (r"^mtp\.", r"^model\.visual\.", r"^model\.mtp\.", r"rotary_emb\.", r"^visual\.")
 
 
-def text_config(hf: dict) -> dict:
-    """The text model's config, ``layer_types`` filled from ``full_attention_interval`` (default 4)."""
-    t = dict(hf.get("text_config") or {}) if hf.get("model_type") == "qwen3_5_moe" else dict(hf)
-    if t.get("layer_types") is None:
-        every = t.get("full_attention_interval") or 4
-        t["layer_types"] = ["linear_attention" if (i + 1) % every else "full_attention"
-                            for i in range(field(t, "num_hidden_layers"))]
-    return t
+def text_config(hf: dict) -> Fields:
+    """The text model's fields (a ``qwen3_5_moe`` wrapper's ``text_config``)."""
+    return text_fields(hf) if hf.get("model_type") == "qwen3_5_moe" else Fields(hf)
 
 
-def _is_moe(t: dict, i: int) -> bool:
-    if t.get("mlp_layer_types") is not None:
-        return t["mlp_layer_types"][i] == "sparse"
-    return (i not in (t.get("mlp_only_layers") or []) and field(t, "num_experts", 0) > 0
-            and (i + 1) % field(t, "decoder_sparse_step", 1) == 0)
+def token_types(t: Fields, n: int) -> list[str]:
+    """``layer_types`` (cut to the layers, as transformers does); else every ``full_attention_interval``-th
+    layer (default 4) full attention, the others linear attention."""
+    if t.has("layer_types"):
+        types = t.list("layer_types", n=n)
+    else:
+        every = t.int("full_attention_interval", default=4, minimum=1)
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    for i, x in enumerate(types):
+        if x not in ("linear_attention", "full_attention"):
+            raise t._err(f"layer_types[{i}]", f"{x!r} is not supported (Qwen3-Next has linear_attention and "
+                                              f"full_attention)")
+    return types
+
+
+def channel_types(t: Fields, n: int) -> list[bool]:
+    """Whether each layer is a mixture of experts: ``mlp_layer_types``; else ``num_experts`` > 0, every
+    ``decoder_sparse_step``-th layer, but the ``mlp_only_layers``."""
+    if t.has("mlp_layer_types"):
+        return [x == "sparse" for x in t.list("mlp_layer_types", n=n)]
+    if not t.int("num_experts", default=0):
+        return [False] * n
+    only = set(t.layers("mlp_only_layers", n=n, default=[]))
+    step = t.int("decoder_sparse_step", default=1, minimum=1)
+    return [i not in only and (i + 1) % step == 0 for i in range(n)]
+
+
+def _why_dense(t: Fields, i: int) -> str:
+    if t.has("mlp_layer_types"):
+        return f"{t.name('mlp_layer_types')} says so"
+    if not t.int("num_experts", default=0):
+        return f"{t.name('num_experts')} is {t.d.get('num_experts', 'absent')}"
+    if i in t.list("mlp_only_layers", default=[]):
+        return f"{t.name('mlp_only_layers')} names it"
+    return f"{t.name('decoder_sparse_step')} is {t.int('decoder_sparse_step')}"
 
 
 def to_config(hf: dict):
     return build_config(hf, text_config(hf), title="Qwen3-Next (checkpoint)")
 
 
-def build_config(hf: dict, t: dict, *, title: str):
-    """The ModelConfig of a Qwen3-Next style text config ``t`` (``layer_types`` filled in); ``hf`` is the
-    whole config.json (tied embeddings are read there, then in ``t``)."""
+def build_config(hf: dict, t: Fields, *, title: str, model_type: str = "qwen3-next"):
+    """The ModelConfig of a Qwen3-Next style text config ``t``; ``hf`` is the whole config.json (tied
+    embeddings are read there, then in ``t``)."""
     from storelab.models.config import LayerConfig
     from storelab.stores.attention import AttentionConfig
     from storelab.stores.depth import ResidualConfig
@@ -66,38 +91,47 @@ def build_config(hf: dict, t: dict, *, title: str):
     from storelab.stores.moe import MoEConfig
     from storelab.stores.recurrent import GatedDeltaNetConfig
 
-    check_act(t)
-    D, n = field(t, "hidden_size"), field(t, "num_hidden_layers")
-    eps = field(t, "rms_norm_eps", 1e-6)
-    theta, partial = rope(field(t, "rope_parameters", {}), default_partial=0.25)
-    if field(t, "attention_bias", False):
-        raise unsupported("attention_bias", True, "Qwen3-Next's attention has no biases")
-    types = field(t, "layer_types")
+    act = t.str("hidden_act", default="silu")
+    if act != "silu":
+        raise t._err("hidden_act", f"{act!r} is not supported (only silu is implemented for this family)")
+    D, n = t.int("hidden_size", minimum=1), t.int("num_hidden_layers", minimum=1)
+    eps = t.float("rms_norm_eps", default=1e-6, positive=True)
+    rp = t.sub("rope_parameters", default={})
+    kind = rp.str("rope_type", "type", default="default")
+    if kind != "default":
+        raise rp._err("rope_type", f"{kind!r} is not supported (only plain RoPE is implemented)")
+    theta = rp.float("rope_theta", default=10000.0, positive=True)
+    partial = rp.float("partial_rotary_factor", default=0.25, minimum=0.0, maximum=1.0)
+    if t.bool("attention_bias", default=False):
+        raise t._err("attention_bias", "true is not supported (Qwen3-Next's attention has no biases)")
+    types, sparse = token_types(t, n), channel_types(t, n)
     layers = []
     for i in range(n):
         if types[i] == "linear_attention":
-            token = GatedDeltaNetConfig(d_model=D, n_heads=field(t, "linear_num_key_heads"),
-                                        n_v_heads=field(t, "linear_num_value_heads"),
-                                        head_k_dim=field(t, "linear_key_head_dim"),
-                                        head_v_dim=field(t, "linear_value_head_dim"),
-                                        conv_kernel=field(t, "linear_conv_kernel_dim"), norm_eps=eps)
-        elif types[i] == "full_attention":
-            token = AttentionConfig(d_model=D, n_heads=field(t, "num_attention_heads"),
-                                    n_kv_heads=field(t, "num_key_value_heads"), head_dim=field(t, "head_dim"),
-                                    partial_rotary=partial, rope_theta=theta, gate=True, qk_norm=True, norm_eps=eps)
+            token = GatedDeltaNetConfig(d_model=D, n_heads=t.int("linear_num_key_heads", minimum=1),
+                                        n_v_heads=t.int("linear_num_value_heads", minimum=1),
+                                        head_k_dim=t.int("linear_key_head_dim", minimum=1),
+                                        head_v_dim=t.int("linear_value_head_dim", minimum=1),
+                                        conv_kernel=t.int("linear_conv_kernel_dim", minimum=1), norm_eps=eps)
         else:
-            raise unsupported(f"layer_types[{i}]", types[i], "Qwen3-Next has linear_attention and full_attention")
-        if _is_moe(t, i):
-            S = field(t, "shared_expert_intermediate_size", 0)
-            channel = MoEConfig(d_model=D, n_experts=field(t, "num_experts"), top_k=field(t, "num_experts_per_tok"),
-                                d_expert=field(t, "moe_intermediate_size"), router="softmax",
-                                norm_topk_prob=bool(field(t, "norm_topk_prob", True)),
+            token = AttentionConfig(d_model=D, n_heads=t.int("num_attention_heads", minimum=1),
+                                    n_kv_heads=t.int("num_key_value_heads", minimum=1),
+                                    head_dim=t.int("head_dim", minimum=1),
+                                    partial_rotary=partial, rope_theta=theta, gate=True, qk_norm=True, norm_eps=eps)
+        if sparse[i]:
+            S = t.int("shared_expert_intermediate_size", default=0)
+            channel = MoEConfig(d_model=D, n_experts=t.int("num_experts", minimum=1),
+                                top_k=t.int("num_experts_per_tok", minimum=1),
+                                d_expert=t.int("moe_intermediate_size", minimum=1), router="softmax",
+                                norm_topk_prob=t.bool("norm_topk_prob", default=True),
                                 n_shared=1 if S else 0, d_shared=S or None, shared_gate=bool(S))
         else:
-            channel = FFNConfig(d_model=D, d_ff=field(t, "intermediate_size"))
+            if not t.has("intermediate_size"):
+                raise t._err("intermediate_size", f"missing, and layer {i} is a dense MLP ({_why_dense(t, i)})")
+            channel = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", minimum=1))
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
-    tie = hf if "tie_word_embeddings" in hf else t
-    return model_config(tie, t, name=t.get("model_type", "qwen3-next").replace("_", "-"),
+    return model_config(hf if "tie_word_embeddings" in hf else t.d, t,
+                        name=t.str("model_type", default=model_type).replace("_", "-"),
                         title=title, d_model=D, layers=layers, norm_eps=eps)
 
 

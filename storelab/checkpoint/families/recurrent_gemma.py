@@ -90,7 +90,7 @@ def to_config(hf: dict):
     D = t.int("hidden_size", default=DEFAULTS["hidden_size"], minimum=1)
     n = t.int("num_hidden_layers", default=DEFAULTS["num_hidden_layers"], minimum=1)
     V = t.int("vocab_size", default=DEFAULTS["vocab_size"], minimum=1)
-    eps = t.float("rms_norm_eps", default=1e-6)
+    eps = t.float("rms_norm_eps", default=1e-6, positive=True)
     act = t.str("hidden_activation", default=ACTIVATION)
     if act != ACTIVATION:
         raise t._err("hidden_activation", f"{act!r} is not supported (storelab's RG-LRU gate branch and GeGLU MLP "
@@ -104,7 +104,7 @@ def to_config(hf: dict):
     # transformers' normalizer: sqrt(D) held in bfloat16, cast to the activations' dtype at the call
     scale = float(torch.tensor(D ** 0.5, dtype=torch.bfloat16))
     return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, default=True), vocab_size=V, embed_scale=scale,
-                               logit_softcap=t.float("logits_soft_cap", default=30.0))
+                               logit_softcap=t.float("logits_soft_cap", default=30.0, positive=True))
 
 
 def runs(hf: dict) -> None:
