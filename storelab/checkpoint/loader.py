@@ -117,7 +117,9 @@ class Plan:
 def plan(path: str | Path, *, dtype=None, shards: type[Shards] = Shards) -> Plan:
     """Steps 1-3 of ``load``: the checked plan of a checkpoint folder; nothing but headers is read.
     ``shards``: the class that reads the folder (``storelab.checkpoint.reader.CountingShards`` counts it).
-    A GGUF file (``storelab.checkpoint.gguf``) is read by ``GGUFShards`` whatever ``shards`` says."""
+    A GGUF file (``storelab.checkpoint.gguf``) is read by ``GGUFShards``, which counts as ``CountingShards``
+    does (``bytes_read``, ``header_bytes``, ``tensor(name)``) and reads each tensor with one seek and one
+    read, so it serves either ``shards``."""
     from storelab.models.model import Model
 
     path = Path(path)

@@ -24,6 +24,9 @@ knows how layers, depth states and shared states fit together (encoder-decoder i
 copying it would drift. Between calls the model holds its own meta parameters, so ties hold (a
 tied LM head is the embedding's parameter; its hook fills it again from the embedding's entry).
 
+A GGUF file streams the same way: ``plan`` reads it with ``GGUFShards``, which counts and reads per
+tensor as ``CountingShards`` does (each unit's GGUF tensors read and dequantized during its call).
+
 Memory: the largest unit's weights (twice while a stacked or dequantized tensor is made),
 plus activations and the cache. Reads: all weights once per call (``bytes_read`` on the
 model's ``.streamed``). Probes work unchanged as long as they touch weights only inside a

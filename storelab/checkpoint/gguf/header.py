@@ -94,6 +94,7 @@ class Header:
     files: list[str]                # every file's name, in order
     meta: dict                      # the first file's metadata
     tensors: dict[str, TensorInfo]  # all files' tensors, in file order
+    header_bytes: int = 0           # every file's header (up to its data section), read by ``read_header``
 
     @property
     def folder(self) -> Path:
@@ -227,8 +228,10 @@ def read_header(path: str | Path) -> Header:
     files = shard_files(path)
     tensors: dict[str, TensorInfo] = {}
     meta: dict = {}
+    header_bytes = 0
     for k, f in enumerate(files):
         m, infos, start, size = _read_one(f)
+        header_bytes += start
         if k == 0:
             meta = m
         count = m.get("split.count", 1)
@@ -256,4 +259,4 @@ def read_header(path: str | Path) -> Header:
         if count_key != len(tensors):
             raise CheckpointError(f"{path}: metadata split.tensors.count {count_key} but the shards hold "
                                   f"{len(tensors)} tensors")
-    return Header(path=files[0], files=[f.name for f in files], meta=meta, tensors=tensors)
+    return Header(path=files[0], files=[f.name for f in files], meta=meta, tensors=tensors, header_bytes=header_bytes)

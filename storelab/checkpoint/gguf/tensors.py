@@ -10,6 +10,11 @@ GGUF pieces' bytes (one seek and one read each, no mmap kept), dequantizes them 
 the tensor handed over is fp32 in transformers' layout. ``where`` names the file of a rule's first
 piece; a rule whose pieces lie in several shards of a split file reads each from its own.
 
+Reads are counted as ``storelab.checkpoint.reader.CountingShards`` counts a folder's: ``bytes_read``
+(the headers, a config tensor, then every stored byte read), ``header_bytes``; ``tensor(name)`` reads
+one transformers tensor (what the streamed model, ``storelab.checkpoint.stream``, asks for unit by unit),
+``tensor_bytes(names)`` the GGUF bytes those occupy.
+
 ``gguf_stored_bytes(path)``: the bytes each GGUF type occupies as stored (Q4_K, Q6_K, F32, ...),
 from the header only.
 """
@@ -54,6 +59,8 @@ class GGUFShards(Shards):
         self.meta = Meta.of(h)
         self.arch = arch_for(self.meta)
         self.hf = config_from(self.arch, self.meta)
+        self.header_bytes = h.header_bytes
+        self.bytes_read = h.header_bytes + self.meta.bytes_read   # the headers and any config tensor
         self.rules: dict[str, tuple[Rule, tuple[str, ...]]] = {}   # hf name -> (rule, the GGUF names)
         self.where, self.info = {}, {}
         used: set[str] = set(self.arch.config_tensors)   # read by the config (Meta.values)
@@ -89,9 +96,25 @@ class GGUFShards(Shards):
                                   f"{self.arch.arch!r} reads it ({len(unused)} unread: "
                                   f"{', '.join(unused[:4])}{' ...' if len(unused) > 4 else ''})")
 
+    def tensor(self, name: str) -> torch.Tensor:
+        """The transformers tensor ``name``: its GGUF pieces read (counted), dequantized, the rule applied."""
+        if name not in self.rules:
+            raise CheckpointError(f"missing tensor {name!r}: no rule of general.architecture {self.arch.arch!r} "
+                                  f"makes it from {self.folder}")
+        h = self.header
+        r, pieces = self.rules[name]
+        out = []
+        for x in pieces:
+            out.append(read_tensor(h.folder, h.tensors[x]))
+            self.bytes_read += h.tensors[x].nbytes
+        return r.make(*out).contiguous()
+
     def read(self, fname: str, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (transformers name, fp32 tensor) for these names, each read and dequantized when asked for."""
-        h = self.header
         for name in names:
-            r, pieces = self.rules[name]
-            yield name, r.make(*[read_tensor(h.folder, h.tensors[x]) for x in pieces]).contiguous()
+            yield name, self.tensor(name)
+
+    def tensor_bytes(self, names) -> int:
+        """The GGUF bytes these transformers tensors are made of (each GGUF tensor once)."""
+        pieces = {x for n in set(names) for x in self.rules[n][1]}
+        return sum(self.header.tensors[x].nbytes for x in pieces)
