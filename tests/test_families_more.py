@@ -28,6 +28,15 @@ TINY = {
                                         layer_rope_theta=[10000.0, 0, 500.0])),
     "granitemoe_swa": ("granitemoe_swa", dict(COMMON, **MUP, sliding_window=6, num_local_experts=4,
                                               num_experts_per_tok=2, shared_intermediate_size=40)),
+    # Ministral 3: YaRN, and a pretraining length of 8 so that positions 8-20 get the query temperature
+    "ministral3": ("ministral3", dict(COMMON, head_dim=16, rope_parameters=dict(
+        rope_type="yarn", rope_theta=1000000.0, factor=4.0, original_max_position_embeddings=8, beta_fast=32.0,
+        beta_slow=1.0, mscale_all_dim=1.0, mscale=1.0, llama_4_scaling_beta=0.5))),
+    "ministral3_window": ("ministral3", dict(COMMON, head_dim=16, sliding_window=6, rope_parameters=dict(
+        rope_type="default", rope_theta=10000.0, llama_4_scaling_beta=0.0, original_max_position_embeddings=16))),
+    "cohere": ("cohere", dict(COMMON, attention_bias=True, logit_scale=0.5)),
+    "internlm3": ("internlm3", dict(COMMON, head_dim=16, attention_bias=True, mlp_bias=True)),
+    "iquestcoder": ("iquestcoder", dict(COMMON, head_dim=16)),
 }
 
 saved = saved_fixture({k: v[1] for k, v in TINY.items()}, lambda name: TINY[name][0], perturb=0.3)
@@ -62,3 +71,20 @@ def test_granite_mup_read(saved):
     assert [(x.KIND, x.partial_rotary, x.rope_theta, x.sink, x.attn_scale) for x in a] == [
         ("window", 1.0, 10000.0, True, 0.2), ("attention", 0.0, 10000.0, True, 0.2),
         ("window", 1.0, 500.0, True, 0.2)]
+
+
+def test_ministral3_temperature_read(saved):
+    """beta and the pretraining length from rope_parameters; Ministral counts the position from 0."""
+    a = read_model_config(saved("ministral3")[1]).layers[0].token
+    assert (a.attn_temperature_tuning, a.floor_scale, a.attn_temperature_scale, a.floor_offset) == (True, 8, 0.5, 0)
+    assert a.rope_scaling["rope_type"] == "yarn"
+
+
+def test_cohere_qk_norm_refused(tmp_path):
+    import json
+
+    from storelab.checkpoint.shards import CheckpointError
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(COMMON, model_type="cohere", use_qk_norm=True)))
+    with pytest.raises(CheckpointError, match=r"use_qk_norm: true is not supported"):
+        read_model_config(tmp_path)

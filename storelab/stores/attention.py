@@ -79,9 +79,10 @@ def logn_factor(positions_T: Tensor, base: int) -> Tensor:
     return torch.clamp(torch.log(n) / math.log(base), min=1.0).to(torch.float32)
 
 
-def temperature_factor(positions_T: Tensor, floor_scale: int, scale: float) -> Tensor:
-    """Llama 4's attention temperature per query position: log1p(floor((p + 1) / floor_scale)) * scale + 1."""
-    n = torch.floor((positions_T.to(torch.float64) + 1.0) / floor_scale)
+def temperature_factor(positions_T: Tensor, floor_scale: int, scale: float, offset: int = 1) -> Tensor:
+    """Llama 4's attention temperature per query position: log1p(floor((p + offset) / floor_scale)) * scale + 1
+    (Llama 4 counts p + 1, Ministral 3 p itself: ``floor_offset``)."""
+    n = torch.floor((positions_T.to(torch.float64) + offset) / floor_scale)
     return (torch.log1p(n) * scale + 1.0).to(torch.float32)
 
 
@@ -116,6 +117,7 @@ class AttentionConfig(StoreConfig):
     attn_temperature_tuning: bool = False  # Llama 4's NoPE layers: queries scaled by temperature_factor
     floor_scale: int = 8192              # Llama 4's floor_scale (tokens)
     attn_temperature_scale: float = 0.1  # Llama 4's attn_scale (the strength of the tuning)
+    floor_offset: int = 1                # the position counted from: p + 1 (Llama 4), p + 0 (Ministral 3)
 
     SLOTS, FAMILY, CARD_ORDER, MIX_LABEL = (TOKEN,), "full", 40, "full"
     CARD = Card(
@@ -278,7 +280,7 @@ class Attention(nn.Module):
         if c.qk_l2_norm:  # after RoPE, no weight (Llama4TextL2Norm)
             q_BTHK, k_BTGK = rms_norm(q_BTHK, eps=c.norm_eps), rms_norm(k_BTGK, eps=c.norm_eps)
         if c.attn_temperature_tuning:
-            t_T = temperature_factor(positions_T, c.floor_scale, c.attn_temperature_scale)
+            t_T = temperature_factor(positions_T, c.floor_scale, c.attn_temperature_scale, c.floor_offset)
             q_BTHK = q_BTHK * t_T.to(q_BTHK.dtype)[None, :, None, None]
         if c.logn:
             # scaling q by the factor scales this query's logits by it
