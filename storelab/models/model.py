@@ -246,7 +246,7 @@ class Model(nn.Module):
             ds = self._encoder_to_decoder(ds, cache, token_ids_BT, decode_from)
         if ds is None:  # no token of this call reaches the decoder
             B = token_ids_BT.shape[0]
-            return self.lm_head.weight.new_zeros(B, 0, self.cfg.vocab_size), cache
+            return self.embed.weight.new_zeros(B, 0, self.cfg.vocab_size), cache
         h_BTD = self.depth_head(ds)
         if keep_logits:
             h_BTD = h_BTD[:, -keep_logits:]
@@ -311,8 +311,19 @@ def prefill(model: Model, prompt_BT: Tensor, *, chunk: int = 0, cache: list[Laye
 @torch.no_grad()
 def generate(model: Model, prompt_BT: Tensor, new_tokens: int, *, chunk: int = 0, temperature: float = 0.0,
              top_k: int = 0, generator: torch.Generator | None = None,
-             on_token: Callable[[int], None] | None = None) -> tuple[Tensor, list[LayerState]]:
-    """Greedy (``temperature == 0``) or sampled generation; returns the new token ids [B, K] and the cache."""
+             on_token: Callable[[int], None] | None = None, fast: bool = True) -> tuple[Tensor, list[LayerState]]:
+    """Greedy (``temperature == 0``) or sampled generation; returns the new token ids [B, K] and the cache.
+
+    ``fast``: one prompt (B = 1) decodes through ``storelab.models.decode.Decoder``, the same step without
+    the general path's overhead (equal to fp32 rounding); False, or several prompts, steps by ``model(ids, cache)``.
+    """
+    if fast and prompt_BT.shape[0] == 1:
+        from storelab.models.decode import Decoder  # (decode imports this module)
+
+        decoder = Decoder(model)
+        step_fn = decoder.step
+    else:
+        step_fn = lambda ids, cache: model(ids, cache)[0][:, -1]  # noqa: E731
     with upcoming(max(0, new_tokens - 1)):  # the generated tokens will follow the prompt into the caches
         logits_BV, cache = prefill(model, prompt_BT, chunk=chunk)
     out = []
@@ -324,8 +335,7 @@ def generate(model: Model, prompt_BT: Tensor, new_tokens: int, *, chunk: int = 0
         if len(out) == new_tokens:
             break
         with upcoming(new_tokens - len(out) - 1):
-            step, cache = model(nxt_B1, cache)
-        logits_BV = step[:, -1]
+            logits_BV = step_fn(nxt_B1, cache)
     return torch.cat(out, dim=1) if out else prompt_BT[:, :0], cache
 
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from storelab.ops.precision import at_least_fp32
 
-__all__ = ["rope_angles", "apply_rope", "rope_frequencies", "check_scaling", "SCALINGS"]
+__all__ = ["rope_angles", "apply_rope", "rotate", "rope_frequencies", "check_scaling", "SCALINGS"]
 
 # Context-extension rules for the frequencies, by the ``rope_type`` published configs use, with the keys each needs:
 # "linear" (position interpolation, arXiv 2306.15595): every frequency / factor;
@@ -106,8 +106,14 @@ def apply_rope(x_BTHD: Tensor, positions_T: Tensor, *, rotary_dim: int, theta: f
         return x_BTHD
     if rotary_dim % 2 or rotary_dim > x_BTHD.shape[-1]:
         raise ValueError(f"rotary_dim: must be even and <= head dim {x_BTHD.shape[-1]}, got {rotary_dim}")
-    cos, sin = rope_angles(positions_T, rotary_dim, theta, scaling)  # [T, R/2]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return rotate(x_BTHD, *rope_angles(positions_T, rotary_dim, theta, scaling), interleaved=interleaved)
+
+
+def rotate(x_BTHD: Tensor, cos_TR: Tensor, sin_TR: Tensor, *, interleaved: bool = False) -> Tensor:
+    """``apply_rope`` with its angles already computed (``rope_angles``: [T, R/2] each, R = rotary_dim); a
+    decode step computes them once for all its layers."""
+    rotary_dim = 2 * cos_TR.shape[-1]
+    cos, sin = cos_TR[None, :, None, :], sin_TR[None, :, None, :]
     # split, not two slices: its backward is one cat, where each slice's fills a zero tensor of x's size
     rot, rest = x_BTHD.split([rotary_dim, x_BTHD.shape[-1] - rotary_dim], dim=-1)
     dt = x_BTHD.dtype

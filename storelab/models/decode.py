@@ -1,0 +1,281 @@
+"""One token's step through a model, without the general path's overhead: ``Decoder(model).step(ids, cache)``.
+
+A decode step reads every weight once for one token; done well its time is the weights' bytes over the
+memory rate. The general path (``Model.forward``) spends a third again on work around the products
+(docs/bench.md, issue 39): checks made for every call, positions and rotary angles built in every layer,
+q, k and v (gate and up) in separate calls, new tensors for every intermediate. Here the choices are made
+once, at construction, per layer:
+
+* the products: every linear weight is packed once (``storelab.ops.matvec``: fp32 as it is, or the bf16 /
+  int8 weight a ``QuantLinear`` holds) and multiplied by the C kernel into buffers made once; the outputs
+  of q, k and v (gate and up) are written side by side into one buffer, so the layer reads one vector;
+* a full-attention layer (``Attention``) appends its key and value to the cache in place (the cache's row
+  buffer has room for the tokens ``upcoming`` announces) and reads it through the store's own kernel;
+* a window layer (``WindowAttention``) reads its ring buffer in place, oldest-first order not needed:
+  the softmax over the window's W entries and the one over the new entry are merged by their
+  log-sum-exps (``merge_parts``), then the new entry is written over the oldest;
+* the rotary angles of a step are computed once per (rotary width, base, scaling, position) and shared
+  by the layers;
+* an FFN layer runs its gate and up products into one buffer and its declared activation on the halves;
+* the LM head reads the last position only (a step has one), through the same kernel.
+
+Any other layer runs as the general path runs it (``Block.forward``: a recurrent store, MoE, an Engram,
+a layer that reads another's cache); so does every layer of a model whose depth store is not the plain
+residual, or whose weights are not fp32 (``--dtype bf16``). Exact: the same operations as the general path,
+the sums of each product in another order (tests/test_decode_fast.py holds logits and states equal to
+fp32 rounding on the zoo's tiny models, a hybrid with recurrent states and a window cache, and a
+transformers-format folder).
+
+One token per step and one sequence (B = 1): ``generate`` takes this path for a single prompt.
+
+Shape legend: B batch (1), T tokens (1), D model width, H query heads, G key/value heads, K key width,
+V value width, F FFN width, W window, N vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from storelab.models.model import LayerState, Model
+from storelab.models.quant import QuantLinear
+from storelab.ops.attention import attend_lse, merge_parts
+from storelab.ops.matvec import PackedWeight, RowSplit, bind, pack
+from storelab.ops.rope import rope_angles, rotate
+from storelab.state import EmptyState, KVCache, WindowCache
+from storelab.stores.attention import Attention, WindowAttention
+from storelab.stores.depth import ResidualHead, ResidualMixer, ResidualState
+from storelab.stores.ffn import FFN
+
+__all__ = ["Decoder", "packed"]
+
+
+def packed(linear: nn.Module) -> PackedWeight:
+    """The weight of an ``nn.Linear`` (fp32, not copied) or of a ``QuantLinear`` (its own format)."""
+    if isinstance(linear, QuantLinear):
+        return linear.packed
+    return pack(linear.weight, "fp32", linear.bias)
+
+
+class _Products:
+    """Several weights that read one input, written side by side into one output buffer made once."""
+
+    def __init__(self, linears: list[nn.Module], split: RowSplit):
+        pws = [packed(m) for m in linears]
+        self.widths = [p.rows for p in pws]
+        self.out = torch.empty(sum(self.widths))
+        offs = [sum(self.widths[:i]) for i in range(len(pws))]
+        self._runs = [(bind(p, split), self.out[o:o + p.rows]) for p, o in zip(pws, offs)]
+
+    def __call__(self, x_D: Tensor) -> Tensor:
+        for run, out in self._runs:
+            run(x_D, out)
+        return self.out
+
+
+class _Angles:
+    """The rotary cos / sin of one step, computed once per (width, base, scaling, position)."""
+
+    def __init__(self):
+        self._memo: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def reset(self) -> None:
+        self._memo.clear()
+
+    def __call__(self, cfg, position: int) -> tuple[Tensor, Tensor]:
+        key = (cfg.rotary_dim, cfg.rope_theta, repr(cfg.rope_scaling), position)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = rope_angles(torch.tensor([position]), cfg.rotary_dim, cfg.rope_theta,
+                                                cfg.rope_scaling)
+        return got
+
+
+def _plain_attention(cfg) -> bool:
+    """Whether the fast attention step computes this config's layer (the devices it leaves to the general path
+    are rare in the families we read: an output gate, LogN, Llama 4's temperature and L2 norm, a soft cap)."""
+    return not (cfg.gate or cfg.head_gate or cfg.logn or cfg.attn_temperature_tuning or cfg.qk_l2_norm
+                or cfg.softcap is not None or (cfg.qk_norm and cfg.qk_norm_scope != "head"))
+
+
+class _AttentionStep:
+    """q, k, v in one buffer; rotary angles shared; the cache written in place and read by the store's kernel."""
+
+    def __init__(self, store: Attention, split: RowSplit, angles: _Angles):
+        c = store.cfg
+        self.store, self.cfg, self.angles = store, c, angles
+        self.qkv = _Products([store.q_proj, store.k_proj, store.v_proj], split)
+        self.o = _Products([store.o_proj], split)
+        H, G, K, V = c.n_heads, c.n_kv_heads, c.head_dim, c.v_head_dim
+        self.shapes = [(1, 1, H, K), (1, 1, G, K), (1, 1, G, V)]
+
+    def project(self, u_D: Tensor, seen: int) -> tuple[Tensor, Tensor, Tensor]:
+        c, st = self.cfg, self.store
+        q, k, v = (t.view(s) for t, s in zip(self.qkv(u_D).split(self.qkv.widths), self.shapes))
+        if c.value_scale != 1.0:
+            v = v * c.value_scale
+        if st.q_norm is not None:
+            q, k = st.q_norm(q), st.k_norm(k)
+        if c.rotary_dim:
+            cos, sin = self.angles(c, seen)
+            q, k = rotate(q, cos, sin, interleaved=c.rope_interleaved), rotate(k, cos, sin, interleaved=c.rope_interleaved)
+        return q, k, v
+
+    def __call__(self, u_D: Tensor, state: KVCache | None, ids_BT: Tensor) -> tuple[Tensor, KVCache]:
+        state = KVCache() if state is None else state
+        q, k, v = self.project(u_D, state.seen)
+        state.append(k, v)
+        k_all, v_all = state.same_width()
+        o = self.store.kernel.causal(q, k_all, v_all, scale=self.cfg.scale, sinks_H=self.store.sinks,
+                                     v_dim=self.cfg.v_head_dim)
+        state.seen += 1
+        return self.o(o.reshape(-1)), state
+
+
+class _WindowStep(_AttentionStep):
+    """The window's ring buffer read in place (its order does not matter to a softmax), merged with the new entry."""
+
+    def __call__(self, u_D: Tensor, state: WindowCache | None, ids_BT: Tensor) -> tuple[Tensor, WindowCache]:
+        W = self.cfg.window
+        state = WindowCache(window=W) if state is None else state
+        if state.window != W:
+            raise ValueError(f"state: a WindowCache of window {state.window} given to a store of window {W}")
+        q, k, v = self.project(u_D, state.seen)
+        scale = self.cfg.scale
+        parts = [attend_lse(q, k, v, scale=scale)]
+        if state.filled:
+            n = state.filled
+            parts.append(attend_lse(q, state.k[:, :n], state.v[:, :n], scale=scale))
+        o = merge_parts(iter(parts), sinks_H=self.store.sinks) if len(parts) > 1 or self.store.sinks is not None \
+            else parts[0][0]
+        state.write(k, v)
+        state.seen += 1
+        return self.o(o.to(q.dtype).reshape(-1)), state
+
+
+class _FFNStep:
+    """Gate and up into one buffer, the declared activation on its halves, then down."""
+
+    def __init__(self, store: FFN, split: RowSplit):
+        self.store, self.cfg = store, store.cfg
+        ins = [store.gate_proj, store.up_proj] if store.cfg.gated else [store.up_proj]
+        self.inner = _Products(ins, split)
+        self.down = _Products([store.down_proj], split)
+
+    def __call__(self, u_D: Tensor, state: EmptyState | None, ids_BT: Tensor) -> tuple[Tensor, EmptyState]:
+        h = self.inner(u_D)
+        if self.cfg.gated:
+            gate, up = h.split(self.inner.widths)
+            a = self.store.act.fn(gate, up, self.cfg)
+        else:
+            a = self.store.act.fn(h, self.cfg)
+        return self.down(a.contiguous()), EmptyState(seen=(0 if state is None else state.seen) + 1)
+
+
+class _Generic:
+    """A store as the general path calls it (``forward(x, state, token_ids=...)``): a recurrent store, MoE, ..."""
+
+    def __init__(self, store: nn.Module):
+        self.store = store
+
+    def __call__(self, u_D: Tensor, state, ids_BT: Tensor):
+        y, state = self.store(u_D.view(1, 1, -1), state, token_ids=ids_BT)
+        return y.reshape(-1), state
+
+
+# store module class -> its fast step (exact classes: a subclass may compute something else)
+_TOKEN_STEPS = {Attention: _AttentionStep, WindowAttention: _WindowStep}
+
+
+@dataclass
+class _FastLayer:
+    """A pre-norm or sandwich layer on the plain residual, h <- h + post(f(norm(h))) for each slot."""
+
+    block: nn.Module
+    token: Any      # step(u_D, state, ids_BT) -> (y_D, state)
+    channel: Any    # the same, or None: no channel sublayer
+
+    def __call__(self, h_D: Tensor, st: LayerState, ids_BT: Tensor) -> Tensor:
+        b = self.block
+        st.seen += 1
+        if st.token is not None:
+            st.token.before_call(1)
+        u = b.norm_token(h_D)
+        y, st.token = self.token(u, st.token, ids_BT)
+        if b.norms == "sandwich":
+            y = b.post_norm_token(y)
+        h_D = h_D + y
+        if self.channel is None:
+            return h_D
+        u = b.norm_channel(h_D)
+        y, st.channel = self.channel(u, st.channel, ids_BT)
+        if b.norms == "sandwich":
+            y = b.post_norm_channel(y)
+        return h_D + y
+
+
+class Decoder:
+    """``step(ids_B1, cache) -> logits [B, N]``: ``model(ids, cache)``'s last logits, by the per-layer steps
+    chosen here (module docstring). ``threads``: the products' threads (default torch's)."""
+
+    def __init__(self, model: Model, *, threads: int | None = None):
+        self.model = model
+        self.split = RowSplit(threads or torch.get_num_threads())
+        self.angles = _Angles()
+        cfg = model.cfg
+        residual = isinstance(model.depth_head, ResidualHead) and all(
+            isinstance(b.depth_token, ResidualMixer) and isinstance(b.depth_channel, ResidualMixer)
+            for b in model.blocks)
+        self.fp32 = model.embed.weight.dtype == torch.float32
+        self.residual = residual and self.fp32
+        self.layers = [self._layer(i) if self.residual else None for i in range(cfg.n_layers)]
+        self.head = _Products([model.lm_head], self.split) if self.fp32 else None
+
+    def _layer(self, i: int) -> _FastLayer | None:
+        """Layer i's fast step, or None where the general path runs it."""
+        m, lay, b = self.model, self.model.cfg.layers[i], self.model.blocks[i]
+        if b.lookup is not None or b.norms not in ("pre", "sandwich") or m._handed[i] or m._views[i]:
+            return None
+        step = _TOKEN_STEPS.get(type(b.token))
+        if step is not None and _plain_attention(lay.token) and m.cfg.owns_cache(i):
+            token = step(b.token, self.split, self.angles)
+        else:
+            token = _Generic(b.token)
+        channel = None
+        if b.channel is not None:
+            channel = _FFNStep(b.channel, self.split) if type(b.channel) is FFN else _Generic(b.channel)
+        return _FastLayer(b, token, channel)
+
+    def fast_layers(self) -> int:
+        """How many layers take the fast step (the rest run the general path)."""
+        return sum(lay is not None for lay in self.layers)
+
+    @torch.no_grad()
+    def step(self, ids_B1: Tensor, cache: list[LayerState]) -> Tensor:
+        m = self.model
+        if ids_B1.shape != (1, 1) or not self.residual:
+            return m(ids_B1, cache)[0][:, -1]
+        self.angles.reset()
+        e = m.embed(ids_B1)
+        if m.cfg.embed_scale != 1.0:
+            e = e * torch.tensor(m.cfg.embed_scale, dtype=e.dtype)
+        h = e.reshape(-1)
+        for i, (layer, block) in enumerate(zip(self.layers, m.blocks)):
+            if layer is not None:
+                h = layer(h, cache[i], ids_B1)
+                continue
+            st = cache[i].token
+            if st is not None:
+                st.before_call(1)
+            shared = cache[m.cfg.layers[i].cache_owner].token if m._handed[i] else None
+            ds, cache[i] = block(ResidualState(h=h.view(1, 1, -1)), cache[i], ids_B1, shared, 0)
+            h = ds.h.reshape(-1)
+        z = self.head(m.norm(h).contiguous())
+        return m._logits(z.view(1, -1).clone())
+
+    def close(self) -> None:
+        self.split.close()
+

@@ -1,0 +1,74 @@
+"""Weight-only bf16 and int8 linear layers for CPU inference: ``quantize_weights(model, "int8")``.
+
+``QuantLinear`` holds a ``PackedWeight`` (``storelab.ops.matvec``: bf16, or int8 with one scale per output
+channel) in place of an ``nn.Linear``'s fp32 weight; activations stay fp32. One row (a decode step, and
+``Decoder`` calls the kernel directly) is multiplied by the C kernel of its format, reading the narrow
+weight; more rows (a prefill chunk) by torch's matmul with the weight widened to fp32 for that call
+(the widening is a small cost beside a chunk's products, and the narrow weight is all that is kept).
+
+``quantize_weights(model, fmt)`` replaces, in place, every ``nn.Linear`` of the blocks and the LM head (the
+LM head of tied embeddings gets its own packed copy; the embedding table stays as it is, a lookup reads
+one row of it). Inference only: a ``QuantLinear`` has no trainable weight.
+
+What it costs in accuracy (tests/test_decode_fast.py, stated there as the tolerances): bf16 keeps 8 bits
+of mantissa (relative error per weight <= 2^-9), int8 about 7 bits of each row's largest magnitude.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from storelab.ops.matvec import FORMATS, PackedWeight, bind, pack
+
+__all__ = ["QuantLinear", "quantize_weights", "WEIGHT_FORMATS"]
+
+WEIGHT_FORMATS = FORMATS  # "fp32" leaves the model as it is
+
+
+class QuantLinear(nn.Module):
+    """y = x W^T (+ b) with W held packed (bf16 or int8); x and y fp32."""
+
+    def __init__(self, packed: PackedWeight):
+        super().__init__()
+        self.packed = packed
+        self.in_features, self.out_features = packed.cols, packed.rows
+        self._one = bind(packed)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, fmt: str) -> "QuantLinear":
+        return cls(pack(linear.weight, fmt, linear.bias))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype != torch.float32:
+            raise ValueError(f"x: a QuantLinear takes fp32 activations, got {x.dtype}")
+        if x.numel() == self.in_features:  # one row: the kernel reads the narrow weight
+            out = x.new_empty(self.out_features)
+            return self._one(x.reshape(-1).contiguous(), out).view(*x.shape[:-1], self.out_features)
+        b = self.packed.bias_N
+        return F.linear(x, self.packed.dequantize(), b)
+
+    def nbytes(self) -> int:
+        return self.packed.nbytes()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.packed.fmt}"
+
+
+def quantize_weights(model: nn.Module, fmt: str) -> nn.Module:
+    """Replace the linear layers of ``model.blocks`` and ``model.lm_head`` by ``QuantLinear``s of ``fmt``
+    (module docstring); "fp32" changes nothing. Returns ``model``."""
+    if fmt not in WEIGHT_FORMATS:
+        raise ValueError(f"weights: must be one of {', '.join(WEIGHT_FORMATS)}, got {fmt!r}")
+    if fmt == "fp32":
+        return model
+    if model.embed.weight.dtype != torch.float32:
+        raise ValueError(f"weights: {fmt} weights take an fp32 model (activations fp32), got "
+                         f"{model.embed.weight.dtype}; load it with dtype fp32")
+    with torch.no_grad():
+        for parent in [*model.blocks.modules(), model]:
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear and (parent is not model or name == "lm_head"):
+                    setattr(parent, name, QuantLinear.from_linear(child, fmt))
+    return model

@@ -1,0 +1,162 @@
+"""One token's products with the weights, y = W x, for the decode step: fp32, bf16 or int8 weights.
+
+Decoding one token reads every weight once, and does two flops per weight read, so its time is the
+weights' bytes over the memory rate (docs/bench.md measures it). Narrower weights are read faster:
+
+* ``fp32``: the weight as it is;
+* ``bf16``: the weight rounded to bfloat16 (its top 16 bits, round to nearest even), widened back to fp32
+  exactly inside the product, so x is not rounded and the sums stay fp32;
+* ``int8``: weight-only quantisation with one scale per output channel (row),
+  s_r = max_k |W[r, k]| / 127,  q[r, k] = round(W[r, k] / s_r) in [-127, 127],  y_r = s_r sum_k q[r, k] x_k.
+
+``pack(weight, fmt)`` makes a ``PackedWeight``; ``matvec(pw, x_K, out_N)`` writes W x into ``out`` with the
+C kernel of its format (``kernels/matvec.c``, built by ``storelab.ops.compiled``), four rows per pass. The
+choice of kernel is made once, by the format, at ``pack``. Where the library cannot be built the same
+products run as tensor operations (slower, not different in meaning). ``PackedWeight.dequantize()`` is
+the fp32 weight the format stands for: a prefill (many tokens) multiplies by it with torch's matmul.
+
+Why C and not torch (measured, docs/bench.md): torch's bf16 matrix-vector product on this CPU ran at about
+a third of its fp32 rate, and ``aten._weight_int8pack_mm`` at under a tenth of it, where the point of a
+narrower weight is to be faster.
+
+Threads: ``RowSplit(threads)`` cuts the rows between a pool made once (the kernel lets go of the GIL).
+
+Shape legend: N output rows, K input width.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from storelab.ops.compiled import compiled_library, compiled_unavailable
+
+__all__ = ["FORMATS", "PackedWeight", "pack", "matvec", "bind", "RowSplit", "kernels_available"]
+
+FORMATS = ("fp32", "bf16", "int8")
+INT8_MAX = 127
+
+_P, _L = ctypes.c_void_p, ctypes.c_long
+_SIGNATURES = {f"matvec_{s}": ([_P, _P, _P, _P, _L, _L, _L], None) for s in ("f32", "bf16", "i8")}
+_SUFFIX = {"fp32": "f32", "bf16": "bf16", "int8": "i8"}
+
+
+def _library() -> ctypes.CDLL | None:
+    return compiled_library("matvec", _SIGNATURES)
+
+
+def kernels_available() -> str | None:
+    """None when the C kernels are built and loaded, else why not (the tensor form then runs)."""
+    return None if _library() is not None else (compiled_unavailable("matvec") or "not built")
+
+
+@dataclass
+class PackedWeight:
+    """A linear layer's weight [N, K] in one of ``FORMATS``, its scale per row (int8) and bias [N] (fp32)."""
+
+    fmt: str
+    data_NK: Tensor
+    scale_N: Tensor | None = None
+    bias_N: Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.data_NK.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.data_NK.shape[1]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.data_NK, self.scale_N, self.bias_N) if t is not None)
+
+    def dequantize(self) -> Tensor:
+        """The fp32 weight this format stands for."""
+        if self.fmt == "int8":
+            return self.data_NK.float() * self.scale_N[:, None]
+        return self.data_NK.float()
+
+    def kernel(self):
+        """The C function for this format, or None where the library is not built."""
+        lib = _library()
+        if lib is None:
+            return None
+        return getattr(lib, f"matvec_{_SUFFIX[self.fmt]}")
+
+
+def pack(weight_NK: Tensor, fmt: str, bias_N: Tensor | None = None) -> PackedWeight:
+    """The weight in format ``fmt`` (module docstring); a copy for bf16 and int8, the tensor itself for fp32."""
+    if fmt not in FORMATS:
+        raise ValueError(f"weights: must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    w = weight_NK.detach()
+    if w.dim() != 2 or w.device.type != "cpu":
+        raise ValueError(f"weight: a matrix on the CPU is packed, got {list(w.shape)} on {w.device}")
+    bias = None if bias_N is None else bias_N.detach().float().contiguous()
+    if fmt == "fp32":
+        return PackedWeight("fp32", w.float().contiguous(), None, bias)
+    if fmt == "bf16":
+        return PackedWeight("bf16", w.to(torch.bfloat16).contiguous(), None, bias)
+    wf = w.float()
+    amax = wf.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))  # a zero row: any scale, q = 0
+    q = torch.round(wf / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return PackedWeight("int8", q.contiguous(), scale.contiguous(), bias)
+
+
+class RowSplit:
+    """Runs ``fn(r0, r1)`` over a weight's rows on ``threads`` threads: the calling one and a pool made once."""
+
+    def __init__(self, threads: int):
+        self.threads = max(1, int(threads))
+        self._pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
+
+    def __call__(self, fn, rows: int) -> None:
+        if self._pool is None or rows < 64 * self.threads:
+            fn(0, rows)
+            return
+        n = self.threads
+        cuts = [rows * i // n // 4 * 4 for i in range(n)] + [rows]  # whole groups of four rows per thread
+        futures = [self._pool.submit(fn, cuts[i], cuts[i + 1]) for i in range(1, n)]
+        fn(cuts[0], cuts[1])
+        for f in futures:
+            f.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+
+_ONE = RowSplit(1)
+
+
+def bind(pw: PackedWeight, split: RowSplit = _ONE):
+    """``f(x_K, out_N) -> out_N``: out = W x (+ bias) for contiguous fp32 vectors, its kernel and the weight's
+    pointers taken once here (the decode step calls it for every weight of every token)."""
+    fn = pw.kernel()
+    bias = pw.bias_N
+    if fn is None:  # no C library: the same product as tensors
+        w = pw.data_NK if pw.fmt == "fp32" else pw.dequantize()
+
+        def run(x_K: Tensor, out_N: Tensor) -> Tensor:
+            torch.mv(w, x_K, out=out_N)
+            return out_N if bias is None else out_N.add_(bias)
+        return run
+    wp, K, N = pw.data_NK.data_ptr(), pw.cols, pw.rows
+    sp = None if pw.scale_N is None else pw.scale_N.data_ptr()
+
+    def run(x_K: Tensor, out_N: Tensor) -> Tensor:
+        xp, op = x_K.data_ptr(), out_N.data_ptr()
+        split(lambda r0, r1: fn(xp, wp, sp, op, K, r0, r1), N)
+        return out_N if bias is None else out_N.add_(bias)
+    return run
+
+
+def matvec(pw: PackedWeight, x_K: Tensor, out_N: Tensor, split: RowSplit = _ONE) -> Tensor:
+    """out = W x (+ bias) for a contiguous fp32 vector x [K]; returns ``out`` ([N], contiguous fp32)."""
+    return bind(pw, split)(x_K, out_N)

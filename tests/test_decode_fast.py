@@ -1,0 +1,208 @@
+"""The fast decode step (``storelab.models.decode.Decoder``) against the general path (``model(ids, cache)``),
+and the bf16 / int8 weights (``storelab.models.quant``) against fp32.
+
+Exact: after the same prefill, each step's logits equal the general path's to fp32 rounding (2e-5 of the
+logits' largest magnitude: the products' sums run in another order) and so does every tensor of the cache
+afterwards; the counters (``seen``) are equal. On every tiny zoo model (full attention, windows with sinks,
+MLA, DSA, recurrent stores, MoE, Engram, mHC: the layers the fast step does not compute run as the general
+path runs them), on a tiny Llama and a Gemma 3 (windows and global layers, sandwich norms, q/k norms) saved
+by transformers and read from their folders, and on a hybrid written here: Gated DeltaNet, a window of 4
+(the ring buffer wraps during the steps) and full attention.
+
+Quantised weights (tolerances stated): bf16 logits within 2 % and int8 within 8 % of the logits' scale of
+fp32's, and the greedy tokens of a short prompt equal fp32's for bf16 (int8: at least 6 of 8 on the tiny
+Llama, whose random weights have no margin to spare); the int8 matrix-vector kernel equals the dequantized
+weight's product to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from storelab.models.config import LayerConfig, ModelConfig
+from storelab.models.decode import Decoder
+from storelab.models.model import Model, generate, prefill
+from storelab.models.quant import QuantLinear, quantize_weights
+from storelab.ops.matvec import RowSplit, matvec, pack
+from storelab.state import _tensors
+from storelab.stores import build_store
+from storelab.zoo import load_zoo, zoo_names
+from tests.helpers import assert_close
+
+STEPS = 6
+REL = 2e-5  # of the logits' largest magnitude
+
+
+def _states(cache) -> dict:
+    """Every tensor and counter of a cache by path (a row buffer's unfilled rows are not state)."""
+    out = {}
+    for i, lay in enumerate(cache):
+        out[f"{i}.seen"] = lay.seen
+        for slot in ("token", "channel", "lookup"):
+            st = getattr(lay, slot)
+            if st is None:
+                continue
+            out[f"{i}.{slot}.seen"] = getattr(st, "seen", None)
+            for path, t in _tensors(st, f"{i}.{slot}", set()):
+                if "._rows" not in path:
+                    out[path] = t
+    return out
+
+
+def _compare(model: Model, prompt, *, steps: int = STEPS, chunk: int = 0, what: str = "") -> None:
+    """Prefill, then ``steps`` tokens by the general path and by the Decoder; logits and states equal."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        logits, ref_cache = prefill(model, prompt, chunk=chunk)
+        _, fast_cache = prefill(model, prompt, chunk=chunk)
+        dec = Decoder(model)
+        tok = logits.argmax(-1, keepdim=True)
+        for s in range(steps):
+            ref = model(tok, ref_cache)[0][:, -1]
+            got = dec.step(tok, fast_cache)
+            assert_close(got, ref, atol=REL * ref.abs().max().item(), what=f"{what} step {s} logits")
+            tok = ref.argmax(-1, keepdim=True)
+    a, b = _states(ref_cache), _states(fast_cache)
+    assert a.keys() == b.keys(), f"{what}: state fields differ"
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor) and not v.is_floating_point():
+            assert torch.equal(b[k], v), f"{what} {k}: differs"
+        elif isinstance(v, torch.Tensor):
+            assert_close(b[k], v, atol=REL * max(v.abs().max().item(), 1.0) if v.numel() else 0, what=f"{what} {k}")
+        else:
+            assert b[k] == v, f"{what} {k}: {b[k]} != {v}"
+
+
+def _tiny(name: str) -> Model:
+    torch.manual_seed(0)
+    return Model(load_zoo(name, tiny=True)).eval()
+
+
+@pytest.mark.parametrize("name", zoo_names())
+def test_zoo_models_fast_step_equals_general_path(name):
+    model = _tiny(name)
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, 11), generator=torch.Generator().manual_seed(1))
+    _compare(model, prompt, chunk=4, what=name)
+
+
+def _hybrid() -> Model:
+    """Gated DeltaNet, a window of 4 with sinks (the ring wraps during the steps) and full GQA attention."""
+    D = 32
+    ffn = {"kind": "ffn", "d_model": D, "d_ff": 48}
+    rec = build_store({"kind": "gated_deltanet", "d_model": D, "n_heads": 2, "head_k_dim": 8})
+    win = build_store({"kind": "window", "d_model": D, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "window": 4,
+                       "sink": True, "qk_norm": True})
+    full = build_store({"kind": "attention", "d_model": D, "n_heads": 4, "n_kv_heads": 1, "head_dim": 8,
+                        "v_head_dim": 12, "qkv_bias": True})
+    depth = build_store({"kind": "residual", "d_model": D})
+    layers = [LayerConfig(token=t, channel=build_store(ffn), depth=depth) for t in (rec, win, full, win)]
+    cfg = ModelConfig(name="hybrid", d_model=D, vocab_size=64, layers=layers)
+    torch.manual_seed(0)
+    model = Model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # norms and sinks away from their initial ones, so each shows
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def test_hybrid_with_recurrent_state_and_window_cache():
+    model = _hybrid()
+    dec = Decoder(model)
+    assert dec.fast_layers() == 4  # the recurrent layer's store runs generically inside a fast layer
+    prompt = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(2))
+    _compare(model, prompt, steps=9, chunk=3, what="hybrid")
+
+
+def test_hybrid_from_an_empty_cache():
+    """The first step of all (no prefill): every state made by the step itself."""
+    model = _hybrid()
+    with torch.no_grad():
+        ref = model(torch.tensor([[5]]))[0][:, -1]
+        got = Decoder(model).step(torch.tensor([[5]]), model.new_cache())
+    assert_close(got, ref, atol=REL * ref.abs().max().item(), what="first step")
+
+
+# -- models read from transformers folders -------------------------------------------------------------
+TINY_HF = {
+    "llama": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=96, vocab_size=128, max_position_embeddings=256, tie_word_embeddings=True),
+    "gemma3_text": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        intermediate_size=96, vocab_size=128, max_position_embeddings=512, sliding_window=6,
+                        query_pre_attn_scalar=24, sliding_window_pattern=2, rope_theta=10000.0,
+                        rope_local_base_freq=100.0, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    from tests.family_harness import tiny_hf
+
+    made = {}
+
+    def get(model_type: str):
+        if model_type not in made:
+            d = tmp_path_factory.mktemp(model_type)
+            tiny_hf(model_type, TINY_HF[model_type], perturb=0.3).save_pretrained(d)
+            made[model_type] = d
+        return made[model_type]
+    return get
+
+
+def _load(folder, **kw):
+    from storelab.checkpoint import load
+
+    return load(folder, dtype="fp32", **kw).eval()
+
+
+@pytest.mark.parametrize("model_type", list(TINY_HF))
+def test_hf_folder_fast_step_equals_general_path(model_type, hf_folder):
+    model = _load(hf_folder(model_type))
+    assert Decoder(model).fast_layers() == model.cfg.n_layers
+    prompt = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(3))
+    _compare(model, prompt, steps=8, chunk=4, what=model_type)
+
+
+def test_generate_fast_equals_general(hf_folder):
+    model = _load(hf_folder("gemma3_text"))
+    prompt = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(4))
+    fast, _ = generate(model, prompt, 10, chunk=4)
+    slow, _ = generate(model, prompt, 10, chunk=4, fast=False)
+    assert torch.equal(fast, slow)
+
+
+# -- bf16 and int8 weights ---------------------------------------------------------------------------------------
+def test_int8_kernel_equals_dequantized_product():
+    g = torch.Generator().manual_seed(5)
+    w, x, b = torch.randn(203, 77, generator=g), torch.randn(77, generator=g), torch.randn(203, generator=g)
+    for fmt in ("fp32", "bf16", "int8"):
+        pw = pack(w, fmt, b)
+        for threads in (1, 2):
+            out = matvec(pw, x, torch.empty(203), RowSplit(threads))
+            ref = pw.dequantize().double() @ x.double() + b.double()
+            assert_close(out, ref.float(), atol=1e-5 * ref.abs().max().item(), what=f"{fmt} x{threads}")
+    q = pack(w, "int8")
+    assert q.data_NK.dtype == torch.int8 and q.data_NK.abs().max() == 127
+    assert_close(q.dequantize(), w, atol=(w.abs().amax(1) / 127 / 2).max().item() * 1.0001, what="int8 rounding")
+
+
+@pytest.mark.parametrize("fmt,within,tokens", [("bf16", 0.02, 8), ("int8", 0.08, 6)])
+def test_quantized_weights_against_fp32(fmt, within, tokens, hf_folder):
+    ref_model = _load(hf_folder("llama"))
+    model = quantize_weights(_load(hf_folder("llama")), fmt)
+    n_q = sum(isinstance(m, QuantLinear) for m in model.modules())
+    assert n_q == 7 * 3 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
+    prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        ref = ref_model(prompt)[0]
+        got = model(prompt)[0]
+    assert_close(got, ref, atol=within * ref.abs().max().item(), what=f"{fmt} prefill logits")
+    _compare(model, prompt, chunk=5, what=f"{fmt} fast step")  # the fast step on packed weights: exact again
+    a, _ = generate(ref_model, prompt, 8)
+    b, _ = generate(model, prompt, 8)
+    assert int((a == b).sum()) >= tokens, f"{fmt}: greedy tokens {b.tolist()} against fp32's {a.tolist()}"
+
+
+def test_quantize_refuses_other_formats():
+    with pytest.raises(ValueError, match="weights"):
+        quantize_weights(_tiny("qwen3.8"), "int4")
