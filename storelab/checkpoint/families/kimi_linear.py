@@ -37,12 +37,14 @@ built; ``vision_params`` counts them apart, from the config, and the model's not
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from storelab.checkpoint.families._common import (layer_prefix, model_config,
-                                                  base_entries, check_act, field, gated_mlp, linear,
-                                                  mla_entries, routed_moe, unsupported)
+from storelab.checkpoint.families._common import (model_config, base_entries, gated_mlp, linear, mla_entries,
+                                                  routed_moe, unsupported)
 from storelab.checkpoint.families._family import Family, fixed
+from storelab.checkpoint.families._reader import Fields
 from storelab.checkpoint.table import Src, copy
 
 NAME = "kimi_linear"
@@ -51,23 +53,11 @@ WRAPPERS = ("kimi_k3",)  # multimodal: the text model under text_config
 IGNORED = (r"rotary_emb\.",)
 
 
-def _first(hf: dict, *keys, default=None):
-    for k in keys:
-        if hf.get(k) is not None:
-            return hf[k]
-    if default is None:
-        raise unsupported(keys[0], None, "missing from config.json")
-    return default
-
-
-def text_config(hf: dict) -> dict:
+def text_config(hf: dict) -> Fields:
     """The text model's fields: a wrapper's ``text_config``, else the config itself."""
     if hf.get("model_type") in WRAPPERS:
-        t = field(hf, "text_config")
-        if not isinstance(t, dict):
-            raise unsupported("text_config", t, "expected the text model's config (a JSON object)")
-        return t
-    return hf
+        return Fields(hf).sub("text_config")
+    return Fields(hf)
 
 
 def vision_params(hf: dict) -> int:
@@ -80,19 +70,53 @@ def vision_params(hf: dict) -> int:
     ``patch_embed_proj_bias`` false). The projector merges ``merge_kernel_size`` patches, W = prod x
     vt_hidden_size: ``[W, W]``, ``[text_hidden_size, W]`` and a norm of ``text_hidden_size``.
     """
-    v = hf.get("vision_config")
-    if not v:
+    if not hf.get("vision_config"):
         return 0
+    v = Fields(hf).sub("vision_config")
     for k in ("linear_bias", "attn_bias", "patch_embed_proj_bias"):
-        if v.get(k):
-            raise unsupported(f"vision_config.{k}", v[k], "biases in the vision tower are not counted")
-    V, L, Q, I = (field(v, k) for k in ("vt_hidden_size", "vt_num_hidden_layers", "qkv_hidden_size",
-                                        "vt_intermediate_size"))
-    P, text = field(v, "patch_size"), field(v, "text_hidden_size")
-    W = V * int(torch.tensor(field(v, "merge_kernel_size")).prod())
+        if v.bool(k, default=False):
+            raise v._err(k, "true is not supported (biases in the vision tower are not counted)")
+    V, L, Q, I, P, text = (v.int(k, minimum=1) for k in ("vt_hidden_size", "vt_num_hidden_layers", "qkv_hidden_size",
+                                                         "vt_intermediate_size", "patch_size", "text_hidden_size"))
+    merge = v.list("merge_kernel_size")
+    for j, x in enumerate(merge):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise v._err(f"merge_kernel_size[{j}]", f"must be an integer >= 1, got {x!r}")
+    W = V * math.prod(merge)
     block = 3 * Q * V + V * Q + 2 * V * I + 2 * V
-    tower = L * block + V + field(v, "init_pos_emb_height") * field(v, "init_pos_emb_width") * V + V * 3 * P * P
+    tower = L * block + V + v.int("init_pos_emb_height") * v.int("init_pos_emb_width") * V + V * 3 * P * P
     return tower + W * W + text * W + text
+
+
+def token_types(t: Fields, lin: Fields, n: int) -> list[str]:
+    """``layer_types`` (transformers'), else Moonshot's 1-based ``linear_attn_config.kda_layers`` (and
+    ``full_attn_layers``: a layer named in both is refused)."""
+    if t.has("layer_types"):
+        types = t.list("layer_types", n=n)
+    else:
+        kda = set(lin.layers("kda_layers", n=n, base=1, default=[]))
+        both = kda & set(lin.layers("full_attn_layers", n=n, base=1, default=[]))
+        if both:
+            raise lin._err("kda_layers", f"layer {min(both)} is also in {lin.name('full_attn_layers')} "
+                                         f"(a layer is one or the other)")
+        types = ["linear_attention" if i + 1 in kda else "full_attention" for i in range(n)]
+    for i, x in enumerate(types):
+        if x not in ("linear_attention", "full_attention"):
+            raise t._err(f"layer_types[{i}]", f"{x!r} is not supported (Kimi Linear has linear_attention and "
+                                              f"full_attention)")
+    return types
+
+
+def channel_types(t: Fields, n: int) -> list[str]:
+    """``mlp_layer_types``, else the first ``first_k_dense_replace`` layers (default 1) dense."""
+    if t.has("mlp_layer_types"):
+        types = t.list("mlp_layer_types", n=n)
+        for i, x in enumerate(types):
+            if x not in ("dense", "sparse"):
+                raise t._err(f"mlp_layer_types[{i}]", f"must be 'dense' or 'sparse', got {x!r}")
+        return types
+    first = t.int("first_k_dense_replace", default=1)
+    return ["dense" if i < first else "sparse" for i in range(n)]
 
 
 def to_config(hf: dict):
@@ -104,72 +128,70 @@ def to_config(hf: dict):
     from storelab.stores.recurrent import KDAConfig
 
     t = text_config(hf)
-    if t.get("hidden_act") != "situ":  # Kimi K3's SiTU-GLU: SwiGLU shapes (see the module docstring)
-        check_act(t)
-    router = t.get("moe_router_activation_func", "sigmoid")
+    act = t.str("hidden_act", default="silu")
+    if act not in ("silu", "situ"):  # Kimi K3's SiTU-GLU: SwiGLU shapes (see the module docstring)
+        raise t._err("hidden_act", f"{act!r} is not supported (only silu is implemented for this family)")
+    router = t.str("moe_router_activation_func", default="sigmoid")
     if router != "sigmoid":
-        raise unsupported("moe_router_activation_func", router, "Kimi's router is sigmoid")
-    n, D = field(t, "num_hidden_layers"), field(t, "hidden_size")
-    lin = t.get("linear_attn_config") or {}
-    types = t.get("layer_types")
-    if types is None:
-        kda = set(lin.get("kda_layers", []))
-        types = ["linear_attention" if i + 1 in kda else "full_attention" for i in range(n)]
-    mlp_types = t.get("mlp_layer_types") or ["dense" if i < t.get("first_k_dense_replace", 1) else "sparse"
-                                             for i in range(n)]
-    n_group, topk_group = _first(t, "num_expert_group", "n_group", default=1), _first(t, "topk_group", default=1)
+        raise t._err("moe_router_activation_func", f"{router!r} is not supported (Kimi's router is sigmoid)")
+    n, D = t.int("num_hidden_layers", minimum=1), t.int("hidden_size", minimum=1)
+    lin = t.sub("linear_attn_config", default={})
+    types, mlp = token_types(t, lin, n), channel_types(t, n)
+    n_group = t.int("num_expert_group", "n_group", default=1, minimum=1)
+    topk_group = t.int("topk_group", default=1, minimum=1)
     if n_group > 1 and topk_group < n_group:
-        raise unsupported("topk_group", topk_group, f"grouped routing ({n_group} groups) is not implemented")
-    if field(t, "attention_bias", False):
-        raise unsupported("attention_bias", True, "our MLA projections have no biases")
-    latent = t.get("routed_expert_hidden_size")
-    if latent is not None and not t.get("latent_moe_use_norm", True):
-        raise unsupported("latent_moe_use_norm", False, "the latent experts' RMSNorm is always applied")
-    eps = field(t, "rms_norm_eps", 1e-5)
-    K = _first(t, "linear_head_dim", default=lin.get("head_dim"))
-    block = t.get("attn_res_block_size")
+        raise t._err("topk_group", f"{topk_group} is not supported (grouped routing ({n_group} groups) is not "
+                                   f"implemented)")
+    if t.bool("attention_bias", default=False):
+        raise t._err("attention_bias", "true is not supported (our MLA projections have no biases)")
+    latent = t.int("routed_expert_hidden_size", default=None, minimum=1)
+    if latent is not None and not t.bool("latent_moe_use_norm", default=True):
+        raise t._err("latent_moe_use_norm", "false is not supported (the latent experts' RMSNorm is always applied)")
+    eps = t.float("rms_norm_eps", default=1e-5, positive=True)
+    block = t.int("attn_res_block_size", default=None, minimum=1)
     depth = ResidualConfig(d_model=D) if block is None else AttnResConfig(d_model=D, group_size=block)
     layers = []
     for i in range(n):
         if types[i] == "linear_attention":
-            token = KDAConfig(d_model=D, n_heads=_first(t, "linear_num_heads", default=lin.get("num_heads")),
-                              head_k_dim=K, head_v_dim=K, gate_rank=K, gate_lower_bound=lin.get("gate_lower_bound"),
-                              full_rank_output_gate=bool(lin.get("use_full_rank_gate", False)),
-                              conv_kernel=_first(t, "linear_conv_kernel_dim",
-                                                 default=lin.get("short_conv_kernel_size")),
-                              norm_eps=eps)
-        elif types[i] == "full_attention":
-            token = MLAConfig(d_model=D, n_heads=field(t, "num_attention_heads"),
-                              kv_lora_rank=field(t, "kv_lora_rank"),
-                              qk_nope_head_dim=field(t, "qk_nope_head_dim"),
-                              qk_rope_head_dim=field(t, "qk_rope_head_dim"), v_head_dim=field(t, "v_head_dim"),
-                              q_lora_rank=t.get("q_lora_rank"), use_rope=False,
-                              output_gate=bool(t.get("mla_use_output_gate", False)), norm_eps=1e-6)
+            K = t.int("linear_head_dim", minimum=1) if t.has("linear_head_dim") else lin.int("head_dim", minimum=1)
+            H = t.int("linear_num_heads", minimum=1) if t.has("linear_num_heads") else lin.int("num_heads", minimum=1)
+            W = (t.int("linear_conv_kernel_dim", minimum=1) if t.has("linear_conv_kernel_dim")
+                 else lin.int("short_conv_kernel_size", minimum=1))
+            token = KDAConfig(d_model=D, n_heads=H, head_k_dim=K, head_v_dim=K, gate_rank=K,
+                              gate_lower_bound=lin.float("gate_lower_bound", default=None),
+                              full_rank_output_gate=lin.bool("use_full_rank_gate", default=False),
+                              conv_kernel=W, norm_eps=eps)
         else:
-            raise unsupported(f"layer_types[{i}]", types[i], "Kimi Linear has linear_attention and full_attention")
-        if mlp_types[i] == "dense":
-            channel = FFNConfig(d_model=D, d_ff=field(t, "intermediate_size"))
+            token = MLAConfig(d_model=D, n_heads=t.int("num_attention_heads", minimum=1),
+                              kv_lora_rank=t.int("kv_lora_rank", minimum=1),
+                              qk_nope_head_dim=t.int("qk_nope_head_dim", minimum=1),
+                              qk_rope_head_dim=t.int("qk_rope_head_dim"), v_head_dim=t.int("v_head_dim", minimum=1),
+                              q_lora_rank=t.int("q_lora_rank", default=None, minimum=1), use_rope=False,
+                              output_gate=t.bool("mla_use_output_gate", default=False), norm_eps=1e-6)
+        if mlp[i] == "dense":
+            channel = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", minimum=1))
         else:
-            channel = MoEConfig(d_model=D, n_experts=_first(t, "num_experts", "n_routed_experts"),
-                                top_k=_first(t, "num_experts_per_token", "num_experts_per_tok"),
-                                d_expert=field(t, "moe_intermediate_size"), router="sigmoid", router_bias=True,
-                                norm_topk_prob=bool(_first(t, "moe_renormalize", "norm_topk_prob", default=True)),
-                                routed_scaling=float(field(t, "routed_scaling_factor", 1.0)),
-                                n_shared=_first(t, "num_shared_experts", "n_shared_experts", default=0),
-                                d_shared=field(t, "moe_intermediate_size"), latent_dim=latent, norm_eps=eps)
+            channel = MoEConfig(d_model=D, n_experts=t.int("num_experts", "n_routed_experts", minimum=1),
+                                top_k=t.int("num_experts_per_token", "num_experts_per_tok", minimum=1),
+                                d_expert=t.int("moe_intermediate_size", minimum=1), router="sigmoid",
+                                router_bias=True,
+                                norm_topk_prob=t.bool("moe_renormalize", "norm_topk_prob", default=True),
+                                routed_scaling=t.float("routed_scaling_factor", default=1.0, positive=True),
+                                n_shared=t.int("num_shared_experts", "n_shared_experts", default=0),
+                                d_shared=t.int("moe_intermediate_size"), latent_dim=latent, norm_eps=eps)
         layers.append(LayerConfig(token=token, channel=channel, depth=depth))
     vision = vision_params(hf)
     notes = (f"vision tower and projector (vision_config; not built, counted apart): {vision:,} parameters"
              if vision else "")
     cfg = model_config(hf, t, name="kimi-linear", title="Kimi Linear (checkpoint)", d_model=D, layers=layers,
-                       norm_eps=eps, context=_first(t, "model_max_length", "max_position_embeddings", default=0))
+                       norm_eps=eps, context=t.int("model_max_length", "max_position_embeddings", default=0))
     cfg.notes = notes
     return cfg
 
 
 def runs(hf: dict) -> None:
     """Kimi K3's SiTU-GLU has no storelab activation: its config is accounted, not run."""
-    if text_config(hf).get("hidden_act") == "situ":
+    if text_config(hf).str("hidden_act", default="silu") == "situ":
         raise unsupported("hidden_act", "situ", "SiTU-GLU has no storelab activation: Kimi K3 is read for "
                           "accounting only (storelab models / memory --checkpoint), its weights are not loaded")
 
