@@ -88,3 +88,69 @@ def test_cohere_qk_norm_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(COMMON, model_type="cohere", use_qk_norm=True)))
     with pytest.raises(CheckpointError, match=r"use_qk_norm: true is not supported"):
         read_model_config(tmp_path)
+
+
+# image-text wrappers: transformers' model built whole (a one-block vision tower), the text model compared
+VISION = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
+              deepstack_visual_indexes=[0])
+WRAPPED = {
+    "qwen3_vl": dict(COMMON, head_dim=16),
+    "qwen3_vl_moe": dict(COMMON, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24),
+}
+
+
+@pytest.fixture(scope="module")
+def wrapped(tmp_path_factory):
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    built = {}
+
+    def get(name):
+        if name not in built:
+            torch.manual_seed(0)
+            cfg = AutoConfig.for_model(name, text_config=WRAPPED[name], vision_config=VISION)
+            hf = AutoModelForImageTextToText.from_config(cfg).eval()
+            g = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for t in hf.state_dict().values():
+                    if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
+                        t.add_(0.3 * torch.randn(t.shape, generator=g))
+            d = tmp_path_factory.mktemp(name)
+            hf.save_pretrained(d)
+            built[name] = (hf, d)
+        return built[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(WRAPPED))
+def test_wrapped_text_equals_transformers(name, wrapped):
+    hf, folder = wrapped(name)
+    check_logits(hf, folder, what=name, splits=SPLITS_A)
+    check_bf16(hf, folder, what=name)
+    check_cache(hf, folder, 17)
+    check_counts(hf, folder, leave_out=("visual",))
+
+
+def test_qwen3_vl_moe_published_expert_layout(wrapped, tmp_path):
+    """The published files' experts ([E, D, 2I], [E, I, D]) read to the same model as transformers' own save."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    hf, folder = wrapped("qwen3_vl_moe")
+    for f in folder.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    state = load_file(tmp_path / "model.safetensors")
+    turned = {k: v.transpose(1, 2).contiguous() if ".mlp.experts." in k else v for k, v in state.items()}
+    assert any(turned[k].shape != v.shape for k, v in state.items())
+    save_file(turned, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    import torch
+
+    from storelab.checkpoint import load
+    from tests.family_harness import ids_of
+
+    ids = ids_of(9)
+    with torch.no_grad():  # the same as the file transformers wrote (whose model other tests cast to bf16 and back)
+        assert torch.equal(load(tmp_path)(ids)[0], load(folder)(ids)[0])
