@@ -31,10 +31,9 @@ for running, naming the field. The MTP layers (``mtp.*``, ``layers.<n>``, the ex
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (layer_prefix, model_config,
-                                                  beyond_layers, check_act, either, experts, field, linear, rope,
-                                                  unsupported)
+from storelab.checkpoint.families._common import model_config, beyond_layers, either, experts, linear, unsupported
 from storelab.checkpoint.families._family import Family
+from storelab.checkpoint.families._reader import Fields, scaling_numbers
 from storelab.checkpoint.table import Src, copy
 
 NAME = "deepseek_v4"
@@ -43,54 +42,87 @@ KINDS = {"compressed_sparse_attention": "csa", "heavily_compressed_attention": "
 
 
 def ignored(hf: dict) -> tuple[str, ...]:
-    n = field(hf, "num_hidden_layers")
+    n = Fields(hf).int("num_hidden_layers", minimum=1)
     return (r"^(model\.)?mtp\.", beyond_layers(n, r"^(?:model\.)?layers\."), r"rotary_emb\.")
 
 
 RATIO_TO_TYPE = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
 
 
-def normalized(hf: dict) -> dict:
-    """The config with transformers' defaults and legacy keys resolved (``DeepseekV4Config.__post_init__``)."""
-    hf = dict(hf)
-    n = field(hf, "num_hidden_layers")
-    rates = dict(hf.get("compress_rates") or {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128})
-    if hf.get("compress_rate_csa") is not None:
-        rates["compressed_sparse_attention"] = hf["compress_rate_csa"]
-    if hf.get("compress_rate_hca") is not None:
-        rates["heavily_compressed_attention"] = hf["compress_rate_hca"]
-    hf["compress_rates"] = rates
-    if hf.get("layer_types") is None and hf.get("compress_ratios") is not None:
-        hf["layer_types"] = [RATIO_TO_TYPE[r] for r in hf["compress_ratios"]]
-    if hf.get("layer_types") is None:
-        hf["layer_types"] = (["heavily_compressed_attention"] * min(n, 2) +
-                             ["compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
-                              for i in range(max(n - 2, 0))])
-    if hf.get("mlp_layer_types") is None:
-        n_hash = hf.get("num_hash_layers", 3)
-        hf["mlp_layer_types"] = ["hash_moe"] * min(n, n_hash) + ["moe"] * max(0, n - n_hash)
-    if hf.get("partial_rotary_factor") is None:
-        rope_dim = hf.get("qk_rope_head_dim")
-        hf["partial_rotary_factor"] = rope_dim / field(hf, "head_dim") if rope_dim is not None else 64 / 512
-    return hf
+def compress_rates(t: Fields) -> dict[str, int]:
+    """Each compressed kind's rate: ``compress_rates``, the release's ``compress_rate_csa`` / ``_hca``,
+    else transformers' defaults (4 and 128)."""
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+    if t.has("compress_rates"):
+        given = t.sub("compress_rates")
+        rates.update({k: given.int(k, minimum=1) for k in given.d if k in rates})
+    for kind, key in (("compressed_sparse_attention", "compress_rate_csa"),
+                      ("heavily_compressed_attention", "compress_rate_hca")):
+        if t.has(key):
+            rates[kind] = t.int(key, minimum=1)
+    return rates
 
 
-def _compress_rope(hf: dict) -> dict:
+def token_types(t: Fields, n: int) -> list[str]:
+    """``layer_types``; else the release's ``compress_ratios`` (0 a window, 4 CSA, 128 HCA); else
+    transformers' default (two HCA layers, then CSA and HCA in turn)."""
+    if t.has("layer_types"):
+        key, types = "layer_types", t.list("layer_types", n=n)
+    elif t.has("compress_ratios"):
+        key, types = "compress_ratios", []
+        for i, r in enumerate(t.list("compress_ratios", n=n)):
+            if isinstance(r, bool) or r not in RATIO_TO_TYPE:
+                raise t._err(f"compress_ratios[{i}]", f"must be one of {', '.join(map(str, RATIO_TO_TYPE))}, got {r!r}")
+            types.append(RATIO_TO_TYPE[r])
+    else:
+        return (["heavily_compressed_attention"] * min(n, 2) +
+                ["compressed_sparse_attention" if i % 2 else "heavily_compressed_attention" for i in range(n - 2)])
+    for i, x in enumerate(types):
+        if x not in TYPES:
+            raise t._err(f"{key}[{i}]", f"{x!r} is not supported (DeepSeek-V4 has {', '.join(TYPES)})")
+    return types
+
+
+def channel_types(t: Fields, n: int) -> list[str]:
+    """``mlp_layer_types``; else the first ``num_hash_layers`` (3) hash-routed, the rest routed by score."""
+    if t.has("mlp_layer_types"):
+        return t.list("mlp_layer_types", n=n)
+    n_hash = t.int("num_hash_layers", default=3)
+    return ["hash_moe"] * min(n, n_hash) + ["moe"] * max(0, n - n_hash)
+
+
+def rope_dim(t: Fields, compress: Fields, C: int) -> int:
+    """The rotated channels of a head: ``partial_rotary_factor`` (the compressed layers' rope parameters',
+    else the config's) x ``head_dim``, else ``qk_rope_head_dim`` (else 64 of 512), an even count no more
+    than the head."""
+    t = compress if compress.has("partial_rotary_factor") else t
+    if t.has("partial_rotary_factor"):
+        key, R = "partial_rotary_factor", int(C * t.float("partial_rotary_factor", minimum=0.0, maximum=1.0))
+    else:
+        key, R = "qk_rope_head_dim", t.int("qk_rope_head_dim", default=C * 64 // 512)
+    if R % 2 or R > C:
+        raise t._err(key, f"gives {R} rotated channels of head_dim {C}: must be an even count no more than the head")
+    return R
+
+
+def _compress_rope(t: Fields) -> Fields:
     """The compressed layers' rope parameters: transformers' ``rope_parameters.compress``, or the release's
     ``compress_rope_theta`` with its top-level scaling (``rope_scaling``; ``rope_parameters`` flat)."""
-    rp = field(hf, "rope_parameters", {}) or {}
-    if isinstance(rp.get("compress"), dict):
-        return rp["compress"]
-    scaling = hf.get("rope_scaling") or {k: v for k, v in rp.items() if k != "main"}
-    return {**{k: v for k, v in scaling.items() if k != "rope_theta"},
-            "rope_theta": field(hf, "compress_rope_theta", 160000.0),
-            "partial_rotary_factor": normalized(hf)["partial_rotary_factor"]}
+    rp = t.sub("rope_parameters", default={})
+    if isinstance(rp.d.get("compress"), dict):
+        return rp.sub("compress")
+    sc = t.sub("rope_scaling") if t.has("rope_scaling") else rp
+    d = {k: v for k, v in sc.d.items() if k not in ("rope_theta", "main")}
+    d["rope_theta"] = t.float("compress_rope_theta", default=160000.0, positive=True)
+    return Fields(d, t.where, "compress_rope_theta." if t.has("compress_rope_theta") else sc.prefix)
 
 
 def runs(hf: dict) -> None:
     """A config whose compressed layers scale their RoPE (the releases' YaRN) is accounted, not run."""
-    compress = _compress_rope(hf)
-    kind = compress.get("rope_type", compress.get("type", "default"))
+    t = Fields(hf)
+    compress = _compress_rope(t)
+    kind = compress.str("rope_type", "type", default="default")
     if kind != "default":
         where = "rope_scaling.type" if hf.get("rope_scaling") else "rope_parameters.compress.rope_type"
         raise unsupported(where, kind, "the compressed layers' RoPE scaling is not implemented: this config is "
@@ -104,52 +136,62 @@ def to_config(hf: dict):
     from storelab.stores.moe import MoEConfig
     from storelab.stores.v4_window import V4WindowConfig
 
-    hf = normalized(hf)
-    check_act(hf)
-    n, D = field(hf, "num_hidden_layers"), field(hf, "hidden_size")
-    if field(hf, "attention_bias", False) or field(hf, "mlp_bias", False):
-        raise unsupported("attention_bias", True, "DeepSeek-V4's projections have no biases")
-    compress = _compress_rope(hf)
-    theta, partial = rope({k: v for k, v in compress.items() if k not in ("rope_type", "type")},
-                          where="rope_parameters.compress")  # its scaling: accounted, refused by runs()
-    rp = field(hf, "rope_parameters", {}) or {}
-    C = field(hf, "head_dim")
-    eps = field(hf, "rms_norm_eps", 1e-6)
-    rates = field(hf, "compress_rates")
-    common = dict(d_model=D, n_heads=field(hf, "num_attention_heads"), head_dim=C, rope_dim=int(C * partial),
-                  q_lora=field(hf, "q_lora_rank"), o_groups=field(hf, "o_groups"), o_lora=field(hf, "o_lora_rank"),
-                  window=field(hf, "sliding_window"), rope_theta=theta, eps=eps)
-    main = rp.get("main") or {"rope_theta": field(hf, "rope_theta", 10000.0)}
-    main_theta, _ = rope(main, where="rope_parameters.main")
-    if field(hf, "num_key_value_heads", 1) != 1:
-        raise unsupported("num_key_value_heads", hf["num_key_value_heads"], "V4 attention has one shared KV head")
-    depth = MHCConfig(d_model=D, n_streams=field(hf, "hc_mult"), sinkhorn_iters=field(hf, "hc_sinkhorn_iters"),
-                      eps=field(hf, "hc_eps", 1e-6), norm_eps=eps)
-    E, k = field(hf, "n_routed_experts"), field(hf, "num_experts_per_tok")
-    moe = dict(d_model=D, n_experts=E, top_k=k, d_expert=field(hf, "moe_intermediate_size"),
-               router=field(hf, "scoring_func", "sqrtsoftplus"), norm_topk_prob=True,
-               routed_scaling=float(field(hf, "routed_scaling_factor", 1.0)), n_shared=1,
-               d_shared=field(hf, "moe_intermediate_size"), swiglu_limit=field(hf, "swiglu_limit", None))
+    t = Fields(hf)
+    act = t.str("hidden_act", default="silu")
+    if act != "silu":
+        raise t._err("hidden_act", f"{act!r} is not supported (only silu is implemented for this family)")
+    n, D = t.int("num_hidden_layers", minimum=1), t.int("hidden_size", minimum=1)
+    for key in ("attention_bias", "mlp_bias"):
+        if t.bool(key, default=False):
+            raise t._err(key, "true is not supported (DeepSeek-V4's projections have no biases)")
+    compress = _compress_rope(t)
+    theta = compress.float("rope_theta", positive=True)  # its scaling: accounted, refused by runs()
+    if compress.has("rope_type", "type"):
+        scaling_numbers(compress)
+    rp = t.sub("rope_parameters", default={})
+    C = t.int("head_dim", minimum=1)
+    eps = t.float("rms_norm_eps", default=1e-6, positive=True)
+    rates = compress_rates(t)
+    common = dict(d_model=D, n_heads=t.int("num_attention_heads", minimum=1), head_dim=C,
+                  rope_dim=rope_dim(t, compress, C),
+                  q_lora=t.int("q_lora_rank", minimum=1), o_groups=t.int("o_groups", minimum=1),
+                  o_lora=t.int("o_lora_rank", minimum=1), window=t.int("sliding_window", minimum=1),
+                  rope_theta=theta, eps=eps)
+    main = rp.sub("main") if isinstance(rp.d.get("main"), dict) else t
+    kind = main.str("rope_type", "type", default="default") if main is not t else "default"
+    if kind != "default":
+        raise main._err("rope_type", f"{kind!r} is not supported (only plain RoPE is implemented)")
+    main_theta = main.float("rope_theta", default=10000.0, positive=True)
+    if t.int("num_key_value_heads", default=1) != 1:
+        raise t._err("num_key_value_heads", f"{t.d['num_key_value_heads']!r} is not supported (V4 attention has "
+                                            f"one shared KV head)")
+    depth = MHCConfig(d_model=D, n_streams=t.int("hc_mult", minimum=1),
+                      sinkhorn_iters=t.int("hc_sinkhorn_iters", minimum=1),
+                      eps=t.float("hc_eps", default=1e-6, minimum=0.0), norm_eps=eps)
+    moe = dict(d_model=D, n_experts=t.int("n_routed_experts", minimum=1), top_k=t.int("num_experts_per_tok", minimum=1),
+               d_expert=t.int("moe_intermediate_size", minimum=1),
+               router=t.str("scoring_func", default="sqrtsoftplus"), norm_topk_prob=True,
+               routed_scaling=t.float("routed_scaling_factor", default=1.0, positive=True), n_shared=1,
+               d_shared=t.int("moe_intermediate_size"),
+               swiglu_limit=t.float("swiglu_limit", default=None, positive=True))
+    types, mlp = token_types(t, n), channel_types(t, n)
     layers = []
     for i in range(n):
-        t = field(hf, "layer_types")[i]
-        if t == "compressed_sparse_attention":
-            s = rates[t]
-            token = CSAConfig(pool=2 * s, stride=s, index_heads=field(hf, "index_n_heads"),
-                              index_head_dim=field(hf, "index_head_dim"), index_topk=field(hf, "index_topk"), **common)
-        elif t == "heavily_compressed_attention":
-            token = HCAConfig(pool=rates[t], **common)
-        elif t == "sliding_attention":
-            token = V4WindowConfig(**{**common, "rope_theta": main_theta})
+        if types[i] == "compressed_sparse_attention":
+            s = rates[types[i]]
+            token = CSAConfig(pool=2 * s, stride=s, index_heads=t.int("index_n_heads", minimum=1),
+                              index_head_dim=t.int("index_head_dim", minimum=1),
+                              index_topk=t.int("index_topk", minimum=1), **common)
+        elif types[i] == "heavily_compressed_attention":
+            token = HCAConfig(pool=rates[types[i]], **common)
         else:
-            raise unsupported(f"layer_types[{i}]", t, "DeepSeek-V4 has sliding_attention, compressed_sparse_attention "
-                              "and heavily_compressed_attention")
-        if field(hf, "mlp_layer_types")[i] == "hash_moe":
-            channel = MoEConfig(routing="hash", vocab_size=field(hf, "vocab_size"), **moe)
+            token = V4WindowConfig(**{**common, "rope_theta": main_theta})
+        if mlp[i] == "hash_moe":
+            channel = MoEConfig(routing="hash", vocab_size=t.int("vocab_size", minimum=1), **moe)
         else:
             channel = MoEConfig(router_bias=True, **moe)
         layers.append(LayerConfig(token=token, channel=channel, depth=depth))
-    return model_config(hf, hf, name="deepseek-v4", title="DeepSeek-V4 (checkpoint)", d_model=D, layers=layers,
+    return model_config(hf, t, name="deepseek-v4", title="DeepSeek-V4 (checkpoint)", d_model=D, layers=layers,
                         norm_eps=eps)
 
 
