@@ -37,6 +37,7 @@ TINY = {
     "cohere": ("cohere", dict(COMMON, attention_bias=True, logit_scale=0.5)),
     "internlm3": ("internlm3", dict(COMMON, head_dim=16, attention_bias=True, mlp_bias=True)),
     "iquestcoder": ("iquestcoder", dict(COMMON, head_dim=16)),
+    "ernie4_5": ("ernie4_5", dict(COMMON, head_dim=16)),
 }
 
 saved = saved_fixture({k: v[1] for k, v in TINY.items()}, lambda name: TINY[name][0], perturb=0.3)

@@ -1,5 +1,5 @@
-"""ERNIE 4.5 MoE (Baidu, ERNIE 4.5 technical report, 2025; ``ernie4_5_moe``): GQA attention with RoPE on
-interleaved channel pairs (2i, 2i + 1; ``rope_interleaved``), no biases (``use_bias`` false), tied
+"""ERNIE 4.5 MoE and dense (Baidu, ERNIE 4.5 technical report, 2025; ``ernie4_5_moe``, ``ernie4_5``: no experts):
+GQA attention with RoPE on interleaved channel pairs (2i, 2i + 1; ``rope_interleaved``), no biases (``use_bias`` false), tied
 embeddings by default, a dense SwiGLU of ``intermediate_size`` on the layers outside the experts'
 range, and on layer i a mixture of experts when (i + 1) % ``moe_layer_interval`` == 0 and
 ``moe_layer_start_index`` <= i <= ``moe_layer_end_index`` (-1: the last layer), as
@@ -82,7 +82,7 @@ def ernie_statics(tab, hf, cfg, names):
 
 MTP = (r"(^|\.)mtp_",)  # the release's MTP tensors (transformers: _keys_to_ignore_on_load_unexpected "mtp")
 
-DECL = Decl(name="ernie4_5_moe", model_types=("ernie4_5_moe",), title="ERNIE 4.5 MoE (checkpoint)", qkv_bias=False,
+DECL = Decl(name="ernie4_5_moe", model_types=("ernie4_5_moe", "ernie4_5"), title="ERNIE 4.5 (checkpoint)", qkv_bias=False,
             o_bias=False, router="softmax", router_bias=True, eps=1e-5, theta=500000.0, tied=True, token=ernie_token,
             extra=ernie_statics)
 
