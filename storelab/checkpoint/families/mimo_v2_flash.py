@@ -19,10 +19,9 @@ The MTP layers (``model.mtp.*``) are not part of the causal LM and are ignored.
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (layer_prefix, model_config,
-                                                  base_entries, check_act, either, experts, field, linear, rope,
-                                                  unsupported)
+from storelab.checkpoint.families._common import model_config, base_entries, either, experts, linear
 from storelab.checkpoint.families._family import Family, fixed
+from storelab.checkpoint.families._reader import Fields
 from storelab.checkpoint.table import copy
 
 NAME = "mimo_v2_flash"
@@ -30,21 +29,42 @@ MODEL_TYPES = ("mimo_v2_flash",)
 IGNORED = (r"^model\.mtp\.", r"rotary_emb\.")
 
 
-def normalized(hf: dict) -> dict:
-    """The config with transformers' defaults filled in (``MiMoV2FlashConfig.__post_init__``)."""
-    hf = dict(hf)
-    n = field(hf, "num_hidden_layers")
-    if hf.get("layer_types") is None:
-        hf["layer_types"] = ["full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
-    if hf.get("mlp_layer_types") is None:
-        hf["mlp_layer_types"] = ["dense"] + ["sparse"] * (n - 1)
-    if hf.get("rope_parameters") is None:
-        hf["rope_parameters"] = {
-            "full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334}}
-    if hf.get("sliding_window_size") is not None:  # the reference's count: earlier tokens, without the query
-        hf["sliding_window"] = hf["sliding_window_size"] + 1
-    return hf
+ROPE_DEFAULTS = {"full_attention": 5_000_000.0, "sliding_attention": 10_000.0}  # MiMoV2FlashConfig's
+
+
+def _types(t: Fields, n: int) -> tuple[list[str], list[str]]:
+    """(token mixer, channel) per layer: ``layer_types`` / ``mlp_layer_types``, else transformers' defaults
+    (layer 0 and every sixth full attention, the rest a window; layer 0 dense, the rest experts)."""
+    if t.has("layer_types"):
+        types = t.list("layer_types", n=n)
+        for i, x in enumerate(types):
+            if x not in ROPE_DEFAULTS:
+                raise t._err(f"layer_types[{i}]", f"{x!r} is not supported (MiMo has full_attention and "
+                                                  f"sliding_attention layers)")
+    else:
+        types = ["full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+    mlp = t.list("mlp_layer_types", n=n) if t.has("mlp_layer_types") else ["dense"] + ["sparse"] * (n - 1)
+    return types, mlp
+
+
+def _rope(t: Fields, kind: str) -> tuple[float, float]:
+    """(theta, rotated fraction) of a layer type: ``rope_parameters[kind]``, else transformers' defaults."""
+    if not t.has("rope_parameters"):
+        return ROPE_DEFAULTS[kind], 0.334
+    rp = t.sub("rope_parameters").sub(kind, default={})
+    rope_type = rp.str("rope_type", "type", default="default")
+    if rope_type != "default":
+        raise rp._err("rope_type", f"{rope_type!r} is not supported (only plain RoPE is implemented)")
+    return (rp.float("rope_theta", default=10000.0, positive=True),
+            rp.float("partial_rotary_factor", default=0.334, minimum=0.0, maximum=1.0))
+
+
+def _window(t: Fields) -> int:
+    """transformers' window (the query included): ``sliding_window``, or the reference's
+    ``sliding_window_size`` (earlier tokens only) + 1."""
+    if t.has("sliding_window_size"):
+        return t.int("sliding_window_size", minimum=1) + 1
+    return t.int("sliding_window", minimum=2)
 
 
 def to_config(hf: dict):
@@ -54,44 +74,41 @@ def to_config(hf: dict):
     from storelab.stores.ffn import FFNConfig
     from storelab.stores.moe import MoEConfig
 
-    hf = normalized(hf)
-    check_act(hf)
-    n = field(hf, "num_hidden_layers")
-    D = field(hf, "hidden_size")
-    H, G = field(hf, "num_attention_heads"), field(hf, "num_key_value_heads")
-    K = field(hf, "head_dim", D // H)
-    V = field(hf, "v_head_dim", K)
-    types = field(hf, "layer_types")
-    mlp_types = field(hf, "mlp_layer_types")
-    eps = field(hf, "rms_norm_eps", 1e-5)
-    n_group, topk_group = field(hf, "n_group", 1), field(hf, "topk_group", 1)
+    t = Fields(hf)
+    act = t.str("hidden_act", default="silu")
+    if act != "silu":
+        raise t._err("hidden_act", f"{act!r} is not supported (only silu is implemented for this family)")
+    n = t.int("num_hidden_layers", minimum=1)
+    D = t.int("hidden_size", minimum=1)
+    H, G = t.int("num_attention_heads", minimum=1), t.int("num_key_value_heads", minimum=1)
+    K = t.int("head_dim", default=D // H, minimum=1)
+    V = t.int("v_head_dim", default=K, minimum=1)
+    types, mlp_types = _types(t, n)
+    eps = t.float("rms_norm_eps", default=1e-5, positive=True)
+    n_group, topk_group = t.int("n_group", default=1, minimum=1), t.int("topk_group", default=1, minimum=1)
     if n_group > 1 and topk_group < n_group:
-        raise unsupported("topk_group", topk_group, f"grouped routing ({n_group} groups) is not implemented")
-    rp = field(hf, "rope_parameters")
-    attn = dict(d_model=D, n_heads=H, head_dim=K, v_head_dim=V, qkv_bias=bool(field(hf, "attention_bias", False)),
-                value_scale=float(field(hf, "attention_value_scale", 1.0)), norm_eps=eps)
+        raise t._err("topk_group", f"{topk_group} is not supported (grouped routing ({n_group} groups) is not "
+                                   f"implemented)")
+    attn = dict(d_model=D, n_heads=H, head_dim=K, v_head_dim=V, qkv_bias=t.bool("attention_bias", default=False),
+                value_scale=t.float("attention_value_scale", default=1.0, positive=True), norm_eps=eps)
     layers = []
     for i in range(n):
-        t = types[i]
-        if t == "full_attention":
-            theta, partial = rope(rp.get(t), where=f"rope_parameters.{t}", default_partial=0.334)
+        theta, partial = _rope(t, types[i])
+        if types[i] == "full_attention":
             token = AttentionConfig(n_kv_heads=G, rope_theta=theta, partial_rotary=partial, **attn)
-        elif t == "sliding_attention":
-            theta, partial = rope(rp.get(t), where=f"rope_parameters.{t}", default_partial=0.334)
-            token = WindowConfig(window=field(hf, "sliding_window") - 1, n_kv_heads=2 * G, sink=True,
+        else:
+            token = WindowConfig(window=_window(t) - 1, n_kv_heads=2 * G, sink=True,
                                  rope_theta=theta, partial_rotary=partial, **attn)
-        else:
-            raise unsupported(f"layer_types[{i}]", t, "MiMo has full_attention and sliding_attention layers")
         if mlp_types[i] == "dense":
-            channel = FFNConfig(d_model=D, d_ff=field(hf, "intermediate_size"))
+            channel = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", minimum=1))
         else:
-            channel = MoEConfig(d_model=D, n_experts=field(hf, "n_routed_experts"),
-                                top_k=field(hf, "num_experts_per_tok"),
-                                d_expert=field(hf, "moe_intermediate_size"), router="sigmoid", router_bias=True,
-                                norm_topk_prob=bool(field(hf, "norm_topk_prob", True)),
-                                routed_scaling=float(field(hf, "routed_scaling_factor", 1.0)))
+            channel = MoEConfig(d_model=D, n_experts=t.int("n_routed_experts", minimum=1),
+                                top_k=t.int("num_experts_per_tok", minimum=1),
+                                d_expert=t.int("moe_intermediate_size", minimum=1), router="sigmoid",
+                                router_bias=True, norm_topk_prob=t.bool("norm_topk_prob", default=True),
+                                routed_scaling=t.float("routed_scaling_factor", default=1.0, positive=True))
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
-    return model_config(hf, hf, name="mimo-v2-flash", title="MiMo-V2-Flash (checkpoint)", d_model=D, layers=layers,
+    return model_config(hf, t, name="mimo-v2-flash", title="MiMo-V2-Flash (checkpoint)", d_model=D, layers=layers,
                         norm_eps=eps)
 
 
