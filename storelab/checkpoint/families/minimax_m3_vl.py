@@ -33,10 +33,10 @@ as transformers 5.23 does; the config's ``rotary_dim`` is not read by transforme
 
 from __future__ import annotations
 
-from storelab.checkpoint.families._common import (layer_prefix, model_config,
-                                                  base_entries, either, experts, field, gated_mlp, linear, norm,
-                                                  rope, unsupported)
+from storelab.checkpoint.families._common import (layer_prefix, model_config, base_entries, either, experts,
+                                                  gated_mlp, linear, norm)
 from storelab.checkpoint.families._family import Family, fixed
+from storelab.checkpoint.families._reader import Fields
 from storelab.checkpoint.table import copy
 
 NAME = "minimax_m3_vl"
@@ -48,22 +48,30 @@ LEGACY = {"index_n_heads": "sparse_num_index_heads", "index_head_dim": "sparse_i
           "index_local_blocks": "sparse_local_block"}
 
 
-def text_config(hf: dict) -> dict:
+def text_config(hf: dict) -> Fields:
+    """The text model's fields: a wrapper's ``text_config``, else the config itself."""
+    top = Fields(hf)
     wrapped = hf.get("model_type") == "minimax_m3_vl" or ("hidden_size" not in hf and hf.get("text_config"))
-    t = dict(hf.get("text_config") or {}) if wrapped else dict(hf)
-    sparse = t.get("sparse_attention_config") or {}
-    for flat, legacy in LEGACY.items():
-        if flat not in t and legacy in sparse:
-            t[flat] = sparse[legacy]
-    n = field(t, "num_hidden_layers")
-    if t.get("layer_types") is None:
-        freq = sparse.get("sparse_attention_freq")
-        t["layer_types"] = (["minimax_m3_sparse" if f else "full_attention" for f in freq] if freq is not None
-                            else ["full_attention"] * n)
-    if t.get("mlp_layer_types") is None:
-        freq = t.get("moe_layer_freq")
-        t["mlp_layer_types"] = ["sparse" if f else "dense" for f in freq] if freq is not None else ["sparse"] * n
-    return t
+    return top.sub("text_config", default={}) if wrapped else top
+
+
+def _index(t: Fields, flat: str, minimum: int = 1) -> int:
+    """An MSA indexer field: transformers' flat name, else the release's in ``sparse_attention_config``."""
+    if t.has(flat):
+        return t.int(flat, minimum=minimum)
+    return t.sub("sparse_attention_config", default={}).int(LEGACY[flat], minimum=minimum)
+
+
+def _per_layer(t: Fields, sub: Fields, key: str, n: int, on: str, off: str, default: str) -> list[str]:
+    """Per-layer kinds from a list of 0/1 flags ``key`` of ``sub`` (``sparse_attention_freq``,
+    ``moe_layer_freq``): ``on`` where set; all ``default`` without one."""
+    if not sub.has(key):
+        return [default] * n
+    flags = sub.list(key, n=n)
+    for i, f in enumerate(flags):
+        if f not in (0, 1) or isinstance(f, float):
+            raise sub._err(f"{key}[{i}]", f"must be 0 or 1 (true or false), got {f!r}")
+    return [on if f else off for f in flags]
 
 
 def vision_params(hf: dict) -> int:
@@ -73,16 +81,21 @@ def vision_params(hf: dict) -> int:
     bias); a patch embedding ``[H, num_channels, temporal_patch_size, patch, patch]`` (no bias) and one
     LayerNorm before the layers (rotary positions: no table). The projector ``[P, H]``, ``[P, P]`` and the
     patch merger ``[P, P * spatial_merge_size^2]``, ``[P, P]``, with biases (P ``projector_hidden_size``)."""
-    v = hf.get("vision_config")
-    if not v:
+    if not hf.get("vision_config"):
         return 0
-    H, I, L = field(v, "hidden_size"), field(v, "intermediate_size"), field(v, "num_hidden_layers")
-    merge = v.get("img_token_compression_config") or hf.get("img_token_compression_config") or {}
-    tp, sm = merge.get("temporal_patch_size", 1), merge.get("spatial_merge_size", 1)
-    P = field(hf, "projector_hidden_size", field(v, "projection_dim"))
-    bias = 1 if hf.get("multimodal_projector_bias", True) else 0
+    top = Fields(hf)
+    v = top.sub("vision_config")
+    H, I, L = (v.int(k, minimum=1) for k in ("hidden_size", "intermediate_size", "num_hidden_layers"))
+    merge = (v.sub("img_token_compression_config") if v.has("img_token_compression_config")
+             else top.sub("img_token_compression_config", default={}))
+    tp = merge.int("temporal_patch_size", default=1, minimum=1)
+    sm = merge.int("spatial_merge_size", default=1, minimum=1)
+    P = top.int("projector_hidden_size", minimum=1) if top.has("projector_hidden_size") else \
+        v.int("projection_dim", minimum=1)
+    bias = 1 if top.bool("multimodal_projector_bias", default=True) else 0
     layer = 4 * (H * H + H) + (H * I + I) + (I * H + H) + 4 * H
-    tower = L * layer + H * field(v, "num_channels", 3) * tp * field(v, "patch_size") ** 2 + 2 * H
+    tower = L * layer + H * v.int("num_channels", default=3, minimum=1) * tp * v.int("patch_size", minimum=1) ** 2 \
+        + 2 * H
     return tower + (P * H + P * P + 2 * P * bias) + (P * P * sm * sm + P * P + 2 * P)
 
 
@@ -95,38 +108,52 @@ def to_config(hf: dict):
     from storelab.stores.msa import MsaConfig
 
     t = text_config(hf)
-    D, H, G = field(t, "hidden_size"), field(t, "num_attention_heads"), field(t, "num_key_value_heads")
-    K = field(t, "head_dim", D // H)
-    eps = field(t, "rms_norm_eps", 1e-6)
+    n = t.int("num_hidden_layers", minimum=1)
+    D, H = t.int("hidden_size", minimum=1), t.int("num_attention_heads", minimum=1)
+    G = t.int("num_key_value_heads", minimum=1)
+    K = t.int("head_dim", default=D // H, minimum=1)
+    eps = t.float("rms_norm_eps", default=1e-6, positive=True)
     # transformers' rope_parameters, or the release's flat rope_theta / partial_rotary_factor
-    theta, partial = rope(t.get("rope_parameters") or {k: t[k] for k in ("rope_theta", "partial_rotary_factor")
-                                                        if t.get(k) is not None})
+    rp = t.sub("rope_parameters") if t.has("rope_parameters") else t
+    kind = rp.str("rope_type", "type", default="default") if rp is not t else "default"
+    if kind != "default":
+        raise rp._err("rope_type", f"{kind!r} is not supported (only plain RoPE is implemented)")
+    theta = rp.float("rope_theta", default=10000.0, positive=True)
+    partial = rp.float("partial_rotary_factor", default=1.0, minimum=0.0, maximum=1.0)
     attn = dict(d_model=D, n_heads=H, n_kv_heads=G, head_dim=K, partial_rotary=partial, rope_theta=theta,
                 qk_norm=True, norm_eps=eps)
-    unit = dict(activation="clamped_swiglu", swiglu_alpha=float(field(t, "swiglu_alpha", 1.702)),
-                swiglu_limit=field(t, "swiglu_limit", None), swiglu_up_shift=1.0)
+    unit = dict(activation="clamped_swiglu", swiglu_alpha=t.float("swiglu_alpha", default=1.702),
+                swiglu_limit=t.float("swiglu_limit", default=None, positive=True), swiglu_up_shift=1.0)
+    sparse = t.sub("sparse_attention_config", default={})
+    types = (t.list("layer_types", n=n) if t.has("layer_types") else
+             _per_layer(t, sparse, "sparse_attention_freq", n, "minimax_m3_sparse", "full_attention", "full_attention"))
+    mlp = (t.list("mlp_layer_types", n=n) if t.has("mlp_layer_types") else
+           _per_layer(t, t, "moe_layer_freq", n, "sparse", "dense", "sparse"))
     layers = []
-    for i in range(field(t, "num_hidden_layers")):
-        kind = t["layer_types"][i]
-        if kind == "full_attention":
+    for i in range(n):
+        if types[i] == "full_attention":
             token = AttentionConfig(**attn)
-        elif kind == "minimax_m3_sparse":
-            if field(t, "index_n_heads") != G:
-                raise unsupported("index_n_heads", t["index_n_heads"], f"MSA has one index head per key/value "
-                                  f"head ({G})")
-            token = MsaConfig(block_size=field(t, "index_block_size"), top_blocks=field(t, "index_topk_blocks"),
-                              local_blocks=field(t, "index_local_blocks"), index_head_dim=field(t, "index_head_dim"),
-                              **attn)
+        elif types[i] == "minimax_m3_sparse":
+            n_index = _index(t, "index_n_heads")
+            if n_index != G:
+                where, key = (t, "index_n_heads") if t.has("index_n_heads") else (sparse, LEGACY["index_n_heads"])
+                raise where._err(key, f"{n_index} is not supported (MSA has one index head per key/value head, "
+                                      f"num_key_value_heads {G})")
+            token = MsaConfig(block_size=_index(t, "index_block_size"), top_blocks=_index(t, "index_topk_blocks"),
+                              local_blocks=_index(t, "index_local_blocks", minimum=0),
+                              index_head_dim=_index(t, "index_head_dim"), **attn)
         else:
-            raise unsupported(f"layer_types[{i}]", kind, "MiniMax-M3 has full_attention and minimax_m3_sparse")
-        if t["mlp_layer_types"][i] == "dense":
-            channel = FFNConfig(d_model=D, d_ff=field(t, "dense_intermediate_size"), **unit)
+            raise t._err(f"layer_types[{i}]", f"{types[i]!r} is not supported (MiniMax-M3 has full_attention and "
+                                              f"minimax_m3_sparse)")
+        if mlp[i] == "dense":
+            channel = FFNConfig(d_model=D, d_ff=t.int("dense_intermediate_size", minimum=1), **unit)
         else:
-            S = field(t, "shared_intermediate_size", 0)
-            channel = MoEConfig(d_model=D, n_experts=field(t, "num_local_experts"),
-                                top_k=field(t, "num_experts_per_tok"),
-                                d_expert=field(t, "intermediate_size"), router="sigmoid", router_bias=True,
-                                norm_topk_prob=True, routed_scaling=float(field(t, "routed_scaling_factor", 1.0)),
+            S = t.int("shared_intermediate_size", default=0)
+            channel = MoEConfig(d_model=D, n_experts=t.int("num_local_experts", minimum=1),
+                                top_k=t.int("num_experts_per_tok", minimum=1),
+                                d_expert=t.int("intermediate_size", minimum=1), router="sigmoid", router_bias=True,
+                                norm_topk_prob=True,
+                                routed_scaling=t.float("routed_scaling_factor", default=1.0, positive=True),
                                 n_shared=1 if S else 0, d_shared=S or None, **unit)
         layers.append(LayerConfig(token=token, channel=channel, depth=ResidualConfig(d_model=D)))
     cfg = model_config(hf, t, name="minimax-m3", title="MiniMax-M3 text (checkpoint)", d_model=D, layers=layers,
