@@ -38,6 +38,10 @@ TINY = {
     "internlm3": ("internlm3", dict(COMMON, head_dim=16, attention_bias=True, mlp_bias=True)),
     "iquestcoder": ("iquestcoder", dict(COMMON, head_dim=16)),
     "ernie4_5": ("ernie4_5", dict(COMMON, head_dim=16)),
+    "gpt_neox": ("gpt_neox", dict(COMMON, num_key_value_heads=None)),
+    "gpt_neox_sequential": ("gpt_neox", dict(COMMON, num_key_value_heads=None, use_parallel_residual=False,
+                                             attention_bias=False, rope_parameters=dict(
+                                                 rope_type="default", rope_theta=500.0, partial_rotary_factor=0.5))),
 }
 
 saved = saved_fixture({k: v[1] for k, v in TINY.items()}, lambda name: TINY[name][0], perturb=0.3)

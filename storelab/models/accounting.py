@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from storelab.models.config import ModelConfig
+from storelab.models.config import NORM_WIDTHS, ModelConfig
 
 FORMATS = ("bf16", "fp8", "fp4")
 
@@ -61,14 +61,15 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
     D, V = cfg.d_model, cfg.vocab_size
     emb = V * D
     head = 0 if cfg.tie_embeddings else V * D
-    parts = {"embedding": emb, "lm_head": head, "final_norm": D}
-    stored = emb + head + D
-    active = emb + head + D
+    N = NORM_WIDTHS[cfg.norm_kind] * D  # one norm's parameters (a LayerNorm with a bias: 2D)
+    parts = {"embedding": emb, "lm_head": head, "final_norm": N}
+    stored = emb + head + N
+    active = emb + head + N
     prefill = emb
     engram_rows = 0
     E = cfg.encoder_layers
     for i, lay in enumerate(cfg.layers):
-        layer_stored = layer_active = lay.n_norms() * D
+        layer_stored = layer_active = lay.n_norms() * N
         for slot, st in lay.stores().items():
             pc = st.num_params()
             layer_stored += pc.stored
@@ -76,15 +77,15 @@ def count_params(cfg: ModelConfig) -> ParamAccount:
             parts[slot + ":" + st.KIND] = parts.get(slot + ":" + st.KIND, 0) + pc.stored
             if slot == "lookup":
                 engram_rows += st.table_params()
-                layer_stored += D  # its own norm in the block
-                layer_active += D
+                layer_stored += N  # its own norm in the block
+                layer_active += N
         stored += layer_stored
         active += layer_active
         if E and i < E:
             prefill += layer_active
         elif E and i == E:
-            prefill += lay.token.num_params().active + D
-    parts["norms"] = (sum(lay.n_norms() for lay in cfg.layers) + 1) * D
+            prefill += lay.token.num_params().active + N
+    parts["norms"] = (sum(lay.n_norms() for lay in cfg.layers) + 1) * N
     ds, da = _depth_params(cfg)
     stored += ds
     active += da

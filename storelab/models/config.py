@@ -66,11 +66,15 @@ MAY_BE_EMPTY = ("lookup", "channel")  # slots a layer may leave empty (a Mamba l
 # where a block normalises around a mixer f (x the stream): "pre" x + f(norm(x)) (Llama and most);
 # "post" x + norm(f(x)) (OLMo 2, arXiv 2501.00656; EXAONE 4); "sandwich" x + norm2(f(norm1(x))) (Gemma 2 / 3);
 # "parallel" x + f(norm(x)) + g(norm(x)): one norm, read by the token mixer f and the channel mixer g (Cohere's
-# Command R / R7B / A, GPT-J)
-NORM_PLACES = {"pre": 1, "post": 1, "sandwich": 2, "parallel": 1}  # norms per sublayer ("parallel": per layer)
+# Command R / R7B / A, GPT-J); "parallel_two" x + f(n1(x)) + g(n2(x)): each mixer its own norm of the same x
+# (GPT-NeoX / Pythia, StableLM's use_parallel_residual)
+NORM_PLACES = {"pre": 1, "post": 1, "sandwich": 2, "parallel": 1,  # norms per sublayer ("parallel": per layer)
+               "parallel_two": 1}
 # what each of the block's norms (and the final one) computes: "rms" x / rms(x) * w (arXiv 1910.07467);
-# "layer" (x - mean(x)) / std(x) * w, a LayerNorm without bias (arXiv 1607.06450; Cohere)
-NORM_KINDS = ("rms", "layer")
+# "layer" (x - mean(x)) / std(x) * w, a LayerNorm without bias (arXiv 1607.06450; Cohere); "layer_bias" the same
+# plus a bias b (GPT-NeoX, StarCoder2, StableLM)
+NORM_KINDS = ("rms", "layer", "layer_bias")
+NORM_WIDTHS = {"rms": 1, "layer": 1, "layer_bias": 2}  # parameters of one norm, in units of its width
 INHERITED = ("d_model", "vocab_size")  # store fields that default to the model's value
 LAYER_INDEX = "layer_index"  # filled per layer: the layer's position among those using the store
 
@@ -118,8 +122,8 @@ class LayerConfig:
     def __post_init__(self):
         if self.norms not in NORM_PLACES:
             raise ValueError(f"norms: must be one of {', '.join(NORM_PLACES)}, got {self.norms!r}")
-        if self.norms == "parallel" and self.channel is None:
-            raise ValueError("norms: 'parallel' needs a channel mixer beside the token mixer (channel is None)")
+        if self.norms in ("parallel", "parallel_two") and self.channel is None:
+            raise ValueError(f"norms: {self.norms!r} needs a channel mixer beside the token mixer (channel is None)")
         for slot in SLOTS + OPTIONAL_SLOTS:
             cfg = getattr(self, slot)
             if cfg is None and slot in MAY_BE_EMPTY:

@@ -56,6 +56,7 @@ Shape legend: B batch, T tokens in this call, D model width, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -67,7 +68,8 @@ from storelab.models.config import LayerConfig, ModelConfig
 from storelab.ops.norm import LayerNorm, RMSNorm
 from storelab.state import State, upcoming, upcoming_tokens
 
-NORMS = {"rms": RMSNorm, "layer": LayerNorm}  # ModelConfig.norm_kind -> the block and final norms' module
+NORMS = {"rms": RMSNorm, "layer": LayerNorm,  # ModelConfig.norm_kind -> the block and final norms' module
+         "layer_bias": functools.partial(LayerNorm, bias=True)}
 
 
 @dataclass
@@ -99,7 +101,7 @@ class Block(nn.Module):
         self.token = cfg.token.build()
         self.channel = cfg.channel.build() if cfg.channel is not None else None  # None: no channel sublayer
         # "pre": x + f(norm(x)); "post": x + norm(f(x)); "sandwich": x + norm2(f(norm1(x)));
-        # "parallel": x + f(norm(x)) + g(norm(x)), norm_token the one norm
+        # "parallel": x + f(norm(x)) + g(norm(x)), norm_token the one norm; "parallel_two": x + f(n1(x)) + g(n2(x))
         self.norms = cfg.norms
         self.norm_token = Norm(d_model, eps)
         self.norm_channel = Norm(d_model, eps) if cfg.channel is not None and cfg.norms != "parallel" else None
@@ -128,12 +130,14 @@ class Block(nn.Module):
         ds = self.depth_token.write(ds, y_BTD if e_BTD is None else y_BTD + e_BTD)
         if keep_from:
             ds, token_ids_BT = _slice_time(ds, keep_from), token_ids_BT[:, keep_from:]
-            u_BTD = u_BTD[:, keep_from:]
+            u_BTD, x_BTD = u_BTD[:, keep_from:], x_BTD[:, keep_from:]
             if token_ids_BT.shape[1] == 0:
                 return None, state
         if self.channel is None:
             return ds, state
-        if self.norms != "parallel":  # "parallel": the channel mixer reads what the token mixer read
+        if self.norms == "parallel_two":  # the channel mixer's own norm of what the token mixer read
+            u_BTD = self.norm_channel(x_BTD)
+        elif self.norms != "parallel":  # "parallel": the channel mixer reads what the token mixer read
             u_BTD = self._pre(self.norm_channel, self.depth_channel.read(ds))
         y_BTD, state.channel = self.channel(u_BTD, state.channel, token_ids=token_ids_BT)
         ds = self.depth_channel.write(ds, self._post(self.norm_channel, "post_norm_channel", y_BTD))

@@ -21,14 +21,17 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
     return y.to(dt)
 
 
-def layer_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-    """(x - mean(x)) / sqrt(var(x) + eps) * weight, no bias (Cohere's LayerNorm); at least fp32, cast back."""
+def layer_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-5, bias: Tensor | None = None) -> Tensor:
+    """(x - mean(x)) / sqrt(var(x) + eps) * weight (+ bias: GPT-NeoX, StarCoder2; Cohere's has none); at least
+    fp32, cast back."""
     dt = x.dtype
     xf = at_least_fp32(x)
     xc = xf - xf.mean(-1, keepdim=True)
     y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
         y = y * at_least_fp32(weight)
+    if bias is not None:
+        y = y + at_least_fp32(bias)
     return y.to(dt)
 
 
@@ -48,12 +51,13 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """A LayerNorm with a weight and no bias: D parameters, as an RMSNorm."""
+    """A LayerNorm with a weight and, with ``bias``, a bias: D parameters (as an RMSNorm), or 2D."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return layer_norm(x, self.weight, self.eps)
+        return layer_norm(x, self.weight, self.eps, self.bias)
