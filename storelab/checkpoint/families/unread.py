@@ -17,7 +17,8 @@ __all__ = ["FAMILY", "REASONS"]
 
 _ABSOLUTE = "learned or sinusoidal absolute position embeddings (storelab's attention rotates or uses no positions)"
 _ALIBI = "ALiBi position biases (storelab's attention has none)"
-_BIASED_NORM = "LayerNorms with a bias (storelab's norms are RMSNorm and bias-free LayerNorm)"
+_BIASED_NORM = ("biased LayerNorms, fused or parallel blocks of the GPT-J / Phi-1 era: not yet compared with storelab's "
+                "layer_bias norm and parallel blocks (gpt_neox.py reads the like)")
 _INDEXED = "layer type 'indexed_attention' (an indexer of its own, not compared with storelab's dsa store)"
 _GEMMA4 = "Gemma 4's layers (keys as values, an MoE block beside the MLP, per-layer scalars): no store yet"
 _UNCOMPARED = "its modeling file is not yet compared with storelab's stores"
