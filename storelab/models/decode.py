@@ -38,11 +38,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from storelab.models.model import LayerState, Model
 from storelab.models.quant import QuantLinear
 from storelab.ops.attention import attend_lse, merge_parts
+from storelab.ops.norm import RMSNorm
 from storelab.ops.matvec import PackedWeight, RowSplit, bind, pack
 from storelab.ops.rope import rope_angles, rotate
 from storelab.state import EmptyState, KVCache, WindowCache
@@ -77,21 +79,35 @@ class _Products:
 
 
 class _Angles:
-    """The rotary cos / sin of one step, computed once per (width, base, scaling, position)."""
+    """The rotary cos / sin of one step, computed once per (width, base, scaling, position): as ``rope_angles``
+    gives them ([1, R/2]), and spread over a whole head of K channels for the rotate-half pairing,
+    cos_K = [cos, cos, 1...], sin_K = [sin, sin, 0...], so that y = x cos_K + [-x2, x1, x_rest] sin_K is
+    ``rotate``'s x1 cos - x2 sin, x2 cos + x1 sin, x_rest, bit for bit (x_rest 1 + x_rest 0 = x_rest)."""
 
     def __init__(self):
-        self._memo: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._memo: dict[tuple, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
 
     def reset(self) -> None:
         self._memo.clear()
 
-    def __call__(self, cfg, position: int) -> tuple[Tensor, Tensor]:
-        key = (cfg.rotary_dim, cfg.rope_theta, repr(cfg.rope_scaling), position)
+    def __call__(self, cfg, position: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        key = (cfg.rotary_dim, cfg.rope_theta, repr(cfg.rope_scaling), cfg.head_dim, position)
         got = self._memo.get(key)
         if got is None:
-            got = self._memo[key] = rope_angles(torch.tensor([position]), cfg.rotary_dim, cfg.rope_theta,
-                                                cfg.rope_scaling)
+            cos, sin = rope_angles(torch.tensor([position]), cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
+            rest = cfg.head_dim - cfg.rotary_dim
+            cos_K = torch.cat([cos[0], cos[0], cos.new_ones(rest)])
+            sin_K = torch.cat([sin[0], sin[0], sin.new_zeros(rest)])
+            got = self._memo[key] = (cos, sin, cos_K, sin_K)
         return got
+
+
+def _norm(module: nn.Module):
+    """An RMSNorm as torch's one fused op (the same formula, fp32); any other norm module as it is."""
+    if type(module) is not RMSNorm or module.weight.dtype != torch.float32:
+        return module
+    shape, w, eps = (module.weight.shape[0],), module.weight, module.eps
+    return lambda x: F.rms_norm(x, shape, w, eps)
 
 
 def _plain_attention(cfg) -> bool:
@@ -110,19 +126,29 @@ class _AttentionStep:
         self.qkv = _Products([store.q_proj, store.k_proj, store.v_proj], split)
         self.o = _Products([store.o_proj], split)
         H, G, K, V = c.n_heads, c.n_kv_heads, c.head_dim, c.v_head_dim
-        self.shapes = [(1, 1, H, K), (1, 1, G, K), (1, 1, G, V)]
+        self.H, self.G, self.K, self.V = H, G, K, V
+        self.q_norm = None if store.q_norm is None else _norm(store.q_norm)
+        self.k_norm = None if store.k_norm is None else _norm(store.k_norm)
+        self.half, self.R = c.rotary_dim // 2, c.rotary_dim
 
     def project(self, u_D: Tensor, seen: int) -> tuple[Tensor, Tensor, Tensor]:
-        c, st = self.cfg, self.store
-        q, k, v = (t.view(s) for t, s in zip(self.qkv(u_D).split(self.qkv.widths), self.shapes))
+        c, H, G, K, V = self.cfg, self.H, self.G, self.K, self.V
+        qkv = self.qkv(u_D)
+        qk = qkv[:(H + G) * K].view(H + G, K)  # q's heads then k's: normed apart, rotated together
+        v = qkv[(H + G) * K:].view(1, 1, G, V)
         if c.value_scale != 1.0:
             v = v * c.value_scale
-        if st.q_norm is not None:
-            q, k = st.q_norm(q), st.k_norm(k)
-        if c.rotary_dim:
-            cos, sin = self.angles(c, seen)
-            q, k = rotate(q, cos, sin, interleaved=c.rope_interleaved), rotate(k, cos, sin, interleaved=c.rope_interleaved)
-        return q, k, v
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:H]), self.k_norm(qk[H:])])
+        if self.R:
+            cos, sin, cos_K, sin_K = self.angles(c, seen)
+            if c.rope_interleaved:
+                qk = rotate(qk.view(1, 1, H + G, K), cos, sin, interleaved=True).view(H + G, K)
+            else:
+                h, R = self.half, self.R
+                turned = torch.cat([-qk[:, h:R], qk[:, :h], qk[:, R:]], dim=1)
+                qk = qk * cos_K + turned * sin_K
+        return qk[:H].view(1, 1, H, K), qk[H:].view(1, 1, G, K), v
 
     def __call__(self, u_D: Tensor, state: KVCache | None, ids_BT: Tensor) -> tuple[Tensor, KVCache]:
         state = KVCache() if state is None else state
@@ -194,26 +220,33 @@ _TOKEN_STEPS = {Attention: _AttentionStep, WindowAttention: _WindowStep}
 class _FastLayer:
     """A pre-norm or sandwich layer on the plain residual, h <- h + post(f(norm(h))) for each slot."""
 
-    block: nn.Module
-    token: Any      # step(u_D, state, ids_BT) -> (y_D, state)
-    channel: Any    # the same, or None: no channel sublayer
+    token: Any          # step(u_D, state, ids_BT) -> (y_D, state)
+    channel: Any        # the same, or None: no channel sublayer
+    norm_token: Any
+    norm_channel: Any
+    post_token: Any     # sandwich norms, or None
+    post_channel: Any
+
+    @classmethod
+    def of(cls, b: nn.Module, token, channel) -> "_FastLayer":
+        sandwich = b.norms == "sandwich"
+        post_c = getattr(b, "post_norm_channel", None) if sandwich else None
+        return cls(token, channel, _norm(b.norm_token), None if b.norm_channel is None else _norm(b.norm_channel),
+                   _norm(b.post_norm_token) if sandwich else None, None if post_c is None else _norm(post_c))
 
     def __call__(self, h_D: Tensor, st: LayerState, ids_BT: Tensor) -> Tensor:
-        b = self.block
         st.seen += 1
         if st.token is not None:
             st.token.before_call(1)
-        u = b.norm_token(h_D)
-        y, st.token = self.token(u, st.token, ids_BT)
-        if b.norms == "sandwich":
-            y = b.post_norm_token(y)
+        y, st.token = self.token(self.norm_token(h_D), st.token, ids_BT)
+        if self.post_token is not None:
+            y = self.post_token(y)
         h_D = h_D + y
         if self.channel is None:
             return h_D
-        u = b.norm_channel(h_D)
-        y, st.channel = self.channel(u, st.channel, ids_BT)
-        if b.norms == "sandwich":
-            y = b.post_norm_channel(y)
+        y, st.channel = self.channel(self.norm_channel(h_D), st.channel, ids_BT)
+        if self.post_channel is not None:
+            y = self.post_channel(y)
         return h_D + y
 
 
@@ -233,6 +266,7 @@ class Decoder:
         self.residual = residual and self.fp32
         self.layers = [self._layer(i) if self.residual else None for i in range(cfg.n_layers)]
         self.head = _Products([model.lm_head], self.split) if self.fp32 else None
+        self.final_norm = _norm(model.norm)
 
     def _layer(self, i: int) -> _FastLayer | None:
         """Layer i's fast step, or None where the general path runs it."""
@@ -247,7 +281,7 @@ class Decoder:
         channel = None
         if b.channel is not None:
             channel = _FFNStep(b.channel, self.split) if type(b.channel) is FFN else _Generic(b.channel)
-        return _FastLayer(b, token, channel)
+        return _FastLayer.of(b, token, channel)
 
     def fast_layers(self) -> int:
         """How many layers take the fast step (the rest run the general path)."""
@@ -273,7 +307,7 @@ class Decoder:
             shared = cache[m.cfg.layers[i].cache_owner].token if m._handed[i] else None
             ds, cache[i] = block(ResidualState(h=h.view(1, 1, -1)), cache[i], ids_B1, shared, 0)
             h = ds.h.reshape(-1)
-        z = self.head(m.norm(h).contiguous())
+        z = self.head(self.final_norm(h))
         return m._logits(z.view(1, -1).clone())
 
     def close(self) -> None:

@@ -15,9 +15,11 @@ choice of kernel is made once, by the format, at ``pack``. Where the library can
 products run as tensor operations (slower, not different in meaning). ``PackedWeight.dequantize()`` is
 the fp32 weight the format stands for: a prefill (many tokens) multiplies by it with torch's matmul.
 
-Why C and not torch (measured, docs/bench.md): torch's bf16 matrix-vector product on this CPU ran at about
-a third of its fp32 rate, and ``aten._weight_int8pack_mm`` at under a tenth of it, where the point of a
-narrower weight is to be faster.
+Why C for bf16 and int8, and not for fp32 (measured, docs/bench.md): torch's bf16 matrix-vector product on
+this CPU ran at about a third of its fp32 rate, and ``aten._weight_int8pack_mm`` at under a tenth of it,
+where the point of a narrower weight is to be faster; a dequantize-then-multiply writes the fp32 weight
+every step. For fp32 torch's own product (MKL's) was about 10 % faster than the C kernel, so fp32 weights
+go through ``torch.mv`` (its threads are torch's); the kernel keeps an fp32 form to measure against.
 
 Threads: ``RowSplit(threads)`` cuts the rows between a pool made once (the kernel lets go of the GIL).
 
@@ -138,19 +140,20 @@ _ONE = RowSplit(1)
 def bind(pw: PackedWeight, split: RowSplit = _ONE):
     """``f(x_K, out_N) -> out_N``: out = W x (+ bias) for contiguous fp32 vectors, its kernel and the weight's
     pointers taken once here (the decode step calls it for every weight of every token)."""
-    fn = pw.kernel()
+    fn = None if pw.fmt == "fp32" else pw.kernel()  # fp32: torch's (MKL's) product was faster (module docstring)
     bias = pw.bias_N
-    if fn is None:  # no C library: the same product as tensors
+    if fn is None:  # fp32, or no C library: the product as tensors
         w = pw.data_NK if pw.fmt == "fp32" else pw.dequantize()
 
         def run(x_K: Tensor, out_N: Tensor) -> Tensor:
             torch.mv(w, x_K, out=out_N)
             return out_N if bias is None else out_N.add_(bias)
         return run
+    held = (pw.data_NK, pw.scale_N)  # the closure keeps the tensors behind its pointers alive
     wp, K, N = pw.data_NK.data_ptr(), pw.cols, pw.rows
     sp = None if pw.scale_N is None else pw.scale_N.data_ptr()
 
-    def run(x_K: Tensor, out_N: Tensor) -> Tensor:
+    def run(x_K: Tensor, out_N: Tensor, held=held) -> Tensor:
         xp, op = x_K.data_ptr(), out_N.data_ptr()
         split(lambda r0, r1: fn(xp, wp, sp, op, K, r0, r1), N)
         return out_N if bias is None else out_N.add_(bias)
