@@ -20,13 +20,15 @@ def _plain(act: str, h: torch.Tensor, g: torch.Tensor | None, p: float = 2.0) ->
         return torch.where(h > 0, h.abs() ** p, torch.zeros_like(h))
     if act == "gelu":
         return 0.5 * h * (1 + torch.erf(h / 2 ** 0.5))
+    if act == "gelu_tanh":
+        return 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
     if act == "swiglu":
         return g / (1 + torch.exp(-g)) * h
     raise AssertionError(act)
 
 
 @pytest.mark.parametrize("act,p", [("relu", 2.0), ("relu2", 2.0), ("power", 3.0), ("power", 1.5), ("gelu", 2.0),
-                                   ("swiglu", 2.0)])
+                                   ("gelu_tanh", 2.0), ("swiglu", 2.0)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_activation_matches_plain_formula(act, p, bias):
     torch.manual_seed(0)
@@ -50,7 +52,7 @@ def test_power_one_and_two_are_relu_and_relu2():
         assert_close(a(x)[0], b(x)[0], 1e-6, f"power {p} vs {other}")
 
 
-@pytest.mark.parametrize("act", ["relu", "relu2", "power", "gelu", "swiglu"])
+@pytest.mark.parametrize("act", ["relu", "relu2", "power", "gelu", "gelu_tanh", "swiglu"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_num_params_counts_the_module(act, bias):
     cfg = FFNConfig(d_model=D, d_ff=F, activation=act, bias=bias)

@@ -12,6 +12,8 @@ nonlinearity decides how much the other keys' overlaps interfere with a recall:
               order d^p. We rectify rather than keep the sign (sign(h) |h|^p) so that
               p = 1 is ``relu`` and p = 2 is ``relu2`` exactly;
 * ``gelu``    x Phi(x), the exact (erf) form (Hendrycks and Gimpel, arXiv 1606.08415);
+* ``gelu_tanh`` GELU's tanh approximation, 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))
+              (transformers' ``gelu_pytorch_tanh``; StarCoder2's ungated MLP);
 * ``swiglu``  silu(W_gate x) * (W_up x), a gated unit (Shazeer, arXiv 2002.05202); with
               ``swiglu_limit`` both halves are clipped first (gate <= limit, |up| <= limit);
 * ``geglu_tanh`` gelu_tanh(W_gate x) * (W_up x), GeGLU (Shazeer, arXiv 2002.05202) with the tanh
@@ -91,6 +93,10 @@ def _gelu(h: Tensor, cfg) -> Tensor:
     return F.gelu(h)
 
 
+def _gelu_tanh(h: Tensor, cfg) -> Tensor:
+    return F.gelu(h, approximate="tanh")
+
+
 def _swiglu(gate: Tensor, up: Tensor, cfg) -> Tensor:
     return swiglu(gate, up, limit=cfg.swiglu_limit)
 
@@ -105,6 +111,7 @@ def _clamped_swiglu(gate: Tensor, up: Tensor, cfg) -> Tensor:
 
 ACTIVATIONS: dict[str, Pointwise | Gated] = {
     "relu": Pointwise(_relu), "relu2": Pointwise(_relu2), "power": Pointwise(_power), "gelu": Pointwise(_gelu),
+    "gelu_tanh": Pointwise(_gelu_tanh),
     "swiglu": Gated(_swiglu), "clamped_swiglu": Gated(_clamped_swiglu), "geglu_tanh": Gated(_geglu_tanh),
 }
 SWIGLU_ALPHA, SWIGLU_UP_SHIFT = 1.702, 1.0  # gpt-oss's clamped_swiglu

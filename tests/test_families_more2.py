@@ -1,0 +1,62 @@
+"""More families moved out of ``unread.py`` for issue 36 (StarCoder2, ...) against transformers 5.23's tiny models
+saved with ``save_pretrained``: logits equal in fp32 (1e-5 of the logits' scale) and bf16 (5 %), chunked prefill
++ steps equal to one pass, transformers' cache bytes after a prefill (windows filled and not), parameters from
+config.json alone equal to the saved tensors, each built store kind one its family declares.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from storelab.checkpoint.config_only import read_model_config
+from storelab.checkpoint.shards import CheckpointError
+from tests.family_harness import check_bf16, check_cache, check_counts, check_logits, saved_fixture
+
+SPLITS_A = ((0, 2), (2, 11), (11, 12), (12, 13), (13, 21))  # single tokens between chunks
+
+COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+              intermediate_size=48, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512)
+
+# setting name -> (model_type, tiny settings)
+TINY = {
+    "starcoder2": ("starcoder2", dict(COMMON)),
+    "starcoder2_window": ("starcoder2", dict(COMMON, sliding_window=6, use_bias=False, tie_word_embeddings=False)),
+}
+
+saved = saved_fixture({k: v[1] for k, v in TINY.items()}, lambda name: TINY[name][0], perturb=0.3)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_logits_equal_transformers(name, saved):
+    check_logits(*saved(name), what=name, splits=SPLITS_A)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_bf16_logits(name, saved):
+    check_bf16(*saved(name), what=name)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("T", [4, 17])
+def test_memory_equals_transformers_cache(name, T, saved):
+    check_cache(*saved(name), T)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_config_counts_equal_transformers(name, saved):
+    check_counts(*saved(name))
+
+
+def _refused(tmp_path, settings: dict, match: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(settings))
+    with pytest.raises(CheckpointError, match=match):
+        read_model_config(tmp_path)
+
+
+def test_starcoder2_read(saved):
+    cfg = read_model_config(saved("starcoder2_window")[1])
+    assert cfg.norm_kind == "layer_bias" and not cfg.tie_embeddings
+    assert {(lay.token.KIND, lay.token.window, lay.channel.activation, lay.channel.bias) for lay in cfg.layers} == {
+        ("window", 5, "gelu_tanh", False)}
