@@ -1,4 +1,4 @@
-"""More families moved out of ``unread.py`` for issue 36 (StarCoder2, ...) against transformers 5.23's tiny models
+"""More families moved out of ``unread.py`` for issue 36 (StarCoder2, StableLM, Gemma 1, ...) against transformers 5.23's tiny models
 saved with ``save_pretrained``: logits equal in fp32 (1e-5 of the logits' scale) and bf16 (5 %), chunked prefill
 + steps equal to one pass, transformers' cache bytes after a prefill (windows filled and not), parameters from
 config.json alone equal to the saved tensors, each built store kind one its family declares.
@@ -23,6 +23,11 @@ COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_ke
 TINY = {
     "starcoder2": ("starcoder2", dict(COMMON)),
     "starcoder2_window": ("starcoder2", dict(COMMON, sliding_window=6, use_bias=False, tie_word_embeddings=False)),
+    "stablelm": ("stablelm", dict(COMMON, use_qkv_bias=True)),
+    "stablelm_parallel": ("stablelm", dict(COMMON, use_parallel_residual=True, tie_word_embeddings=True,
+                                           rope_parameters=dict(rope_type="default", rope_theta=500.0,
+                                                                partial_rotary_factor=0.5))),
+    "gemma": ("gemma", dict(COMMON, head_dim=16, hidden_act="gelu")),
 }
 
 saved = saved_fixture({k: v[1] for k, v in TINY.items()}, lambda name: TINY[name][0], perturb=0.3)
@@ -60,3 +65,22 @@ def test_starcoder2_read(saved):
     assert cfg.norm_kind == "layer_bias" and not cfg.tie_embeddings
     assert {(lay.token.KIND, lay.token.window, lay.channel.activation, lay.channel.bias) for lay in cfg.layers} == {
         ("window", 5, "gelu_tanh", False)}
+
+
+def test_stablelm_read(saved):
+    cfg = read_model_config(saved("stablelm_parallel")[1])
+    assert cfg.norm_kind == "layer_bias" and {lay.norms for lay in cfg.layers} == {"parallel"}
+    a = cfg.layers[0].token
+    assert (a.partial_rotary, a.rope_theta, a.qkv_bias, a.out_bias) == (0.5, 500.0, False, False)
+    assert read_model_config(saved("stablelm")[1]).layers[0].token.partial_rotary == 0.25
+
+
+def test_stablelm_qk_layernorm_refused(tmp_path):
+    _refused(tmp_path, dict(COMMON, model_type="stablelm", qk_layernorm=True), r"qk_layernorm: true is not supported")
+
+
+def test_gemma1_read(saved):
+    cfg = read_model_config(saved("gemma")[1])
+    assert {(lay.norms, lay.token.KIND, lay.token.attn_scale, lay.token.softcap, lay.channel.activation)
+            for lay in cfg.layers} == {("pre", "attention", None, None, "geglu_tanh")}
+    assert cfg.tie_embeddings and cfg.logit_softcap is None and abs(cfg.embed_scale - 8.0) < 1e-6

@@ -1,12 +1,17 @@
-"""Gemma 2 (arXiv 2408.00118; ``gemma2``) and Gemma 3 (arXiv 2503.19786; ``gemma3_text``, and the
-``gemma3`` image-text wrapper whose text model sits under ``text_config``): GQA attention alternating
-sliding-window (local) and full (global) layers, GeGLU-tanh feed-forwards, and Gemma's own habits:
+"""Gemma 1 (arXiv 2403.08295; ``gemma``), Gemma 2 (arXiv 2408.00118; ``gemma2``) and Gemma 3 (arXiv
+2503.19786; ``gemma3_text``, and the ``gemma3`` image-text wrapper whose text model sits under ``text_config``):
+GQA attention (Gemma 2 and 3 alternating sliding-window (local) and full (global) layers), GeGLU-tanh
+feed-forwards, and Gemma's own habits (Gemma 1 has the second and third only):
 
 * sandwich norms (``LayerConfig.norms = "sandwich"``): x + norm2(f(norm1(x))) around both mixers;
 * every RMSNorm stores w and applies (1 + w) (the table's ``plus_one``), the q/k norms included;
 * the embedding times sqrt(hidden_size), rounded to fp32 and then to the activations' dtype as
   ``Gemma2TextScaledWordEmbedding`` does; tied embeddings;
 * attention logits scaled by ``query_pre_attn_scalar`` ** -0.5, not head_dim ** -0.5;
+* Gemma 1: pre-norms only (``input_layernorm`` before the attention, ``post_attention_layernorm`` before the
+  MLP, the usual ``norms = "pre"``), full attention on every layer scaled by head_dim ** -0.5, no soft caps,
+  no q/k norms; ``hidden_act`` "gelu" (the published files' legacy value) read as ``gelu_pytorch_tanh``, as
+  ``GemmaConfig`` does; 16 heads and 16 KV heads of 256 by default (Gemma 7B; Gemma 2B says 8 and 1);
 * Gemma 2: ``attn_logit_softcapping`` c (each scaled score s read as c tanh(s / c): the attention
   store's ``softcap``) and ``final_logit_softcapping`` (the model's ``logit_softcap``); the layers
   alternate local and global, the first local (transformers' fixed pattern of 2);
@@ -63,14 +68,18 @@ from storelab.checkpoint.families._family import Family, fixed
 from storelab.checkpoint.families._reader import FULL, SLIDING, Fields, scaling_numbers, text_fields, tied
 from storelab.ops.rope import SCALINGS
 
-GEMMA2, GEMMA3 = ("gemma2",), ("gemma3_text", "gemma3")
+GEMMA1, GEMMA2, GEMMA3 = ("gemma",), ("gemma2",), ("gemma3_text", "gemma3")
 GEMMA4 = ("gemma4", "gemma4_text")
 ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh"}
+ACTIVATIONS_1 = {"gelu_pytorch_tanh": "geglu_tanh", "gelu": "geglu_tanh"}  # GemmaConfig turns "gelu" into the tanh
 # what each generation assumes when its config says nothing (transformers' Gemma2Config / Gemma3TextConfig):
 # Google's Gemma 3 4B-27B files give only a few text fields (no heads, no vocabulary) and rely on these
 SHAPE = dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
              num_key_value_heads=4, head_dim=256)
 DEFAULTS = {
+    "gemma1": dict(hidden_size=3072, intermediate_size=24576, num_hidden_layers=28, num_attention_heads=16,
+                   num_key_value_heads=16, head_dim=256, vocab_size=256_000, max_position_embeddings=8192, pattern=0,
+                   final_softcap=None, theta=10000.0, local_theta=None),
     "gemma2": dict(SHAPE, vocab_size=256_000, max_position_embeddings=8192, pattern=2, final_softcap=30.0,
                    theta=10000.0, local_theta=None),
     "gemma3": dict(SHAPE, vocab_size=262_208, max_position_embeddings=131_072, pattern=6, final_softcap=None,
@@ -80,7 +89,7 @@ DEFAULTS = {
 
 def _generation(hf: dict) -> str:
     mt = Fields(hf).str("model_type")
-    return "gemma2" if mt in GEMMA2 else "gemma4" if mt in GEMMA4 else "gemma3"
+    return "gemma1" if mt in GEMMA1 else "gemma2" if mt in GEMMA2 else "gemma4" if mt in GEMMA4 else "gemma3"
 
 
 def _nullable(t: Fields, key: str, default: float | None) -> float | None:
@@ -143,7 +152,8 @@ def gemma_attention(t: Fields, i: int, kind: str, gen: str, D: int, eps: float):
                   head_dim=t.int("head_dim", default=d["head_dim"], minimum=1), rope_theta=theta,
                   qk_norm=gen == "gemma3",
                   qkv_bias=bias, out_bias=bias, norm_eps=eps, rope_scaling=scaling if _runs(scaling) else None,
-                  attn_scale=t.float("query_pre_attn_scalar", default=256.0, positive=True) ** -0.5,
+                  attn_scale=None if gen == "gemma1" else
+                  t.float("query_pre_attn_scalar", default=256.0, positive=True) ** -0.5,
                   softcap=_nullable(t, "attn_logit_softcapping", 50.0) if gen == "gemma2" else None)
     if kind == FULL:
         return AttentionConfig(**common)
@@ -180,18 +190,24 @@ def to_config(hf: dict):
     n = t.int("num_hidden_layers", default=d["num_hidden_layers"], minimum=1)
     V = t.int("vocab_size", default=d["vocab_size"], minimum=1)
     eps = t.float("rms_norm_eps", default=1e-6, positive=True)
-    act = t.str("hidden_activation", "hidden_act", default="gelu_pytorch_tanh")
-    if act not in ACTIVATIONS:
-        key = t.key("hidden_activation", "hidden_act")
+    keys, acts = (("hidden_act",), ACTIVATIONS_1) if gen == "gemma1" else (("hidden_activation", "hidden_act"),
+                                                                          ACTIVATIONS)
+    act = t.str(*keys, default="gelu_pytorch_tanh")
+    if act not in acts:
+        key = t.key(*keys)
         raise t._err(key, f"{act!r} is not supported (storelab's Gemma MLP is GeGLU with tanh GELU, "
                           f"gelu_pytorch_tanh)")
-    pattern = DEFAULTS[gen]["pattern"] if gen == "gemma2" else t.int("sliding_window_pattern", default=6, minimum=1)
-    types = gemma_types(t, n, pattern)
+    if gen == "gemma1":  # GemmaConfig has no windows: every layer full
+        types = [FULL] * n
+    else:
+        pattern = d["pattern"] if gen == "gemma2" else t.int("sliding_window_pattern", default=6, minimum=1)
+        types = gemma_types(t, n, pattern)
     channel = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", default=d["intermediate_size"], minimum=1),
-                        activation=ACTIVATIONS[act])
+                        activation=acts[act])
     layers = [LayerConfig(token=gemma_attention(t, i, types[i], gen, D, eps), channel=channel,
-                          depth=ResidualConfig(d_model=D), norms="sandwich") for i in range(n)]
-    title = {"gemma2": "Gemma 2 (checkpoint)", "gemma3": "Gemma 3 (checkpoint)"}[gen]
+                          depth=ResidualConfig(d_model=D), norms="pre" if gen == "gemma1" else "sandwich")
+              for i in range(n)]
+    title = {"gemma1": "Gemma (checkpoint)", "gemma2": "Gemma 2 (checkpoint)", "gemma3": "Gemma 3 (checkpoint)"}[gen]
     cfg = model_config(hf, dict(t.d, vocab_size=V), name=gen, title=title, d_model=D, layers=layers, norm_eps=eps,
                        context=t.int("max_position_embeddings", default=d["max_position_embeddings"]))
     # sqrt(D) as transformers holds it: a float32 tensor, cast to the activations' dtype at the call
@@ -218,15 +234,21 @@ def runs(hf: dict) -> None:
                               f"{', '.join(SCALINGS)} (accounting reads it; loading weights does not)")
 
 
+def _sandwich_entries(tab: dict, a: str, b: str) -> None:
+    """Gemma 2 / 3's norms after each mixer and before the MLP (Gemma 1's two pre-norms are ``base_entries``')."""
+    tab[f"{b}.post_norm_token.weight"] = norm(f"{a}.post_attention_layernorm.weight", True)
+    tab[f"{b}.norm_channel.weight"] = norm(f"{a}.pre_feedforward_layernorm.weight", True)
+    tab[f"{b}.post_norm_channel.weight"] = norm(f"{a}.post_feedforward_layernorm.weight", True)
+
+
 def table(hf: dict, cfg, names: set[str]) -> dict:
     pre, head = layer_prefix(names, extra=(("language_model.model.", "language_model.lm_head.weight"),))
     tab: dict = {}
     base_entries(tab, cfg, prefix=pre, head=head, offset=True)
     for i, lay in enumerate(cfg.layers):
         a, b, tok = f"{pre}layers.{i}", f"blocks.{i}", lay.token
-        tab[f"{b}.post_norm_token.weight"] = norm(f"{a}.post_attention_layernorm.weight", True)
-        tab[f"{b}.norm_channel.weight"] = norm(f"{a}.pre_feedforward_layernorm.weight", True)
-        tab[f"{b}.post_norm_channel.weight"] = norm(f"{a}.post_feedforward_layernorm.weight", True)
+        if lay.norms == "sandwich":
+            _sandwich_entries(tab, a, b)
         for p in ("q_proj", "k_proj", "v_proj"):
             linear(tab, f"{b}.token.{p}", f"{a}.self_attn.{p}", bias=tok.qkv_bias)
         linear(tab, f"{b}.token.o_proj", f"{a}.self_attn.o_proj", bias=tok.out_bias)
@@ -239,6 +261,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
 
 
 FAMILY = Family(stores=("attention", "window", "ffn", "residual"),
-                name="gemma", model_types=GEMMA2 + GEMMA3 + GEMMA4, to_config=to_config, table=table,
+                name="gemma", model_types=GEMMA1 + GEMMA2 + GEMMA3 + GEMMA4, to_config=to_config, table=table,
                 ignored=fixed(r"rotary_emb\.", r"^(model\.)?vision_tower\.", r"^(model\.)?multi_modal_projector\."),
                 runs=runs)

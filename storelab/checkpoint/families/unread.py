@@ -61,7 +61,7 @@ REASONS: dict[str, str] = {
     **dict.fromkeys(("afmoe", "aria_text", "axk1", "beam", "cohere_compass_text", "cwm", "flint", "hy_v3",
                      "hunyuan_v1_dense", "hunyuan_v1_moe", "kolibri1", "laguna", "mellum", "modernbert-decoder",
                      "nanochat", "vaultgemma", "youtu", "hyperclovax", "solar_open", "exaone_moe", "flex_olmo",
-                     "glm4_moe_lite", "cohere2_moe", "phimoe", "stablelm", "gemma"), _UNCOMPARED),
+                     "glm4_moe_lite", "cohere2_moe", "phimoe"), _UNCOMPARED),
 }
 
 
