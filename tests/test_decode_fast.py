@@ -206,3 +206,24 @@ def test_quantized_weights_against_fp32(fmt, within, tokens, hf_folder):
 def test_quantize_refuses_other_formats():
     with pytest.raises(ValueError, match="weights"):
         quantize_weights(_tiny("qwen3.8"), "int4")
+
+
+# -- the engines bench's plumbing (its figures are benchmarks, never timed here) -------------------------------
+def test_engines_ratios_and_model_argument():
+    from storelab.bench.engines import _ratios, resolve_gguf
+
+    rows = [{"engine": "storelab fp32", "threads": 1, "prefill_tok_s": 300.0, "decode_tok_s": 15.0},
+            {"engine": "transformers fp32", "threads": 1, "prefill_tok_s": 200.0, "decode_tok_s": 10.0}]
+    (r,) = _ratios(rows)
+    assert (r["prefill"], r["decode"], r["peer"]) == (1.5, 1.5, "transformers fp32")
+    with pytest.raises(ValueError, match="neither a .gguf file nor an installed real subject"):
+        resolve_gguf("no-such-model")
+
+
+def test_bench_engines_needs_a_model():
+    from typer.testing import CliRunner
+
+    from storelab.cli import app
+
+    out = CliRunner().invoke(app, ["bench", "engines"])
+    assert out.exit_code != 0 and "MODEL is needed" in out.output

@@ -8,7 +8,9 @@ tens of minutes at its full sizes and is not part of ``all``. ``dist`` (``storel
 bytes per process and step time of a ~50M-parameter model under DDP and FSDP2 on two torchrun
 processes) is not part of ``all`` either, nor is ``mamba2`` (``storelab.bench.mamba2``: the SSD op and the
 Mamba-2 mixer, forward + backward, against transformers' torch path), nor ``families`` (``storelab.bench.families``:
-a tiny Nemotron-H's training step against transformers' same model, B = 4, T = 512 and 2,048).
+a tiny Nemotron-H's training step against transformers' same model, B = 4, T = 512 and 2,048), nor ``engines``
+(``storelab.bench.engines``: ``storelab bench engines MODEL``, a GGUF file or a real subject, prefill and
+decode against transformers and llama.cpp on the same weights, at 1 and 2 threads).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -23,7 +26,7 @@ import typer
 from storelab import options as opt
 from storelab.console import console, emit_json, table
 
-WHICH = ("gdn", "kda", "mamba2", "families", "decode", "prefill", "train", "dist", "all")
+WHICH = ("gdn", "kda", "mamba2", "families", "decode", "prefill", "train", "dist", "engines", "all")
 
 # full sizes (the issue's targets) and quick sizes (smoke checks)
 FULL = {
@@ -63,7 +66,8 @@ def machine() -> dict[str, Any]:
 
 def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, models: list[str] | None = None,
                 length: int | None = None, speed_length: int | None = None, chunk: int | None = None,
-                peer: bool = True, memory_chunk: int | None = None) -> dict[str, Any]:
+                peer: bool = True, memory_chunk: int | None = None, target: str | None = None,
+                threads: tuple[int, ...] = (1, 2), progress=None) -> dict[str, Any]:
     """Run the chosen benches; one dict keyed by bench name, plus the machine and the date."""
     if which not in WHICH:
         raise ValueError(f"which: must be one of {', '.join(WHICH)}, got {which!r}")
@@ -100,6 +104,16 @@ def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, 
             if repeats:
                 kw["repeats"] = repeats
             out[name] = bench_families(**kw)
+        elif name == "engines":
+            from storelab.bench.engines import bench_engines
+
+            if not target:
+                raise ValueError("engines: MODEL is needed (a .gguf file or a real subject: smollm2-135m, gemma3-270m)")
+            kw = dict(prompt=64, chunk=32, new_tokens=4, rounds=1, threads=threads[:1]) if quick else \
+                dict(threads=threads)
+            if repeats:
+                kw["rounds"] = repeats
+            out[name] = bench_engines(target, peers=peer, progress=progress, **kw)
         elif name == "dist":
             from storelab.bench.dist import bench_dist
 
@@ -219,7 +233,22 @@ def print_families(r: dict[str, Any]) -> None:
                         ["family", "B", "T", "ours ms", "transformers ms", "speedup", ">= 2x", "logits diff"], rows))
 
 
+def print_engines(r: dict[str, Any]) -> None:
+    """``storelab bench engines``: tokens per second of each engine, then storelab's ratios to each peer."""
+    rows = [[x["engine"], x["threads"], _round(x["prefill_tok_s"]), _round(x["decode_tok_s"], 1)] for x in r["rows"]]
+    console.print(table(f"engines: {Path(r['path']).name}, prefill of {r['prompt']:,} tokens in chunks of "
+                        f"{r['chunk']}, decode of {r['new_tokens']}, tokens/s ({r['statistic']})",
+                        ["engine", "threads", "prefill", "decode"], rows))
+    rows = [[x["engine"], x["peer"], x["threads"], _round(x["prefill"], 2), _round(x["decode"], 2)] for x in r["ratios"]]
+    console.print(table("storelab / peer (tokens/s over tokens/s)", ["storelab", "peer", "threads", "prefill",
+                                                                       "decode"], rows))
+    mm = ", ".join(f"{_round(v, 1)} GFLOP/s at {k} threads" for k, v in r["matmul_gflops"].items())
+    console.print(f"llama.cpp: {r['llama_cpp']}; machine fp32 matmul {mm}")
+
+
 def print_tables(res: dict[str, Any]) -> None:
+    if "engines" in res:
+        print_engines(res["engines"])
     if "families" in res:
         print_families(res["families"])
     if "dist" in res:
@@ -299,8 +328,10 @@ def failed(res: dict[str, Any]) -> list[dict[str, Any]]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
-        which: str = typer.Argument("all", help="gdn, kda, mamba2, families, decode, prefill, train, dist or all "
-                                    "(all but mamba2, families, train and dist)."),
+        which: str = typer.Argument("all", help="gdn, kda, mamba2, families, decode, prefill, train, dist, engines "
+                                    "or all (all but mamba2, families, train, dist and engines)."),
+        target: str = typer.Argument(None, metavar="[MODEL]", help="engines: a .gguf file or a real subject "
+                                     "(smollm2-135m, gemma3-270m)."),
         quick: bool = typer.Option(False, "--quick", help="Tiny sizes: a smoke check in seconds, not figures."),
         repeats: int = opt.count(0, "--repeats", zero=True, help="Timed rounds (0: the bench's default)."),
         models: list[str] = typer.Option(None, "--model", help="prefill, train: zoo models to run "
@@ -312,8 +343,10 @@ def register(app: typer.Typer) -> None:
         chunk: int = opt.count(0, "--chunk", zero=True, help="prefill: tokens per call of the speed run (0: 1,024)."),
         memory_chunk: int = opt.count(0, "--memory-chunk", zero=True, help="prefill: tokens per call of the memory "
                                       "run (0: 256)."),
-        no_peer: bool = typer.Option(False, "--no-peer", help="prefill: skip the transformers models."),
-        threads: int = opt.count(0, "--threads", zero=True, help="torch threads (0: torch's default, one per core)."),
+        no_peer: bool = typer.Option(False, "--no-peer", help="prefill, engines: skip the peers (transformers, "
+                                     "llama.cpp)."),
+        threads: int = opt.count(0, "--threads", zero=True, help="torch threads (0: torch's default, one per core; "
+                                 "engines: 1 and 2)."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Time our ops, stores and models against transformers' in the same run; print ratios."""
@@ -325,7 +358,12 @@ def register(app: typer.Typer) -> None:
             bad = [m for m in models if m not in zoo_names()]
             if bad:
                 opt.fail(f"--model: unknown zoo model {bad[0]!r} (known: {', '.join(zoo_names())})")
-        if threads:
+        if which == "engines" and not target:
+            opt.fail("engines: MODEL is needed (a .gguf file or a real subject: smollm2-135m, gemma3-270m)")
+        if which != "engines" and target:
+            opt.fail(f"MODEL: only `bench engines` takes one (got {target!r} for {which})")
+        engine_threads = (threads,) if threads else tuple(t for t in (1, 2) if t <= (os.cpu_count() or 1))
+        if threads and which != "engines":
             import torch
 
             torch.set_num_threads(threads)
@@ -334,7 +372,8 @@ def register(app: typer.Typer) -> None:
         keep_freed_memory()  # both sides of every comparison run in this process, with the same allocator
         res = run_benches(which, quick=quick, repeats=repeats or None, models=models, length=length or None,
                           speed_length=speed_length or None, chunk=chunk or None, peer=not no_peer,
-                          memory_chunk=memory_chunk or None)
+                          memory_chunk=memory_chunk or None, target=target, threads=engine_threads,
+                          progress=None if json_ else (lambda msg: console.print(f"[dim]{msg}[/dim]")))
         if json_:
             emit_json(res)
         else:

@@ -1,0 +1,187 @@
+"""``storelab bench engines MODEL``: storelab, transformers and llama.cpp on the same weights, prefill and decode.
+
+MODEL is a GGUF file or a real subject's name (``smollm2-135m``, ``gemma3-270m``: ``storelab.subjects.real``).
+Every engine reads the same file: storelab with ``storelab.checkpoint.load(path, dtype="fp32")``,
+transformers with ``from_pretrained(folder, gguf_file=name, dtype=float32)`` (both dequantize the file's
+weights to fp32), and llama.cpp through ``llama_cpp`` (llama-cpp-python) where it is importable, on the
+file as it is (its own weight format: the row says which). Where it is not, its rows are skipped with a
+message, not failed.
+
+Per thread count (default 1 and 2): a prompt of ``prompt`` tokens (fixed ids) prefilled in chunks of
+``chunk`` (only the last position's logits), then ``new_tokens`` greedy tokens decoded one at a time. The
+engines run in turn within each round, and each figure is the best of the rounds (``compare``'s reasoning:
+a busy spell falls on all of them alike). storelab also runs with int8 and bf16 weights
+(``storelab.models.quant``, activations fp32); the ratios compare like with like (fp32 with fp32) and the
+quantised rows against transformers' fp32. The machine's fp32 matmul rate is measured in the same run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from storelab.bench.timing import matmul_rate
+
+__all__ = ["bench_engines", "resolve_gguf"]
+
+
+def resolve_gguf(model: str) -> Path:
+    """A GGUF path as given, or a real subject's file (ValueError naming both when neither)."""
+    p = Path(model)
+    if p.suffix == ".gguf" and p.is_file():
+        return p
+    from storelab.subjects.real import REAL, SubjectError, real_subject
+
+    try:
+        return real_subject(model).path()
+    except (KeyError, SubjectError) as e:
+        raise ValueError(f"MODEL: {model!r} is neither a .gguf file nor an installed real subject "
+                         f"({', '.join(s.name for s in REAL)}): {e}") from None
+
+
+def _storelab(path: Path, weights: str) -> tuple[Callable, Callable]:
+    from storelab.checkpoint import load
+    from storelab.models.decode import Decoder
+    from storelab.models.model import prefill
+    from storelab.models.quant import quantize_weights
+    from storelab.state import upcoming
+
+    model = quantize_weights(load(path, dtype="fp32").eval(), weights)
+    box: dict[str, Any] = {}
+
+    def run_prefill(ids, chunk, new_tokens):
+        with torch.inference_mode(), upcoming(new_tokens):
+            logits, box["cache"] = prefill(model, ids, chunk=chunk)
+        box["decoder"] = Decoder(model)  # made once per context, as generate does
+        return int(logits.argmax())
+
+    def run_decode(first, n):
+        tok, dec, cache = torch.tensor([[first]]), box["decoder"], box["cache"]
+        out = []
+        with torch.inference_mode():
+            for i in range(n):
+                with upcoming(n - i - 1):
+                    tok = dec.step(tok, cache).argmax(-1, keepdim=True)
+                out.append(int(tok))
+        dec.close()
+        return out
+    return run_prefill, run_decode
+
+
+def _transformers(path: Path) -> tuple[Callable, Callable]:
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    box: dict[str, Any] = {}
+
+    def run_prefill(ids, chunk, new_tokens):
+        cache = DynamicCache()
+        with torch.inference_mode():
+            for s in range(0, ids.shape[1], chunk):
+                out = hf(ids[:, s:s + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        box["cache"] = cache
+        return int(out.logits[0, -1].argmax())
+
+    def run_decode(first, n):
+        tok, cache, out = torch.tensor([[first]]), box["cache"], []
+        with torch.inference_mode():
+            for _ in range(n):
+                o = hf(tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                tok = o.logits[:, -1].argmax(-1, keepdim=True)
+                out.append(int(tok))
+        return out
+    return run_prefill, run_decode
+
+
+def _llama_cpp(path: Path, threads: int, n_ctx: int, chunk: int) -> tuple[Callable, Callable]:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=chunk, n_threads=threads,
+                          n_threads_batch=threads, logits_all=False, verbose=False)
+
+    def run_prefill(ids, chunk, new_tokens):
+        llm.reset()
+        llm.eval(ids[0].tolist())
+        return int(max(range(llm.n_vocab()), key=lambda i: llm.scores[llm.n_tokens - 1, i]))
+
+    def run_decode(first, n):
+        tok, out = first, []
+        for _ in range(n):
+            llm.eval([tok])
+            tok = int(llm.scores[llm.n_tokens - 1].argmax())
+            out.append(tok)
+        return out
+    return run_prefill, run_decode
+
+
+def bench_engines(model: str, *, threads: tuple[int, ...] = (1, 2), prompt: int = 1024, chunk: int = 512,
+                  new_tokens: int = 32, rounds: int = 3, weights: tuple[str, ...] = ("fp32", "int8", "bf16"),
+                  peers: bool = True, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Prefill and decode tokens per second of each engine at each thread count (module docstring)."""
+    path = resolve_gguf(model)
+    say = progress or (lambda s: None)
+    old_threads = torch.get_num_threads()
+    llama_ok = importlib.util.find_spec("llama_cpp") is not None
+    res: dict[str, Any] = {"bench": "engines", "model": model, "path": str(path), "prompt": prompt,
+                           "chunk": chunk, "new_tokens": new_tokens, "rounds": rounds,
+                           "statistic": "best of rounds, engines in turn within each round", "rows": [],
+                           "llama_cpp": "measured" if llama_ok and peers else
+                           ("skipped: --no-peer" if not peers else
+                            "skipped: llama_cpp (llama-cpp-python) is not importable here")}
+    ids = torch.randint(100, 1000, (1, prompt), generator=torch.Generator().manual_seed(0))
+    engines: dict[str, Callable[[int], tuple[Callable, Callable]]] = {
+        f"storelab {w}": (lambda t, w=w: _storelab(path, w)) for w in weights}
+    if peers:
+        engines["transformers fp32"] = lambda t: _transformers(path)
+        if llama_ok:
+            engines["llama.cpp"] = lambda t: _llama_cpp(path, t, prompt + new_tokens + 8, chunk)
+    try:
+        for t in threads:
+            torch.set_num_threads(t)
+            res.setdefault("matmul_gflops", {})[str(t)] = matmul_rate() / 1e9
+            built = {}
+            for name, make in engines.items():
+                say(f"loading {name} ({t} threads)")
+                built[name] = make(t)
+            best: dict[str, dict[str, float]] = {n: {"prefill": float("inf"), "decode": float("inf")} for n in built}
+            tokens: dict[str, list[int]] = {}
+            for r in range(rounds):
+                for name, (pre, dec) in built.items():
+                    say(f"round {r + 1}/{rounds}: {name}, {t} threads")
+                    t0 = time.perf_counter()
+                    first = pre(ids, chunk, new_tokens)
+                    t1 = time.perf_counter()
+                    tokens[name] = dec(first, new_tokens)
+                    t2 = time.perf_counter()
+                    best[name]["prefill"] = min(best[name]["prefill"], t1 - t0)
+                    best[name]["decode"] = min(best[name]["decode"], t2 - t1)
+            for name, b in best.items():
+                res["rows"].append({"engine": name, "threads": t, "prefill_tok_s": prompt / b["prefill"],
+                                    "decode_tok_s": new_tokens / b["decode"], "prefill_s": b["prefill"],
+                                    "decode_s": b["decode"], "tokens": tokens[name]})
+            del built
+    finally:
+        torch.set_num_threads(old_threads)
+    res["ratios"] = _ratios(res["rows"])
+    return res
+
+
+def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """storelab's rate over each peer's, per thread count, prefill and decode."""
+    out = []
+    by = {(r["engine"], r["threads"]): r for r in rows}
+    for (engine, t), r in by.items():
+        if not engine.startswith("storelab"):
+            continue
+        for peer in ("transformers fp32", "llama.cpp"):
+            p = by.get((peer, t))
+            if p is None:
+                continue
+            out.append({"engine": engine, "peer": peer, "threads": t,
+                        "prefill": r["prefill_tok_s"] / p["prefill_tok_s"],
+                        "decode": r["decode_tok_s"] / p["decode_tok_s"]})
+    return out
