@@ -32,7 +32,7 @@ def to_config(hf: dict):
     t = text_fields(hf)
     D = t.int("hidden_size", minimum=1)
     n = t.int("num_hidden_layers", minimum=1)
-    eps = t.float("rms_norm_eps", default=DECL.eps)
+    eps = t.float("rms_norm_eps", default=DECL.eps, positive=True)
     act = t.str("hidden_act", default="relu2")
     if act not in ACTIVATIONS:
         raise t._err("hidden_act", f"{act!r} is not supported (storelab's arcee layers run {', '.join(ACTIVATIONS)})")

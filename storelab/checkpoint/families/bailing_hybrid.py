@@ -80,6 +80,8 @@ def bailing_token(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: float):
     if kind == LINEAR:
         K = t.int("linear_head_dim", "head_dim", default=128, minimum=1)
         bounded = t.bool("kda_safe_gate", default=True)
+        if bounded and t.float("kda_lower_bound", default=-5.0) >= 0:
+            raise t._err("kda_lower_bound", f"must be a number < 0 (a log retention), got {t.d['kda_lower_bound']!r}")
         return KDAConfig(d_model=D, n_heads=t.int("linear_num_heads", default=H, minimum=1), head_k_dim=K,
                          head_v_dim=K, conv_kernel=t.int("linear_conv_kernel_dim", "short_conv_kernel_size",
                                                          default=4, minimum=1),

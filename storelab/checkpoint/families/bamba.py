@@ -78,7 +78,7 @@ def to_config(hf: dict):
 
     t = text_fields(hf)
     D, n = t.int("hidden_size", default=4096, minimum=1), t.int("num_hidden_layers", default=32, minimum=1)
-    eps = t.float("rms_norm_eps", default=1e-5)
+    eps = t.float("rms_norm_eps", default=1e-5, positive=True)
     check_silu(t, "Bamba")
     mamba = hybrid_mamba2(t, D, eps)
     H, bias = t.int("num_attention_heads", default=32, minimum=1), t.bool("attention_bias", default=False)

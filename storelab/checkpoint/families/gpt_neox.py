@@ -44,7 +44,7 @@ def to_config(hf: dict):
     t = text_fields(hf)
     D, n = t.int("hidden_size", minimum=1), t.int("num_hidden_layers", minimum=1)
     H = t.int("num_attention_heads", minimum=1)
-    eps = t.float("layer_norm_eps", default=1e-5)
+    eps = t.float("layer_norm_eps", default=1e-5, positive=True)
     act = t.str("hidden_act", default="gelu")
     if act not in ACTIVATIONS:
         raise t._err("hidden_act", f"{act!r} is not supported (storelab's GPT-NeoX MLP runs {', '.join(ACTIVATIONS)})")

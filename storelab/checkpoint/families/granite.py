@@ -67,7 +67,7 @@ def to_config(hf: dict):
 
     kind, t = _kind(hf), text_fields(hf)
     D, n = t.int("hidden_size", minimum=1), t.int("num_hidden_layers", minimum=1)
-    eps = t.float("rms_norm_eps", default=1e-6)
+    eps = t.float("rms_norm_eps", default=1e-6, positive=True)
     if t.str("hidden_act", default="silu") not in ("silu", "swish"):
         raise t._err("hidden_act", f"{t.str('hidden_act')!r} is not supported (Granite's MLPs are SiLU-gated)")
     _positive(t, "residual_multiplier")
@@ -84,7 +84,7 @@ def to_config(hf: dict):
     layers = []
     for i, lt in enumerate(_types(t, n, kind in SWA)):
         a = dataclasses.replace(_attention(t, i, lt, decl, D, eps), attn_scale=t.float("attention_multiplier",
-                                                                                       default=1.0))
+                                                                                       default=1.0, positive=True))
         if thetas is not None:
             theta = thetas[i]
             if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta < 0:
@@ -95,7 +95,7 @@ def to_config(hf: dict):
     cfg = model_config(hf, t.d, name=kind.replace("_", "-"), title=DECL.title, d_model=D, layers=layers,
                        norm_eps=eps, context=t.int("max_position_embeddings", default=0))
     return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, kind in SWA), vocab_size=t.int("vocab_size", minimum=1),
-                               embed_scale=t.float("embedding_multiplier", default=1.0),
+                               embed_scale=t.float("embedding_multiplier", default=1.0, positive=True),
                                logit_scale=1.0 / _positive(t, "logits_scaling"))
 
 

@@ -73,7 +73,7 @@ def to_config(hf: dict):
 
     t = text_fields(hf)
     D, n = t.int("hidden_size", default=4096, minimum=1), t.int("num_hidden_layers", default=32, minimum=1)
-    eps = t.float("rms_norm_eps", default=1e-6)
+    eps = t.float("rms_norm_eps", default=1e-6, positive=True)
     check_silu(t, "Granite 4.0")
     residual_multiplier(hf)
     mamba = hybrid_mamba2(t, D, eps)
@@ -81,7 +81,7 @@ def to_config(hf: dict):
     rope = t.str("position_embedding_type", default="nope") == "rope"
     attention = AttentionConfig(d_model=D, n_heads=H, n_kv_heads=t.int("num_key_value_heads", default=H, minimum=1),
                                 head_dim=D // H, partial_rotary=1.0 if rope else 0.0, rope_theta=rope_of(t).theta,
-                                attn_scale=t.float("attention_multiplier", default=1.0), qkv_bias=bias,
+                                attn_scale=t.float("attention_multiplier", default=1.0, positive=True), qkv_bias=bias,
                                 out_bias=bias, norm_eps=eps)
     shared = t.int("shared_intermediate_size", default=1024, minimum=1)
     E = t.int("num_local_experts", default=8)
@@ -100,7 +100,7 @@ def to_config(hf: dict):
         raise t._err("logits_scaling", f"must be > 0, got {logits}")
     return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, False), vocab_size=t.int("vocab_size", default=32000,
                                                                                          minimum=1),
-                               embed_scale=t.float("embedding_multiplier", default=1.0), logit_scale=1.0 / logits)
+                               embed_scale=t.float("embedding_multiplier", default=1.0, positive=True), logit_scale=1.0 / logits)
 
 
 def _times(name: str, m: float) -> Src:

@@ -85,7 +85,7 @@ def to_config(hf: dict):
 
     t = text_fields(hf)
     D, n = t.int("hidden_size", default=4096, minimum=1), t.int("num_hidden_layers", default=32, minimum=1)
-    eps = t.float("rms_norm_eps", default=1e-6)
+    eps = t.float("rms_norm_eps", default=1e-6, positive=True)
     act = t.str("hidden_act", default="silu")
     if act != "silu":
         raise t._err("hidden_act", f"{act!r} is not supported (Jamba's MLPs and Mamba layers use SiLU)")

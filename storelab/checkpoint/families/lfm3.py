@@ -85,7 +85,7 @@ def rotated_angles(t: Fields, kind: str, K: int) -> int:
     rp, rope_type = _rope(t, kind, K)
     if rope_type != "proportional":
         return K // 2
-    return int(rp.float("partial_rotary_factor", default=1.0) * K // 2)
+    return int(rp.float("partial_rotary_factor", default=1.0, minimum=0.0, maximum=1.0) * K // 2)
 
 
 def lfm3_token(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: float):
@@ -98,7 +98,7 @@ def lfm3_token(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: float):
     H = t.int("num_attention_heads", minimum=1)
     K = t.int("head_dim", default=128, minimum=2)
     rp, rope_type = _rope(t, kind, K)
-    theta = rp.float("rope_theta", default=1e6)
+    theta = rp.float("rope_theta", default=1e6, positive=True)
     scaling = None
     if rope_type == "proportional":
         R = 2 * rotated_angles(t, kind, K)
@@ -109,7 +109,7 @@ def lfm3_token(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: float):
         if rp.float("factor", default=1.0) != 1.0:
             scaling = {"rope_type": "linear", "factor": rp.float("factor")}
     else:
-        partial = rp.float("partial_rotary_factor", default=1.0)
+        partial = rp.float("partial_rotary_factor", default=1.0, minimum=0.0, maximum=1.0)
     bias = t.bool("attention_bias", default=False)
     common = dict(d_model=D, n_heads=H, n_kv_heads=t.int("num_key_value_heads", default=H, minimum=1), head_dim=K,
                   partial_rotary=partial, rope_theta=theta, rope_scaling=scaling, qk_norm=True, qkv_bias=bias,

@@ -87,7 +87,7 @@ def llama4_token(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: float):
                       rope_scaling=rp.scaling if rp.kind in RUNS_ROPE[1:] else None)
     else:
         common.update(partial_rotary=0.0, attn_temperature_tuning=t.bool("attn_temperature_tuning"),
-                      floor_scale=t.int("floor_scale", minimum=1), attn_temperature_scale=t.float("attn_scale"))
+                      floor_scale=t.int("floor_scale", minimum=1), attn_temperature_scale=t.float("attn_scale", minimum=0.0))
     if kind == CHUNKED and t.has("attention_chunk_size"):
         return ChunkedConfig(chunk=t.int("attention_chunk_size", minimum=1), **common)
     if kind in (CHUNKED, FULL):  # a chunked layer without a chunk size reads the whole context
