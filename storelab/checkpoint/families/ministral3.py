@@ -32,7 +32,7 @@ def ministral3_attention(t: Fields, i: int, kind: str, decl: Decl, D: int, eps: 
     """The shared reader's attention, queries scaled by the position's temperature when beta > 0."""
     a = _attention(t, i, kind, decl, D, eps)
     rp = t.sub("rope_parameters", "rope_scaling", default={})
-    beta = rp.float("llama_4_scaling_beta", default=0.0)
+    beta = rp.float("llama_4_scaling_beta", default=0.0, minimum=0.0)
     if not beta:
         return a
     floor = rp.int("original_max_position_embeddings", minimum=1)
