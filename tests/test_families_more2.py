@@ -28,6 +28,9 @@ TINY = {
                                            rope_parameters=dict(rope_type="default", rope_theta=500.0,
                                                                 partial_rotary_factor=0.5))),
     "gemma": ("gemma", dict(COMMON, head_dim=16, hidden_act="gelu")),
+    "glm4_moe_lite": ("glm4_moe_lite", dict(COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
+                                            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
+                                            num_experts_per_tok=2, moe_intermediate_size=24, n_shared_experts=1)),
 }
 
 saved = saved_fixture({k: v[1] for k, v in TINY.items()}, lambda name: TINY[name][0], perturb=0.3)
