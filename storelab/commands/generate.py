@@ -28,7 +28,7 @@ MAX_TOKENS = 2**24  # prompt and generated tokens each: beyond it the prompt alo
 
 def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, temperature: float = 0.0,
                    top_k: int = 0, seed: int = 0, progress=None, model=None, device: str = "cpu",
-                   dtype: str | None = None) -> dict:
+                   dtype: str | None = None, weights: str = "fp32") -> dict:
     """Build the model with random weights on ``device`` in ``dtype`` (None: fp32) unless ``model`` is
     given (a loaded checkpoint, run where it lies), generate, and account the cache it holds (in the
     model's dtype). The prompt is drawn on the CPU, so it is the same on every device."""
@@ -56,6 +56,9 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
     if model is None:
         model = Model(cfg).eval().to(device=device, dtype=resolve_dtype(dtype or "fp32", {}))
     check_weights(model, cfg.name)
+    from storelab.models.quant import quantize_weights
+
+    quantize_weights(model, weights)  # bf16 / int8 linear weights (fp32: as it is)
     where = placement(model, next(model.parameters()).device)
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
     gen = torch.Generator(device=where["device"]).manual_seed(seed + 1)   # sampling draws where the logits are
@@ -153,6 +156,8 @@ def register(app: typer.Typer) -> None:
                                      "reads weights from the cache alone in any case)."),
         device: str = opt.device(),
         dtype: str = opt.dtype(),
+        weights: str = typer.Option("fp32", "--weights", help="Linear weights for CPU inference: fp32 (as loaded), "
+                                    "bf16 or int8 (weight-only, a scale per output channel; activations fp32)."),
     ) -> None:
         """Generate with random weights (or a checkpoint's); report the cache per store kind, measured
         beside analytic. With --prompt: text in, text out."""
@@ -204,6 +209,9 @@ def register(app: typer.Typer) -> None:
                 # random prompt: fp32 unless --dtype says otherwise; text: --dtype, else its own dtype
                 loaded = load(checkpoint, device=device, dtype=dtype or ("fp32" if prompt is None else None))
                 check_weights(loaded, checkpoint)
+                from storelab.models.quant import quantize_weights
+
+                quantize_weights(loaded, weights)
                 cfg = loaded.cfg
             else:
                 cfg = load_model(config) if config is not None else model_config(src)
@@ -223,13 +231,14 @@ def register(app: typer.Typer) -> None:
             if json_:
                 res = run_generation(cfg, prompt_len=prompt_len, new_tokens=new_tokens, chunk=chunk,
                                      temperature=temperature, top_k=top_k, seed=seed, model=loaded,
-                                     device=device, dtype=dtype)
+                                     device=device, dtype=dtype, weights=weights)
             else:
                 with Progress(console=err_console, transient=True) as bar:
                     task = bar.add_task(f"{cfg.name}: prefill {prompt_len}, decode", total=new_tokens)
                     res = run_generation(cfg, prompt_len=prompt_len, new_tokens=new_tokens, chunk=chunk,
                                          temperature=temperature, top_k=top_k, seed=seed, model=loaded,
-                                         device=device, dtype=dtype, progress=lambda n: bar.advance(task, n))
+                                         device=device, dtype=dtype, weights=weights,
+                                         progress=lambda n: bar.advance(task, n))
         if json_:
             emit_json(res)
             return

@@ -6,9 +6,10 @@ channel) in place of an ``nn.Linear``'s fp32 weight; activations stay fp32. One 
 weight; more rows (a prefill chunk) by torch's matmul with the weight widened to fp32 for that call
 (the widening is a small cost beside a chunk's products, and the narrow weight is all that is kept).
 
-``quantize_weights(model, fmt)`` replaces, in place, every ``nn.Linear`` of the blocks and the LM head (the
-LM head of tied embeddings gets its own packed copy; the embedding table stays as it is, a lookup reads
-one row of it). Inference only: a ``QuantLinear`` has no trainable weight.
+``quantize_weights(model, fmt)`` replaces, in place, the ``nn.Linear``s of the attention, window and FFN
+stores and the LM head (the LM head of tied embeddings gets its own packed copy; the embedding table stays
+as it is, a lookup reads one row of it); other stores, some of which read their projections' weights
+directly, keep fp32. Inference only: a ``QuantLinear`` has no trainable weight.
 
 What it costs in accuracy (tests/test_decode_fast.py, stated there as the tolerances): bf16 keeps 8 bits
 of mantissa (relative error per weight <= 2^-9), int8 about 7 bits of each row's largest magnitude.
@@ -21,6 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from storelab.ops.matvec import FORMATS, PackedWeight, bind, pack
+from storelab.stores.attention import Attention, WindowAttention
+from storelab.stores.ffn import FFN
 
 __all__ = ["QuantLinear", "quantize_weights", "WEIGHT_FORMATS"]
 
@@ -67,8 +70,14 @@ def quantize_weights(model: nn.Module, fmt: str) -> nn.Module:
         raise ValueError(f"weights: {fmt} weights take an fp32 model (activations fp32), got "
                          f"{model.embed.weight.dtype}; load it with dtype fp32")
     with torch.no_grad():
-        for parent in [*model.blocks.modules(), model]:
+        stores = [m for b in model.blocks for m in (b.token, b.channel) if type(m) in _CALLS_ITS_LINEARS]
+        for parent in [*stores, model]:
             for name, child in list(parent.named_children()):
                 if type(child) is nn.Linear and (parent is not model or name == "lm_head"):
                     setattr(parent, name, QuantLinear.from_linear(child, fmt))
     return model
+
+
+# the stores whose linear layers are only ever called (others read a projection's .weight, e.g. to stack q, k
+# and v for one product, and keep fp32 weights); exact classes, as a subclass may read them otherwise
+_CALLS_ITS_LINEARS = (Attention, WindowAttention, FFN)
