@@ -27,7 +27,7 @@ from __future__ import annotations
 from storelab.checkpoint.families._common import (layer_prefix, model_config, base_entries, experts, gated_mlp,
                                                   linear, norm)
 from storelab.checkpoint.families._family import Family, fixed
-from storelab.checkpoint.families._reader import Fields, text_fields
+from storelab.checkpoint.families._reader import Fields, rope_of, text_fields
 from storelab.checkpoint.table import Src, copy
 
 NAME = "qwen3_next"
@@ -96,12 +96,11 @@ def build_config(hf: dict, t: Fields, *, title: str, model_type: str = "qwen3-ne
         raise t._err("hidden_act", f"{act!r} is not supported (only silu is implemented for this family)")
     D, n = t.int("hidden_size", minimum=1), t.int("num_hidden_layers", minimum=1)
     eps = t.float("rms_norm_eps", default=1e-6, positive=True)
-    rp = t.sub("rope_parameters", default={})
-    kind = rp.str("rope_type", "type", default="default")
-    if kind != "default":
-        raise rp._err("rope_type", f"{kind!r} is not supported (only plain RoPE is implemented)")
-    theta = rp.float("rope_theta", default=10000.0, positive=True)
-    partial = rp.float("partial_rotary_factor", default=0.25, minimum=0.0, maximum=1.0)
+    rp = rope_of(t, partial=0.25)  # rope_parameters (v5), else the published rope_theta (10,000,000)
+    if rp.kind != "default":
+        key = "rope_scaling" if t.has("rope_scaling") else "rope_parameters"
+        raise t._err(f"{key}.rope_type", f"{rp.kind!r} is not supported (only plain RoPE is implemented)")
+    theta, partial = rp.theta, rp.partial
     if t.bool("attention_bias", default=False):
         raise t._err("attention_bias", "true is not supported (Qwen3-Next's attention has no biases)")
     types, sparse = token_types(t, n), channel_types(t, n)
