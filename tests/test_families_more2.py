@@ -1,4 +1,5 @@
-"""More families moved out of ``unread.py`` for issue 36 (StarCoder2, StableLM, Gemma 1, ...) against transformers 5.23's tiny models
+"""More families moved out of ``unread.py`` for issue 36 (StarCoder2, StableLM, Gemma 1, VaultGemma, GLM-4.7-Flash,
+Solar Open, K-EXAONE, FlexOlmo, ...) against transformers 5.23's tiny models
 saved with ``save_pretrained``: logits equal in fp32 (1e-5 of the logits' scale) and bf16 (5 %), chunked prefill
 + steps equal to one pass, transformers' cache bytes after a prefill (windows filled and not), parameters from
 config.json alone equal to the saved tensors, each built store kind one its family declares.
@@ -31,6 +32,15 @@ TINY = {
     "glm4_moe_lite": ("glm4_moe_lite", dict(COMMON, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
                                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
                                             num_experts_per_tok=2, moe_intermediate_size=24, n_shared_experts=1)),
+    "vaultgemma": ("vaultgemma", dict(COMMON, head_dim=16, sliding_window=6, query_pre_attn_scalar=16)),
+    "solar_open": ("solar_open", dict(COMMON, head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=24, n_shared_experts=1, routed_scaling_factor=1.5,
+                                      attention_bias=True)),
+    # three layers: a dense one, then experts; local, local, global (no positions)
+    "exaone_moe": ("exaone_moe", dict(COMMON, num_hidden_layers=3, head_dim=16, sliding_window=6,
+                                      sliding_window_pattern=3, num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=24, num_shared_experts=1, n_group=2, topk_group=1)),
+    "flex_olmo": ("flex_olmo", dict(COMMON, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)),
 }
 
 saved = saved_fixture({k: v[1] for k, v in TINY.items()}, lambda name: TINY[name][0], perturb=0.3)
@@ -87,3 +97,31 @@ def test_gemma1_read(saved):
     assert {(lay.norms, lay.token.KIND, lay.token.attn_scale, lay.token.softcap, lay.channel.activation)
             for lay in cfg.layers} == {("pre", "attention", None, None, "geglu_tanh")}
     assert cfg.tie_embeddings and cfg.logit_softcap is None and abs(cfg.embed_scale - 8.0) < 1e-6
+
+
+def test_exaone_moe_read(saved):
+    """Dense first layer, then experts with sigmoid scores and the routing bias; the global layer has no positions."""
+    cfg = read_model_config(saved("exaone_moe")[1])
+    assert [(lay.token.KIND, lay.token.partial_rotary, lay.channel.KIND, lay.norms) for lay in cfg.layers] == [
+        ("window", 1.0, "ffn", "pre"), ("window", 1.0, "moe", "pre"), ("attention", 0.0, "moe", "pre")]
+    moe = cfg.layers[1].channel
+    assert (moe.router, moe.router_bias, moe.routed_scaling, moe.n_group) == ("sigmoid", True, 2.5, 2)
+
+
+def test_exaone_moe_transformers_defaults(tmp_path):
+    """A file without windows or MLP types gets ExaoneMoeConfig's: a 4096 window on three layers of four, the
+    first layer dense."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(COMMON, model_type="exaone_moe", num_hidden_layers=4,
+                                                          num_experts=4, num_experts_per_tok=2, head_dim=16)))
+    cfg = read_model_config(tmp_path)
+    assert [lay.token.KIND for lay in cfg.layers] == ["window"] * 3 + ["attention"]
+    assert cfg.layers[0].token.window == 4095
+    assert [lay.channel.KIND for lay in cfg.layers] == ["ffn"] + ["moe"] * 3
+
+
+def test_solar_open_every_layer_sparse(tmp_path):
+    """SolarOpenConfig drops first_k_dense_replace: every layer has experts, whatever the file says."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(COMMON, model_type="solar_open", n_routed_experts=4,
+                                                          num_experts_per_tok=2, first_k_dense_replace=1)))
+    cfg = read_model_config(tmp_path)
+    assert {lay.channel.KIND for lay in cfg.layers} == {"moe"} and cfg.layers[0].token.head_dim == 128

@@ -12,6 +12,8 @@ feed-forwards, and Gemma's own habits (Gemma 1 has the second and third only):
   MLP, the usual ``norms = "pre"``), full attention on every layer scaled by head_dim ** -0.5, no soft caps,
   no q/k norms; ``hidden_act`` "gelu" (the published files' legacy value) read as ``gelu_pytorch_tanh``, as
   ``GemmaConfig`` does; 16 heads and 16 KV heads of 256 by default (Gemma 7B; Gemma 2B says 8 and 1);
+* VaultGemma (Google, 2025; ``vaultgemma``): Gemma 2 with pre-norms only (``input_layernorm`` before the
+  attention, ``pre_feedforward_layernorm`` before the MLP; no norms after either);
 * Gemma 2: ``attn_logit_softcapping`` c (each scaled score s read as c tanh(s / c): the attention
   store's ``softcap``) and ``final_logit_softcapping`` (the model's ``logit_softcap``); the layers
   alternate local and global, the first local (transformers' fixed pattern of 2);
@@ -69,6 +71,7 @@ from storelab.checkpoint.families._reader import FULL, SLIDING, Fields, scaling_
 from storelab.ops.rope import SCALINGS
 
 GEMMA1, GEMMA2, GEMMA3 = ("gemma",), ("gemma2",), ("gemma3_text", "gemma3")
+VAULT = ("vaultgemma",)  # Gemma 2 with pre-norms only
 GEMMA4 = ("gemma4", "gemma4_text")
 ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh"}
 ACTIVATIONS_1 = {"gelu_pytorch_tanh": "geglu_tanh", "gelu": "geglu_tanh"}  # GemmaConfig turns "gelu" into the tanh
@@ -89,7 +92,7 @@ DEFAULTS = {
 
 def _generation(hf: dict) -> str:
     mt = Fields(hf).str("model_type")
-    return "gemma1" if mt in GEMMA1 else "gemma2" if mt in GEMMA2 else "gemma4" if mt in GEMMA4 else "gemma3"
+    return "gemma1" if mt in GEMMA1 else "gemma2" if mt in GEMMA2 + VAULT else "gemma4" if mt in GEMMA4 else "gemma3"
 
 
 def _nullable(t: Fields, key: str, default: float | None) -> float | None:
@@ -180,6 +183,7 @@ def to_config(hf: dict):
     from storelab.stores.ffn import FFNConfig
 
     gen = _generation(hf)
+    vault = Fields(hf).str("model_type") in VAULT
     t = text_fields(hf)
     if gen == "gemma4":
         gemma_refuse_4(t)
@@ -205,10 +209,11 @@ def to_config(hf: dict):
     channel = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", default=d["intermediate_size"], minimum=1),
                         activation=acts[act])
     layers = [LayerConfig(token=gemma_attention(t, i, types[i], gen, D, eps), channel=channel,
-                          depth=ResidualConfig(d_model=D), norms="pre" if gen == "gemma1" else "sandwich")
+                          depth=ResidualConfig(d_model=D), norms="pre" if gen == "gemma1" or vault else "sandwich")
               for i in range(n)]
     title = {"gemma1": "Gemma (checkpoint)", "gemma2": "Gemma 2 (checkpoint)", "gemma3": "Gemma 3 (checkpoint)"}[gen]
-    cfg = model_config(hf, dict(t.d, vocab_size=V), name=gen, title=title, d_model=D, layers=layers, norm_eps=eps,
+    title, name = ("VaultGemma (checkpoint)", "vaultgemma") if vault else (title, gen)
+    cfg = model_config(hf, dict(t.d, vocab_size=V), name=name, title=title, d_model=D, layers=layers, norm_eps=eps,
                        context=t.int("max_position_embeddings", default=d["max_position_embeddings"]))
     # sqrt(D) as transformers holds it: a float32 tensor, cast to the activations' dtype at the call
     scale = float(torch.tensor(D ** 0.5, dtype=torch.float32))
@@ -249,6 +254,8 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
         a, b, tok = f"{pre}layers.{i}", f"blocks.{i}", lay.token
         if lay.norms == "sandwich":
             _sandwich_entries(tab, a, b)
+        elif Fields(hf).str("model_type") in VAULT:  # VaultGemma's second pre-norm keeps Gemma 2's name
+            tab[f"{b}.norm_channel.weight"] = norm(f"{a}.pre_feedforward_layernorm.weight", True)
         for p in ("q_proj", "k_proj", "v_proj"):
             linear(tab, f"{b}.token.{p}", f"{a}.self_attn.{p}", bias=tok.qkv_bias)
         linear(tab, f"{b}.token.o_proj", f"{a}.self_attn.o_proj", bias=tok.out_bias)
@@ -261,6 +268,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
 
 
 FAMILY = Family(stores=("attention", "window", "ffn", "residual"),
-                name="gemma", model_types=GEMMA1 + GEMMA2 + GEMMA3 + GEMMA4, to_config=to_config, table=table,
+                name="gemma", model_types=GEMMA1 + GEMMA2 + VAULT + GEMMA3 + GEMMA4, to_config=to_config, table=table,
                 ignored=fixed(r"rotary_emb\.", r"^(model\.)?vision_tower\.", r"^(model\.)?multi_modal_projector\."),
                 runs=runs)

@@ -1,4 +1,4 @@
-"""OLMo 2 (AllenAI, arXiv 2501.00656; ``olmo2``) and OLMo 3 (``olmo3``): Llama's decoder with the norms
+"""OLMo 2 (AllenAI, arXiv 2501.00656; ``olmo2``), OLMo 3 (``olmo3``) and FlexOlmo: Llama's decoder with the norms
 moved after each mixer and a norm over the whole query and key projections; OLMoE (arXiv 2409.02060;
 ``olmoe``), the same q/k norms in a pre-norm mixture-of-experts decoder.
 
@@ -20,6 +20,10 @@ SwiGLU experts ``intermediate_size`` wide (3-D ``gate_up_proj`` / ``down_proj``)
 chosen by a softmax router, their weights renormalised only with ``norm_topk_prob`` (default false).
 Its ``clip_qkv`` (q, k, v clamped to [-c, c]; null in OLMoE-1B-7B) is no option of storelab's attention:
 accounting reads such a file, loading refuses it naming the field.
+
+FlexOlmo (AllenAI, 2025; ``flex_olmo``): OLMo 2's post-norm layers and whole-projection q/k norms with OLMoE's
+experts on every layer (``num_experts``, 7, of which ``num_experts_per_tok``, 5, by a softmax router, renormalised
+only with ``norm_topk_prob``); ``rms_norm_eps`` 1e-6 and ``rope_theta`` 500,000 by default.
 
 transformers' defaults where a file says nothing: ``rms_norm_eps`` 1e-5; ``rope_theta`` 10,000
 (OLMo 2, OLMoE) and 500,000 (OLMo 3). Parameters per layer: the attention's D*(H + 2G)*K + H*K*D and its two
@@ -68,8 +72,10 @@ DECLS = {
                   every=4, theta=500000.0, token=olmo_attention),
     "olmoe": Decl(name="olmoe", model_types=("olmoe",), title="OLMoE (checkpoint)", qk_norm=True, eps=1e-5,
                   norm_topk_default=False, token=olmo_attention),
+    "flex_olmo": Decl(name="flex_olmo", model_types=("flex_olmo",), title="FlexOlmo (checkpoint)", qk_norm=True,
+                      eps=1e-6, theta=500000.0, norm_topk_default=False, token=olmo_attention),
 }
-POST_NORMS = ("olmo2", "olmo3")  # OLMoE keeps Llama's pre norms
+POST_NORMS = ("olmo2", "olmo3", "flex_olmo")  # OLMoE keeps Llama's pre norms
 
 
 def post_layers(cfg):

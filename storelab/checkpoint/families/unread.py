@@ -60,8 +60,7 @@ REASONS: dict[str, str] = {
     "mllama": "cross-attention layers reading image states between the self-attention layers: no store",
     **dict.fromkeys(("afmoe", "aria_text", "axk1", "beam", "cohere_compass_text", "cwm", "flint", "hy_v3",
                      "hunyuan_v1_dense", "hunyuan_v1_moe", "kolibri1", "laguna", "mellum", "modernbert-decoder",
-                     "nanochat", "vaultgemma", "youtu", "hyperclovax", "solar_open", "exaone_moe", "flex_olmo",
-                     "cohere2_moe"), _UNCOMPARED),
+                     "nanochat", "youtu", "hyperclovax", "cohere2_moe"), _UNCOMPARED),
     "phimoe": ("the sparsemixer router (PhimoeTopKRouter: the top two experts picked one after the other, each "
                "weighted by a softmax over the router logits within 2 x router_jitter_noise of that pick, arXiv "
                "2409.12136): no moe router does; and lm_head_bias"),
