@@ -31,8 +31,9 @@ from storelab.commands._finite import check_weights, invalid_fields
 from storelab.commands._probe_text import OUT_FILES, write_out
 from storelab.console import console, emit_json, table
 from storelab.models.memory_terms import check_run_fits
-from storelab.outputs import KINDS, check_folder, folder_kind
+from storelab.outputs import KINDS, check_folder
 from storelab.probes.on_folder import MODEL_FOLDERS, open_text_model, run_text_probes
+from storelab.probes.source import checkpoint_kind
 from storelab.probes.prompts import load_records
 from storelab.probes.source import on_device, open_model, placement
 from storelab.report.probe_rows import probe_rows
@@ -116,7 +117,7 @@ def register(app: typer.Typer) -> None:
                     raise ValueError(f"name: unknown probe {nm!r} (known: {', '.join(PROBES)}, all)")
             if (checkpoint is None) == (model is None):
                 raise ValueError("checkpoint: give exactly one of --checkpoint DIR or --model NAME")
-            kind = folder_kind(checkpoint) if checkpoint is not None else None
+            kind = checkpoint_kind(checkpoint) if checkpoint is not None else None
             if checkpoint is not None and kind is None:
                 raise ValueError(f"checkpoint: {checkpoint} does not exist")
             if kind is not None and kind != "run" and kind not in MODEL_FOLDERS:

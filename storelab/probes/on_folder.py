@@ -16,7 +16,7 @@ __all__ = ["TEXT_PROBES", "MODEL_FOLDERS", "DOCUMENT_CONTEXTS", "open_text_model
 
 TEXT_PROBES = ("state_swap", "keep_one", "forgetting", "selection", "mhc")
 DOCUMENT_CONTEXTS = (1024,)  # selection and mhc on text without --contexts
-MODEL_FOLDERS = ("hf", "save")
+MODEL_FOLDERS = ("hf", "save", "gguf")   # model checkpoints (checkpoint_kind): a folder, or a GGUF file
 
 
 def open_text_model(folder: Path, *, stream: bool = False, device: str = "cpu", dtype=None):

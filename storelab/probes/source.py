@@ -25,12 +25,20 @@ from pathlib import Path
 
 from storelab.outputs import folder_kind
 
-__all__ = ["open_model", "on_device", "placement", "is_model_folder"]
+__all__ = ["open_model", "on_device", "placement", "is_model_folder", "checkpoint_kind"]
 
 
 def is_model_folder(path: str | Path) -> bool:
     """A folder with a model's config.json (a supported family's, or ours), not a train run's."""
     return folder_kind(path) in ("hf", "save") and (Path(path) / "config.json").is_file()
+
+
+def checkpoint_kind(path: str | Path) -> str | None:
+    """``"gguf"`` for a GGUF file (its weights, tokenizer and chat template in one file), else the folder's
+    kind (``storelab.outputs.folder_kind``: "hf", "save", "run", ...), None when nothing is there."""
+    from storelab.checkpoint.gguf import is_gguf
+
+    return "gguf" if is_gguf(path) else folder_kind(path)
 
 
 def open_model(checkpoint: str | Path, *, stream: bool = False, device: str = "cpu", dtype=None):

@@ -36,16 +36,20 @@ def checkpoint_section_of(checkpoint: str | Path) -> Section:
 
 def check_checkpoint(checkpoint: str | Path) -> Path:
     """A model folder with its tokenizer (the checkpoint section reads text), checked before any section runs."""
-    from storelab.outputs import KINDS, folder_kind
+    from storelab.outputs import KINDS
     from storelab.text import TOKENIZER
 
+    from storelab.probes.source import checkpoint_kind
+
     p = Path(checkpoint)
-    kind = folder_kind(p)
+    kind = checkpoint_kind(p)
     if kind is None:
         raise ValueError(f"checkpoint: {p} does not exist")
+    if kind == "gguf":   # weights, tokenizer and chat template in one file
+        return p
     if kind not in ("hf", "save"):
         raise ValueError(f"checkpoint: {p} is {KINDS.get(kind, kind)}; the report's checkpoint section probes a "
-                         f"model folder (config.json, *.safetensors, tokenizer.json)")
+                         f"model folder (config.json, *.safetensors, tokenizer.json) or a GGUF file")
     if not (p / TOKENIZER).is_file():
         raise ValueError(f"checkpoint: {p / TOKENIZER}: missing; the probes read text through the folder's tokenizer")
     return p
