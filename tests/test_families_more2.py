@@ -1,5 +1,5 @@
 """More families moved out of ``unread.py`` for issue 36 (StarCoder2, StableLM, Gemma 1, VaultGemma, GLM-4.7-Flash,
-Solar Open, K-EXAONE, FlexOlmo, ...) against transformers 5.23's tiny models
+Solar Open, K-EXAONE, FlexOlmo, Hunyuan, ...) against transformers 5.23's tiny models
 saved with ``save_pretrained``: logits equal in fp32 (1e-5 of the logits' scale) and bf16 (5 %), chunked prefill
 + steps equal to one pass, transformers' cache bytes after a prefill (windows filled and not), parameters from
 config.json alone equal to the saved tensors, each built store kind one its family declares.
@@ -41,6 +41,9 @@ TINY = {
                                       sliding_window_pattern=3, num_experts=4, num_experts_per_tok=2,
                                       moe_intermediate_size=24, num_shared_experts=1, n_group=2, topk_group=1)),
     "flex_olmo": ("flex_olmo", dict(COMMON, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(COMMON, head_dim=16, attention_bias=True, rope_parameters=dict(
+        rope_type="dynamic", rope_theta=10000.0, alpha=50.0, factor=1.0))),
+    "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(COMMON, head_dim=16, num_experts=4, moe_topk=[2, 1])),
 }
 
 saved = saved_fixture({k: v[1] for k, v in TINY.items()}, lambda name: TINY[name][0], perturb=0.3)
@@ -125,3 +128,13 @@ def test_solar_open_every_layer_sparse(tmp_path):
                                                           num_experts_per_tok=2, first_k_dense_replace=1)))
     cfg = read_model_config(tmp_path)
     assert {lay.channel.KIND for lay in cfg.layers} == {"moe"} and cfg.layers[0].token.head_dim == 128
+
+
+def test_hunyuan_read(saved):
+    """q/k norms after RoPE; a dynamic scaling with alpha is a fixed base; experts and top-k per layer."""
+    a = read_model_config(saved("hunyuan_v1_dense")[1]).layers[0].token
+    assert (a.qk_norm, a.qk_norm_scope, a.rope_scaling) == (True, "head_after_rope", None)
+    assert abs(a.rope_theta - 10000.0 * 50.0 ** (16 / 14)) < 1e-6 * a.rope_theta
+    cfg = read_model_config(saved("hunyuan_v1_moe")[1])
+    assert [(lay.channel.n_experts, lay.channel.top_k, lay.channel.shared_width) for lay in cfg.layers] == [
+        (4, 2, 48), (4, 1, 48)]

@@ -8,7 +8,9 @@ Full attention (Vaswani et al., arXiv 1706.03762) with the devices today's layer
   channels of each query/key head (Qwen3-Next 0.25, MiMo 0.334; 0 = no positions at all,
   as in Kimi K3's attention);
 * ``qk_norm``: an RMSNorm (arXiv 1910.07467) over each query and key head before RoPE
-  (``qk_norm_scope = "all"``: over all heads' channels at once, as OLMo 2 and MiniMax-M2 do);
+  (``qk_norm_scope = "all"``: over all heads' channels at once, as OLMo 2 and MiniMax-M2 do;
+  ``"head_after_rope"``: each head's norm applied after the rotation, as HunYuan does: its weight per
+  channel does not commute with the rotation of channel pairs);
 * ``gate``: the per-channel sigmoid output gate of Qwen3-Next (Qiu et al., arXiv 2505.06708):
   ``q_proj`` emits, per head, ``head_dim`` query channels followed by ``v_head_dim`` gate
   channels (the layout of transformers' ``Qwen3NextAttention``), and each head's output is
@@ -72,6 +74,8 @@ from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount
 
 __all__ = ["AttentionConfig", "WindowConfig", "Attention", "WindowAttention", "logn_factor", "temperature_factor"]
 
+QK_NORM_SCOPES = ("head", "all", "head_after_rope")  # AttentionConfig.qk_norm_scope
+
 
 def logn_factor(positions_T: Tensor, base: int) -> Tensor:
     """Qwen's LogN factor (arXiv 2309.16609) per query position: max(1, log(p + 1) / log(base))."""
@@ -101,7 +105,8 @@ class AttentionConfig(StoreConfig):
     qk_norm: bool = False                # RMSNorm on each query/key head
     rope_scaling: dict | None = None     # a published rope_scaling (linear, llama3, yarn: storelab.ops.rope.SCALINGS)
     qk_norm_scope: str = "head"          # "head": one K-wide norm shared by the heads (Qwen3, Gemma 3); "all": one
-                                         # norm over all heads' channels at once, H*K and G*K wide (OLMo 2, MiniMax-M2)
+                                         # norm over all heads' channels at once, H*K and G*K wide (OLMo 2, MiniMax-M2);
+                                         # "head_after_rope": the "head" norm after the rotation (HunYuan)
     sink: bool = False                   # learned attention-sink logit per head
     logn: bool = False                   # Qwen LogN scaling of the logits
     logn_base: int = 4096
@@ -151,8 +156,8 @@ class AttentionConfig(StoreConfig):
         check_scaling(self.rope_scaling)
         self.check(not (self.gate and self.head_gate), "head_gate",
                    "cannot be true with gate (one output gate or the other)")
-        self.check(self.qk_norm_scope in ("head", "all"), "qk_norm_scope",
-                   f"must be 'head' or 'all', got {self.qk_norm_scope!r}")
+        self.check(self.qk_norm_scope in QK_NORM_SCOPES, "qk_norm_scope",
+                   f"must be one of {QK_NORM_SCOPES}, got {self.qk_norm_scope!r}")
         self.check(isinstance(self.floor_scale, int) and self.floor_scale > 0, "floor_scale",
                    f"must be an int > 0, got {self.floor_scale!r}")
         self.check(self.attn_temperature_scale >= 0, "attn_temperature_scale",
@@ -195,7 +200,7 @@ class AttentionConfig(StoreConfig):
         if self.out_bias:
             n += D
         if self.qk_norm:
-            n += 2 * K if self.qk_norm_scope == "head" else (H + G) * K
+            n += (H + G) * K if self.qk_norm_scope == "all" else 2 * K
         if self.sink:
             n += H
         if self.head_gate:
@@ -273,10 +278,12 @@ class Attention(nn.Module):
         if self.q_norm is not None and c.qk_norm_scope == "all":  # over the whole projection
             q_BTHK = self.q_norm(q_BTHK.flatten(2)).view(B, T, H, K)
             k_BTGK = self.k_norm(k_BTGK.flatten(2)).view(B, T, G, K)
-        elif self.q_norm is not None:
+        elif self.q_norm is not None and c.qk_norm_scope == "head":
             q_BTHK, k_BTGK = self.q_norm(q_BTHK), self.k_norm(k_BTGK)
         rope = dict(rotary_dim=c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved, scaling=c.rope_scaling)
         q_BTHK, k_BTGK = apply_rope(q_BTHK, positions_T, **rope), apply_rope(k_BTGK, positions_T, **rope)
+        if self.q_norm is not None and c.qk_norm_scope == "head_after_rope":
+            q_BTHK, k_BTGK = self.q_norm(q_BTHK), self.k_norm(k_BTGK)
         if c.qk_l2_norm:  # after RoPE, no weight (Llama4TextL2Norm)
             q_BTHK, k_BTGK = rms_norm(q_BTHK, eps=c.norm_eps), rms_norm(k_BTGK, eps=c.norm_eps)
         if c.attn_temperature_tuning:

@@ -59,7 +59,7 @@ REASONS: dict[str, str] = {
     "hrm_text": "hierarchical recurrent modules iterated per token (HRM): no store",
     "mllama": "cross-attention layers reading image states between the self-attention layers: no store",
     **dict.fromkeys(("afmoe", "aria_text", "axk1", "beam", "cohere_compass_text", "cwm", "flint", "hy_v3",
-                     "hunyuan_v1_dense", "hunyuan_v1_moe", "kolibri1", "laguna", "mellum", "modernbert-decoder",
+                     "kolibri1", "laguna", "mellum", "modernbert-decoder",
                      "nanochat", "youtu", "hyperclovax", "cohere2_moe"), _UNCOMPARED),
     "phimoe": ("the sparsemixer router (PhimoeTopKRouter: the top two experts picked one after the other, each "
                "weighted by a softmax over the router logits within 2 x router_jitter_noise of that pick, arXiv "
