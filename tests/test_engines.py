@@ -427,7 +427,7 @@ def test_engine_options(tmp_path):
     for args, match in ((["--engine", "llama.cpp", "--engine-option", "block_size=32"],
                          "engine option: 'block_size=32' is not KEY=VALUE with a key of llama.cpp"),
                         (["--engine", "llama.cpp", "--engine-option", "n_ubatch=0"],
-                         "engine option n_ubatch: must be a whole number > 0"),
+                         "engine option n_ubatch: must be a whole number from 1 to 2,147,483,647"),
                         (["--engine", "llama.cpp", "--engine-option", "swa_full=maybe"],
                          "engine option swa_full: must be true or false"),
                         (["--engine-option", "n_ubatch=512"], "key of ideal (known: none)")):

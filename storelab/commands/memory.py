@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
         from storelab.checkpoint.source import hf_config_path
         from storelab.commands.models import load_sources
         from storelab.models.accounting import count_params
-        from storelab.models.engines import ENGINES, engine_options
+        from storelab.models.engines import ENGINES, check_engine_cache, engine_options
         from storelab.models.memory_terms import (cache_dtype as read_cache, parse_size, state_dtype as read_state,
                                                   weights_dtype as read_weights)
         from storelab.report.memory_json import budget_record, memory_document, memory_record
@@ -124,6 +124,7 @@ def register(app: typer.Typer) -> None:
                 gguf = folder is not None and is_gguf(folder)
                 eng = engine or ("llama.cpp" if gguf else "ideal")  # a GGUF is run by llama.cpp: its rules
                 options = engine_options(eng, engine_option or [])
+                check_engine_cache(eng, cache)
                 L = context or cfg.context or 1_000_000
                 stated = folder_format(folder) if folder is not None and cache is None else None
                 eng_state, eng_settings, model_source = None, {}, None

@@ -102,7 +102,10 @@ ENGINES = ("ideal", "transformers", "llama.cpp", "vllm")
 SLIDING_TENSOR_BYTES = 8  # transformers' DynamicSlidingWindowLayer._sliding_window_tensor (int64 scalar)
 # transformers' settings: the model's dtype, which its DynamicCache keeps keys and values in (a folder saved in
 # float32 and loaded with its own dtype keeps a float32 cache); ``storelab memory`` takes it from config.json
-TRANSFORMERS_OPTIONS = {"model_dtype": str}
+INT_MAX = 2**31 - 1  # llama.cpp's command line reads its counts with std::stoi (an int)
+MODEL_DTYPES = ("fp32", "bf16", "fp16")  # a model's dtype, as the engines load it (torch_dtype / --dtype)
+TRANSFORMERS_OPTIONS = {"model_dtype": MODEL_DTYPES}
+TRANSFORMERS_CACHES = MODEL_DTYPES  # DynamicCache keeps keys and values in the model's dtype
 
 
 def _pad(x: int, n: int) -> int:
@@ -162,7 +165,8 @@ class LlamaCpp:
     """llama.cpp's allocation for ``batch`` sequences of ``context`` tokens (module docstring)."""
 
     name = "llama.cpp"
-    OPTIONS = {"n_ubatch": int, "swa_full": bool, "kv_unified": bool}  # -ub, -swa-full, -kvu
+    OPTIONS = {"n_ubatch": range(1, INT_MAX + 1), "swa_full": bool, "kv_unified": bool}  # -ub, -swa-full, -kvu
+    CACHES = ("fp32", "fp16", "bf16", "q8_0", "q4_0")  # -ctk / -ctv: f32, f16, bf16, q8_0, q4_0 (and others)
     CTX_PAD = 256          # llama-context.cpp: cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256)
     SWA_PAD = 256          # llama-kv-cache-iswa.cpp: the SWA cache is always padded to 256
     DEFAULT_CACHE = "fp16"  # llama_context_default_params: type_k = type_v = GGML_TYPE_F16
@@ -212,7 +216,9 @@ class VLLM:
     """vLLM's allocation for ``batch`` sequences of ``context`` tokens (module docstring)."""
 
     name = "vllm"
-    OPTIONS = {"max_num_batched_tokens": int, "block_size": int, "model_dtype": str}
+    OPTIONS = {"max_num_batched_tokens": range(1, INT_MAX + 1), "block_size": (1, 8, 16, 32, 64, 128, 256),
+               "model_dtype": MODEL_DTYPES}  # CacheConfig's BlockSize values
+    CACHES = ("fp32", "bf16", "fp16", "fp8")  # kv_cache_dtype: auto (the model's), bfloat16, fp8 (e4m3, e5m2)
     BLOCK = 16         # CacheConfig.block_size; the CUDA kernels' block alignment (16)
 
     def __init__(self, context: int, batch: int, *, max_num_batched_tokens: int = 8192, block_size: int = BLOCK,
@@ -294,9 +300,20 @@ def engine_state_format(engine: str, state: str) -> str:
     return LlamaCpp.STATE if engine == "llama.cpp" else state
 
 
+def check_engine_cache(engine: str, cache: str | None) -> None:
+    """Refuse a cache format ``engine`` cannot keep (llama.cpp has no fp8 or fp4 cache, vLLM no q4_0,
+    transformers' DynamicCache only the model's dtypes), naming the engine's formats."""
+    _check_engine(engine)
+    have = {"llama.cpp": LlamaCpp.CACHES, "vllm": VLLM.CACHES, "transformers": TRANSFORMERS_CACHES}.get(engine)
+    if cache is not None and have is not None and cache not in have:
+        raise ValueError(f"--cache-dtype {cache}: {engine} keeps no {cache} cache (it keeps "
+                         f"{', '.join(have)}; --engine ideal for what the stores need in {cache})")
+
+
 def engine_options(engine: str, pairs: list[str]) -> dict[str, Any]:
-    """An engine's settings from ``KEY=VALUE`` strings (``storelab memory --engine-option``), each checked:
-    a key the engine has (``OPTIONS``), an integer > 0, a boolean (true/false), or a state format."""
+    """An engine's settings from ``KEY=VALUE`` strings (``storelab memory --engine-option``), each checked
+    against what the engine accepts (``OPTIONS``): a boolean (true/false), a whole number in its range or
+    among its values, or a model dtype."""
     _check_engine(engine)
     known = {"llama.cpp": LlamaCpp.OPTIONS, "vllm": VLLM.OPTIONS, "transformers": TRANSFORMERS_OPTIONS}.get(engine, {})
     out: dict[str, Any] = {}
@@ -306,19 +323,21 @@ def engine_options(engine: str, pairs: list[str]) -> dict[str, Any]:
         if not sep or key not in known:
             raise ValueError(f"engine option: {pair!r} is not KEY=VALUE with a key of {engine} "
                              f"(known: {', '.join(known) or 'none'})")
-        kind = known[key]
-        if kind is bool:
+        accepted = known[key]
+        if accepted is bool:
             if value.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(f"engine option {key}: must be true or false, got {value!r}")
             out[key] = value.lower() in ("true", "1")
-        elif kind is int:
-            if not value.isdigit() or int(value) <= 0:
-                raise ValueError(f"engine option {key}: must be a whole number > 0, got {value!r}")
-            out[key] = int(value)
-        else:
-            from storelab.models.memory_terms import state_dtype
+        elif accepted is MODEL_DTYPES:
+            from storelab.models.memory_terms import model_dtype
 
-            out[key] = state_dtype(value)
+            out[key] = model_dtype(value, f"engine option {key}")
+        else:  # whole numbers: a range or the values the engine takes
+            shown = (f"a whole number from {accepted.start:,} to {accepted.stop - 1:,}" if isinstance(accepted, range)
+                     else f"one of {', '.join(map(str, accepted))}")
+            if not value.isdigit() or int(value) not in accepted:
+                raise ValueError(f"engine option {key}: must be {shown} ({engine} takes no other), got {value!r}")
+            out[key] = int(value)
     return out
 
 

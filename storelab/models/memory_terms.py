@@ -42,8 +42,8 @@ from typing import Any
 from storelab.models.config import ModelConfig
 from storelab.stores.base import DTYPE_BYTES, STATE_DTYPES
 
-__all__ = ["CACHE_DTYPES", "STATE_DTYPES", "WEIGHT_DTYPES", "cache_dtype", "state_dtype", "weights_dtype",
-           "parse_size", "folder_cache_format", "folder_dtypes", "layer_terms", "model_terms", "longest_contexts",
+__all__ = ["CACHE_DTYPES", "STATE_DTYPES", "WEIGHT_DTYPES", "cache_dtype", "state_dtype", "model_dtype",
+           "weights_dtype", "parse_size", "folder_cache_format", "folder_dtypes", "layer_terms", "model_terms", "longest_contexts",
            "run_bytes", "check_run_fits", "GIB", "MIB"]
 
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
@@ -69,6 +69,11 @@ def cache_dtype(value: str | None) -> str | None:
 
 def state_dtype(value: str) -> str:
     return _dtype("state dtype", value, STATE_DTYPES, "f32, bf16, f16")
+
+
+def model_dtype(value: str, what: str = "model dtype") -> str:
+    """A model's dtype (an engine's ``model_dtype``): fp32, bf16 or fp16."""
+    return _dtype(what, value, ("fp32", "bf16", "fp16"), "f32, bf16, f16")
 
 
 def weights_dtype(value: str) -> str:

@@ -133,6 +133,9 @@ def params_text(n: int) -> str:
     return f"{n / 1e6:,.3g}M" if n >= 1e6 else f"{n:,}"
 
 
+LONGEST_SHOWN = 2**31 - 1  # a model that states no context: longer fits are said in words, not as a count
+
+
 def budget_text(cfg, b: dict[str, Any]) -> list[str]:
     """What fits in the budget (a ``budget_record``), per batch size."""
     fits, budget, weights = b["longest_context"], b["budget_bytes"], b["weights_bytes"]
@@ -150,8 +153,10 @@ def budget_text(cfg, b: dict[str, Any]) -> list[str]:
         elif not f["fits"]:
             out.append(f"  {f['batch']:>5}  does not fit")
             break
+        elif f["context"] >= (cfg.context or LONGEST_SHOWN):  # a count past what is read says nothing
+            what = (f"every context up to its {cfg.context:,} (room to spare)" if cfg.context else
+                    f"every context up to {LONGEST_SHOWN:,} tokens and beyond")
         else:
-            what = f"{f['context']:,} tokens" + (f" (beyond its {cfg.context:,})" if cfg.context and
-                                                  f["context"] > cfg.context else "")
+            what = f"{f['context']:,} tokens"
         out.append(f"  {f['batch']:>5}  {what}")
     return out
