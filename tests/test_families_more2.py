@@ -1,5 +1,5 @@
 """More families moved out of ``unread.py`` for issue 36 (StarCoder2, StableLM, Gemma 1, VaultGemma, GLM-4.7-Flash,
-Solar Open, K-EXAONE, FlexOlmo, Hunyuan, ...) against transformers 5.23's tiny models
+Solar Open, K-EXAONE, FlexOlmo, Hunyuan, AFMoE, ...) against transformers 5.23's tiny models
 saved with ``save_pretrained``: logits equal in fp32 (1e-5 of the logits' scale) and bf16 (5 %), chunked prefill
 + steps equal to one pass, transformers' cache bytes after a prefill (windows filled and not), parameters from
 config.json alone equal to the saved tensors, each built store kind one its family declares.
@@ -44,6 +44,10 @@ TINY = {
     "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(COMMON, head_dim=16, attention_bias=True, rope_parameters=dict(
         rope_type="dynamic", rope_theta=10000.0, alpha=50.0, factor=1.0))),
     "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(COMMON, head_dim=16, num_experts=4, moe_topk=[2, 1])),
+    # three layers: dense local, experts local, experts global (no positions); muP's embedding scale
+    "afmoe": ("afmoe", dict(COMMON, num_hidden_layers=3, head_dim=16, sliding_window=6, global_attn_every_n_layers=3,
+                            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, num_shared_experts=2,
+                            route_scale=1.5, mup_enabled=True)),
 }
 
 saved = saved_fixture({k: v[1] for k, v in TINY.items()}, lambda name: TINY[name][0], perturb=0.3)
@@ -138,3 +142,18 @@ def test_hunyuan_read(saved):
     cfg = read_model_config(saved("hunyuan_v1_moe")[1])
     assert [(lay.channel.n_experts, lay.channel.top_k, lay.channel.shared_width) for lay in cfg.layers] == [
         (4, 2, 48), (4, 1, 48)]
+
+
+def test_afmoe_read(saved):
+    cfg = read_model_config(saved("afmoe")[1])
+    assert [(lay.token.KIND, lay.token.partial_rotary, lay.token.gate, lay.channel.KIND, lay.norms)
+            for lay in cfg.layers] == [("window", 1.0, True, "ffn", "sandwich"), ("window", 1.0, True, "moe", "sandwich"),
+                                       ("attention", 0.0, True, "moe", "sandwich")]
+    moe = cfg.layers[1].channel
+    assert (moe.router, moe.router_bias, moe.routed_scaling, moe.shared_width) == ("sigmoid", True, 1.5, 48)
+    assert cfg.embed_scale == 8.0
+
+
+def test_afmoe_attention_bias_refused(tmp_path):
+    _refused(tmp_path, dict(COMMON, model_type="afmoe", attention_bias=True, num_experts=4, num_experts_per_tok=2),
+             r"attention_bias: true is not supported")
