@@ -28,6 +28,25 @@ def check_out(folder: Path, jobs: list[tuple[str, int]], force: bool) -> None:
     check_folder(folder, "subjects", FILES, force=force)
 
 
+def real_rows() -> list[dict]:
+    """The real subjects (``storelab.subjects.real``): source, licence, format, size, installed or not."""
+    from storelab.subjects.real import REAL
+
+    return [s.record() for s in REAL]
+
+
+def print_real(rows: list[dict]) -> None:
+    from storelab.subjects.real import INSTALL
+
+    console.print(table("Real subjects (language models trained elsewhere, GGUF from the package registry)",
+                        ["subject", "model", "source", "licence", "format", "size", "installed"],
+                        [[r["name"], r["title"], r["source"], r["licence"], r["format"],
+                          f"{r['bytes'] / 2**20:.0f} MiB" if "bytes" in r else "",
+                          "yes" if r["installed"] else "no"] for r in rows]))
+    if not all(r["installed"] for r in rows):
+        console.print(f"to install the real subjects: {INSTALL}")
+
+
 def register(app: typer.Typer) -> None:
     sub = typer.Typer(help="The trained subjects the report's probes read.", invoke_without_command=True,
                       no_args_is_help=False)
@@ -46,8 +65,9 @@ def register(app: typer.Typer) -> None:
             if not folder.is_dir():
                 raise ValueError(f"--dir: {folder} is not a folder")
             rows = summary(folder)
+        real = real_rows()
         if json_:
-            emit_json({"folder": str(folder), "subjects": rows, "recipes": list(RECIPES)})
+            emit_json({"folder": str(folder), "subjects": rows, "recipes": list(RECIPES), "real": real})
             return
         console.print(table(f"Trained subjects in {folder}",
                             ["subject", "seed", "layers", "steps", "s", "learned",
@@ -58,6 +78,7 @@ def register(app: typer.Typer) -> None:
                                 if str(k) in r["held_out"] else "" for k in SIZES]] for r in rows]))
         if not rows:
             console.print(f"no subjects in {folder}; `storelab subjects train --all` trains them")
+        print_real(real)
 
     @sub.command("train")
     def train_cmd(name: str = typer.Argument(None, help="A subject (see `storelab subjects`); or --all."),

@@ -42,4 +42,5 @@ SECTIONS: list[Section] = [
     Section("trained", "7. What a trained hybrid keeps where", _lazy("storelab.report.trained_section", "trained_section")),
     Section("sweep", "8. Where the stored value goes as the dictionary grows",
             _lazy("storelab.report.sweep_section", "sweep_section")),
+    Section("real", "9. On language models that learned", _lazy("storelab.report.real_section", "real_section")),
 ]
