@@ -1,5 +1,5 @@
 """More families moved out of ``unread.py`` for issue 36 (StarCoder2, StableLM, Gemma 1, VaultGemma, GLM-4.7-Flash,
-Solar Open, K-EXAONE, FlexOlmo, Hunyuan, AFMoE, ...) against transformers 5.23's tiny models
+Solar Open, K-EXAONE, FlexOlmo, Hunyuan, AFMoE, Code World Model) against transformers 5.23's tiny models
 saved with ``save_pretrained``: logits equal in fp32 (1e-5 of the logits' scale) and bf16 (5 %), chunked prefill
 + steps equal to one pass, transformers' cache bytes after a prefill (windows filled and not), parameters from
 config.json alone equal to the saved tensors, each built store kind one its family declares.
@@ -48,6 +48,10 @@ TINY = {
     "afmoe": ("afmoe", dict(COMMON, num_hidden_layers=3, head_dim=16, sliding_window=6, global_attn_every_n_layers=3,
                             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, num_shared_experts=2,
                             route_scale=1.5, mup_enabled=True)),
+    # CwmConfig's default llama3 scaling, with a short pretraining length so that it shows at positions 0-20
+    "cwm": ("cwm", dict(COMMON, num_hidden_layers=3, head_dim=16, sliding_window=6, mlp_bias=True, rope_parameters=dict(
+        rope_type="llama3", rope_theta=1000000.0, factor=16.0, high_freq_factor=4.0, low_freq_factor=1.0,
+        original_max_position_embeddings=16))),
 }
 
 saved = saved_fixture({k: v[1] for k, v in TINY.items()}, lambda name: TINY[name][0], perturb=0.3)
@@ -157,3 +161,13 @@ def test_afmoe_read(saved):
 def test_afmoe_attention_bias_refused(tmp_path):
     _refused(tmp_path, dict(COMMON, model_type="afmoe", attention_bias=True, num_experts=4, num_experts_per_tok=2),
              r"attention_bias: true is not supported")
+
+
+def test_cwm_transformers_defaults(tmp_path):
+    """A file without layer types, window or rope gets CwmConfig's: layers 0, 4, ... full, an 8192 window, Llama 3's
+    scaling of base 1,000,000."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(COMMON, model_type="cwm", num_hidden_layers=5)))
+    cfg = read_model_config(tmp_path)
+    assert [lay.token.KIND for lay in cfg.layers] == ["attention", "window", "window", "window", "attention"]
+    a = cfg.layers[1].token
+    assert (a.window, a.head_dim, a.rope_theta, a.rope_scaling["rope_type"]) == (8191, 128, 1_000_000.0, "llama3")

@@ -58,7 +58,7 @@ REASONS: dict[str, str] = {
     "blt": "byte patches through a local encoder and decoder (Byte Latent Transformer): no store",
     "hrm_text": "hierarchical recurrent modules iterated per token (HRM): no store",
     "mllama": "cross-attention layers reading image states between the self-attention layers: no store",
-    **dict.fromkeys(("aria_text", "axk1", "beam", "cohere_compass_text", "cwm", "flint", "hy_v3",
+    **dict.fromkeys(("aria_text", "axk1", "beam", "cohere_compass_text", "flint", "hy_v3",
                      "kolibri1", "laguna", "mellum", "modernbert-decoder",
                      "nanochat", "youtu", "hyperclovax", "cohere2_moe"), _UNCOMPARED),
     "phimoe": ("the sparsemixer router (PhimoeTopKRouter: the top two experts picked one after the other, each "
