@@ -47,7 +47,7 @@ their own:
 The environment section says whether fla's kernels imported, and why not.
 fla's Triton kernels compile (and autotune) on their first call, per dtype and shape: the first
 correctness rows take most of the time; ``--sections`` splits a run that does not fit the device's
-time. The figures go into the README's Performance section.
+time. The figures go into docs/bench.md.
 """
 
 from __future__ import annotations
