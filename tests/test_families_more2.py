@@ -151,7 +151,8 @@ def test_hunyuan_read(saved):
 def test_afmoe_read(saved):
     cfg = read_model_config(saved("afmoe")[1])
     assert [(lay.token.KIND, lay.token.partial_rotary, lay.token.gate, lay.channel.KIND, lay.norms)
-            for lay in cfg.layers] == [("window", 1.0, True, "ffn", "sandwich"), ("window", 1.0, True, "moe", "sandwich"),
+            for lay in cfg.layers] == [("window", 1.0, True, "ffn", "sandwich"),
+                                       ("window", 1.0, True, "moe", "sandwich"),
                                        ("attention", 0.0, True, "moe", "sandwich")]
     moe = cfg.layers[1].channel
     assert (moe.router, moe.router_bias, moe.routed_scaling, moe.shared_width) == ("sigmoid", True, 1.5, 48)

@@ -4,7 +4,8 @@ global layers without positions, and sigmoid-routed experts.
 * attention (``AfmoeAttention``): GQA, ``head_dim`` 128 by default, per-head q/k RMSNorms before the rotation; RoPE
   on the ``sliding_attention`` layers only (within ``sliding_window``, 1024), the ``full_attention`` layers use no
   positions; the output of each head times sigmoid(``gate_proj`` x) per channel (our ``gate``: the table puts each
-  head's gate rows after its query rows in ``q_proj``, Qwen3-Next's layout); ``attention_bias`` (false in the releases) refused, naming the field: the gate has no bias;
+  head's gate rows after its query rows in ``q_proj``, Qwen3-Next's layout); ``attention_bias`` (false in the
+  releases) refused, naming the field: the gate has no bias;
 * ``layer_types``, else every ``global_attn_every_n_layers``-th layer (4) global and the rest local;
 * sandwich norms (``norms = "sandwich"``): ``input_layernorm`` / ``post_attention_layernorm`` around the attention,
   ``pre_mlp_layernorm`` / ``post_mlp_layernorm`` around the MLP;
@@ -78,7 +79,8 @@ def to_config(hf: dict):
 def _query_and_gate(q: str, g: str, H: int) -> Src:
     """Each head's query rows followed by its gate rows (our ``q_proj`` with ``gate``)."""
     def fuse(wq: torch.Tensor, wg: torch.Tensor) -> torch.Tensor:
-        return torch.cat([wq.reshape(H, -1, wq.shape[-1]), wg.reshape(H, -1, wg.shape[-1])], 1).reshape(-1, wq.shape[-1])
+        D = wq.shape[-1]
+        return torch.cat([wq.reshape(H, -1, D), wg.reshape(H, -1, D)], 1).reshape(-1, D)
 
     return Src((q, g), fuse, "each head's q_proj rows, then its gate_proj rows")
 

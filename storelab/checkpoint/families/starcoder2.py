@@ -41,7 +41,8 @@ def to_config(hf: dict):
     bias = t.bool("use_bias", default=True)
     act = t.str("hidden_act", default="gelu_pytorch_tanh")
     if act not in ACTIVATIONS:
-        raise t._err("hidden_act", f"{act!r} is not supported (storelab's StarCoder2 MLP runs {', '.join(ACTIVATIONS)})")
+        raise t._err("hidden_act", f"{act!r} is not supported (storelab's StarCoder2 MLP runs "
+                                   f"{', '.join(ACTIVATIONS)})")
     decl = dataclasses.replace(DECL, qkv_bias=bias, o_bias=bias)
     mlp = FFNConfig(d_model=D, d_ff=t.int("intermediate_size", minimum=1), activation=ACTIVATIONS[act], bias=bias)
     layers = [LayerConfig(token=_attention(t, i, kind, decl, D, eps), channel=mlp, depth=ResidualConfig(d_model=D))
@@ -68,4 +69,5 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
 
 
 FAMILY = Family(stores=("attention", "window", "ffn", "residual"), name="starcoder2", model_types=DECL.model_types,
-                to_config=to_config, table=table, ignored=lambda hf: DECL.ignored, runs=lambda hf: _reader.runs(DECL, hf))
+                to_config=to_config, table=table, ignored=lambda hf: DECL.ignored,
+                runs=lambda hf: _reader.runs(DECL, hf))
