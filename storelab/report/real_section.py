@@ -34,14 +34,17 @@ from storelab.report.core import Claim, Context, SectionResult, Table
 S = "language models that learned"
 SIZES: dict[str, dict[str, Any]] = {
     "quick": {"distances": (32, 640), "pairs": 2, "seeds": (0,), "context": 768, "contexts": (256, 768),
-              "ks": (64, 256), "sizes": (4, 16), "n": 4, "topk": (64,), "topk_pairs": 2},
-    "default": {"distances": (32, 384, 640), "pairs": 3, "seeds": (0,), "context": 1024,
-                "contexts": (256, 512, 1024), "ks": (64, 128, 256, 512), "sizes": (4, 16, 64), "n": 6,
-                "topk": (64, 256), "topk_pairs": 3},
+              "ks": (64, 256), "sizes": (4, 16), "n": 4, "topk": (64,), "topk_pairs": 2, "layer_points": 1,
+              "layer_pairs": 1},
+    "default": {"distances": (32, 640), "pairs": 3, "seeds": (0,), "context": 1024,
+                "contexts": (256, 1024), "ks": (64, 256, 512), "sizes": (4, 16, 64), "n": 4,
+                "topk": (64,), "topk_pairs": 2, "layer_points": 2, "layer_pairs": 1},
     "full": {"distances": (32, 128, 384, 640, 1024), "pairs": 12, "seeds": (0, 1), "context": 4096,
              "contexts": (512, 1024, 2048, 4096), "ks": (64, 128, 256, 512, 1024, 2048),
-             "sizes": (4, 16, 64, 256), "n": 24, "topk": (64, 256, 1024, 2048), "topk_pairs": 12},
+             "sizes": (4, 16, 64, 256), "n": 24, "topk": (64, 256, 1024, 2048), "topk_pairs": 12,
+             "layer_points": None, "layer_pairs": 4},
 }
+SINK_HEAD = 20   # percent of a head's attention on the first token for it to count as using the sink
 ESSAY_MIMO = ("In MiMo, most of it went into the 10 global layers' caches, where every later token can reach it, "
               "and the 60 window layers kept only the last 128 tokens.")
 
@@ -89,7 +92,8 @@ def probe_subject(name: str, sz: dict[str, Any], docs: list[str]) -> dict[str, A
     recs = [r for seed in sz["seeds"] for d in sz["distances"]
             for r in distance_pairs(sz["pairs"], distance=d, count=count, seed=seed)]
     for key, run in (
-            ("swap", lambda: group_swap(model, tok, recs, by="asked_distance", chance=VALUE_CHANCE)),
+            ("swap", lambda: group_swap(model, tok, recs, by="asked_distance", chance=VALUE_CHANCE,
+                                        layer_points=sz["layer_points"], layer_pairs=sz["layer_pairs"])),
             ("reads", lambda: attention_reads(model, [tok.encode(t) for t in docs], context=sz["context"],
                                               contexts=sz["contexts"], ks=sz["ks"])),
             ("topk", lambda: topk_accuracy(model, tok, [r for r in recs if r["asked_distance"] == max(sz["distances"])]
@@ -119,10 +123,12 @@ def swap_rows(p: dict) -> list[list]:
 def layer_rows(p: dict) -> list[list]:
     out = []
     for d, pt in p["swap"]["points"].items():
-        if not pt["valid"]:
+        if not pt.get("layers"):
             continue
-        top = sorted(pt.get("layers", []), key=lambda r: -(r["swap_share"] or {"percent": 0})["percent"])[:4]
-        out.append([d, "; ".join(f"layer {r['layer']} ({r['group']}): {_txt(r['swap_share'])}" for r in top)])
+        top = sorted(pt["layers"], key=lambda r: -(r["swap_share"] or {"percent": 0})["percent"])[:4]
+        said = "; ".join(f"layer {r['layer']} ({r['group']}): {_txt(r['swap_share'])}" for r in top
+                         if r["swap_share"]) or "not measured (the swept prompts' check failed)"
+        out.append([d, pt["layer_prompts"], said])
     return out
 
 
@@ -193,7 +199,8 @@ def figures(out: Path, probes: dict[str, dict]) -> list[Path]:
     # 1. per-layer shares of the shift, coloured by store group, at each distance measured
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 3.4), squeeze=False)
     for ax, n in zip(axes[0], names):
-        pts = [(d, pt) for d, pt in probes[n]["swap"]["points"].items() if pt["valid"] and pt.get("layers")]
+        pts = [(d, pt) for d, pt in probes[n]["swap"]["points"].items()
+               if pt.get("layers") and any(r["swap_share"] for r in pt["layers"])]
         if not pts:
             ax.text(0.5, 0.5, "nothing measured (check failed)", ha="center", transform=ax.transAxes)
         width = 0.8 / max(1, len(pts))
@@ -293,11 +300,13 @@ def claims(probes: dict[str, dict]) -> list[Claim]:
             out.append(Claim(f"{S}: {p['subject']}", ESSAY_MIMO, "global layers carry what is past the window", None,
                              reason=f"does not apply: no window layers (every layer of {p['subject']} is global)"))
         sinks = [r["first_token_share"]["percent"] for r in p["reads"]["layers"]]
-        heavy = sum(x > 50 for r in p["reads"]["layers"] for x in r["first_token_share_per_head"])
+        heavy = sum(x >= SINK_HEAD for r in p["reads"]["layers"] for x in r["first_token_share_per_head"])
         heads = sum(len(r["first_token_share_per_head"]) for r in p["reads"]["layers"])
         out.append(Claim(f"{S}: {p['subject']}", "the first block holds the attention sink that many heads use as a "
-                         "default", "many heads", f"{heavy} of {heads} heads put over half their attention on the "
-                         "first token", reason=f"mean over layers {sum(sinks) / len(sinks):.0f} % on the first token",
+                         "default", "many heads", f"{heavy} of {heads} heads put {SINK_HEAD} % or more of their "
+                         "attention on the first token",
+                         reason=f"mean over layers {sum(sinks) / len(sinks):.0f} % on the first token (a uniform read "
+                         f"of {p['reads']['tokens']} tokens would give under 1 %); a head counts at {SINK_HEAD} % or more",
                          status="reproduced" if heavy >= heads / 4 else "differs"))
         f = p["reads"].get("ffn_keys")
         if f and f["overall"]:
@@ -346,7 +355,7 @@ def real_section(ctx: Context) -> SectionResult:
                   ["asked distance", "prompt tokens", "clean answers right", "group (layers)", "shift moved",
                    "retrieval with this group only"], swap_rows(p)),
             Table(f"{t}: the layers that carry the value (largest shares of the shift, one layer swapped)",
-                  ["asked distance", "layers"], layer_rows(p) or [["", "nothing measured: no distance's check passed"]]),
+                  ["asked distance", "prompts swept", "layers"], layer_rows(p) or [["", 0, "no layer sweep ran"]]),
             Table(f"{t}: attention sinks (share on the first token, mean over heads [2.5th, 97.5th percentile of "
                   "heads]); window heads past their window: share on their oldest entry and on their own",
                   ["layer", "group", "window", "on the first token", "past the window: oldest entry", "own entry",
