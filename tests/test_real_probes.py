@@ -15,19 +15,19 @@ from storelab.probes.group_swap import group_swap
 from storelab.probes.interference import retrieval_curve
 from storelab.probes.real_tasks import VALUE_CHANCE, copy_pairs, dictionary_pairs, distance_pairs
 from storelab.probes.reads import attention_reads, head_weights
-from storelab.probes.store_groups import Share, groups_of, rate_share, ratio_share, store_group
+from storelab.probes.store_groups import GLOBAL, RECURRENT, WINDOW, Share, groups_of, rate_share, ratio_share, store_group
 from storelab.probes.topk_reads import topk_accuracy, topk_reads
 from tests.helpers import write_tokenizer
 from tests.test_probes import unchecked  # noqa: F401  (a fixture)
 
-WINDOW = 6
+W_TOKENS = 6
 
 
 def tiny(seed: int = 0) -> Model:
     """4 layers: window, global, window, global; SwiGLU FFNs; no RoPE scaling oddities."""
     d = {"name": "tiny-real", "d_model": 32, "vocab_size": 400, "n_layers": 4,
          "stores": {"g": {"kind": "attention", "n_heads": 2, "n_kv_heads": 1, "head_dim": 16},
-                    "w": {"kind": "window", "window": WINDOW, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16},
+                    "w": {"kind": "window", "window": W_TOKENS, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16},
                     "f": {"kind": "ffn", "d_ff": 64}, "r": {"kind": "residual"}},
          "layers": [{"at": "all", "token": "w", "channel": "f", "depth": "r"}, {"at": [1, 3], "token": "g"}]}
     torch.manual_seed(seed)
@@ -68,8 +68,8 @@ def test_generator_is_seeded_and_pairs_differ_in_one_value(tok):
 
 def test_groups_come_from_the_configs():
     m = tiny()
-    assert groups_of(m) == {"window": [0, 2], "global": [1, 3]}
-    assert store_group(m.cfg.layers[0].token) == "window"
+    assert groups_of(m) == {WINDOW: [0, 2], GLOBAL: [1, 3]}
+    assert store_group(m.cfg.layers[0].token) == WINDOW
 
 
 def test_shares_are_percentages_with_intervals():
@@ -97,19 +97,19 @@ def test_group_swap_on_a_planted_model(tok, unchecked):  # noqa: F811
         r["point"] = 0
     out = group_swap(m, tok, recs, by="point", chance=VALUE_CHANCE)
     pt = out["points"]["0"]
-    assert pt["groups"]["global"]["swap_share"]["percent"] == pytest.approx(100, abs=1e-3)
-    assert pt["groups"]["window"]["swap_share"]["percent"] == pytest.approx(0, abs=1e-3)
-    assert pt["groups"]["recurrent"] == {"layers": [], "applies": False, "why": "no recurrent layers"}
+    assert pt["groups"][GLOBAL]["swap_share"]["percent"] == pytest.approx(100, abs=1e-3)
+    assert pt["groups"][WINDOW]["swap_share"]["percent"] == pytest.approx(0, abs=1e-3)
+    assert pt["groups"][RECURRENT] == {"layers": [], "applies": False, "why": "no recurrent layers"}
     shares = [r["swap_share"]["percent"] for r in pt["layers"]]
     assert shares[3] == pytest.approx(100, abs=1e-3) and max(abs(x) for x in shares[:3]) < 1e-3
-    assert set(pt["groups"]["global"]["swap_share"]) >= {"percent", "interval", "text"}
+    assert set(pt["groups"][GLOBAL]["swap_share"]) >= {"percent", "interval", "text"}
 
 
 def test_group_swap_withholds_what_an_untrained_model_did_not_do(tok):
     out = group_swap(tiny(2), tok, dictionary_pairs(3, entries=4), chance=VALUE_CHANCE, per_layer=False)
     pt = out["points"]["list"]
     assert not pt["valid"] and "not learned" in pt["reason"]
-    assert pt["groups"]["global"]["swap_share"] is None and pt["groups"]["window"]["keep_retrieval"] is None
+    assert pt["groups"][GLOBAL]["swap_share"] is None and pt["groups"][WINDOW]["keep_retrieval"] is None
 
 
 # -- planted: a sink in layer 0 ---------------------------------------------------------------------
@@ -135,8 +135,8 @@ def test_sinks_and_the_miss_on_a_planted_model(tok):
     docs = [tok.encode(r["prompt_a"]) for r in dictionary_pairs(4, entries=8)]
     out = attention_reads(m, docs, context=48, stride=1, contexts=(16, 48), ks=(2, 8), queries=4)
     l0 = out["layers"][0]
-    assert l0["group"] == "window" and l0["first_token_share"]["percent"] > 60
-    assert "past_window" in l0 and l0["past_window"]["uniform_percent"] == pytest.approx(100 / (WINDOW + 1), abs=1e-2)
+    assert l0["group"] == WINDOW and l0["first_token_share"]["percent"] > 60
+    assert "past_window" in l0 and l0["past_window"]["uniform_percent"] == pytest.approx(100 / (W_TOKENS + 1), abs=1e-2)
     miss = [x for x in out["miss"] if x["layer"] == 1]
     assert {(x["context"], x["k"]) for x in miss} == {(16, 2), (16, 8), (48, 2), (48, 8)}
     by = {(x["context"], x["k"]): x["mass_missed"]["percent"] for x in miss}
@@ -151,7 +151,7 @@ def test_head_weights_rows_sum_to_one_and_respect_the_window(tok):
     with torch.no_grad():
         w = head_weights(m.blocks[0].token, x, torch.arange(20))
     assert torch.allclose(w.sum(-1), torch.ones(2, 20), atol=1e-5)
-    assert float(w[:, 15, :15 - WINDOW].abs().max()) == 0.0
+    assert float(w[:, 15, :15 - W_TOKENS].abs().max()) == 0.0
 
 
 def test_topk_reads_at_full_k_change_nothing_and_small_k_does(tok):
@@ -194,7 +194,7 @@ def gemma():
 def test_gemma_window_and_global_groups_and_its_answer(gemma):
     m, t = gemma
     g = groups_of(m)
-    assert len(g["window"]) == 15 and len(g["global"]) == 3
+    assert len(g[WINDOW]) == 15 and len(g[GLOBAL]) == 3
     recs = dictionary_pairs(2, entries=6, seed=3)
     for r in recs:
         r["point"] = 0
@@ -202,7 +202,7 @@ def test_gemma_window_and_global_groups_and_its_answer(gemma):
     pt = out["points"]["0"]
     assert pt["accuracy"]["percent"] >= 50 and "text" in pt["accuracy"]
     if pt["valid"]:   # the value goes through the caches: the two groups together move about all of it
-        s = pt["groups"]["global"]["swap_share"]["percent"] + pt["groups"]["window"]["swap_share"]["percent"]
+        s = pt["groups"][GLOBAL]["swap_share"]["percent"] + pt["groups"][WINDOW]["swap_share"]["percent"]
         assert s > 50
 
 

@@ -95,7 +95,7 @@ def summarise(model, rows: list[dict], chance: float, groups: dict[str, list[int
            "valid": check.valid, "reason": check.reason, "validity": check.as_dict(), "groups": {}}
     for g in (*AXES, *[g for g in groups if g not in AXES]):
         if g not in groups:
-            out["groups"][g] = {"layers": [], "applies": False, "why": f"no {GROUP_WORDS[g].split()[0]} layers"}
+            out["groups"][g] = {"layers": [], "applies": False, "why": f"no {g.split()[0]} layers"}
             continue
         kept = rate_share(sum(r["keep"][g] for r in right), len(right))
         out["groups"][g] = {"layers": groups[g], "applies": True, "words": GROUP_WORDS[g],

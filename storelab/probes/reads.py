@@ -133,7 +133,7 @@ def attention_reads(model, documents: list[list[int]], *, context: int = 1024, s
         w = head_weights(store, xs2[i], sink_rows)                       # [H, R, T]
         first = w[:, :, 0]
         seen0 = sink_rows <= W if W else torch.ones_like(sink_rows, dtype=torch.bool)
-        row = {"layer": i, "group": kind_of[i], "kind": model.cfg.layers[i].token.KIND, "window": W,
+        row = {"layer": i, "group": kind_of[i], "kind": model.cfg.layers[i].token.KIND, "window_tokens": W,
                "first_token_share_per_head": [round(100 * float(first[h, seen0].mean()), 2)
                                               for h in range(w.shape[0])]}
         row["first_token_share"] = _spread([float(first[h, seen0].mean()) for h in range(w.shape[0])])

@@ -7,12 +7,12 @@ falls into its group by what it says of itself:
 ==============  ====================================================================
 group           the layers whose token store ...
 ==============  ====================================================================
-``recurrent``   keeps a fixed-size state (``RECURRENT``)
-``window``      keeps the last W entries (``cache_window() > 0``)
-``chunked``     keeps the entries of its chunk (``cache_chunk() > 0``)
-``selected``    keeps every entry, reads a selection (``SELECTS``)
-``latent``      keeps a latent entry per token that readers share (``CACHE_SHARING == "latent"``)
-``global``      keeps an entry for every token and reads them all
+recurrent st.   keeps a fixed-size state (``RECURRENT``)
+window caches   keeps the last W entries (``cache_window() > 0``)
+chunk caches    keeps the entries of its chunk (``cache_chunk() > 0``)
+selected c.     keeps every entry, reads a selection (``SELECTS``)
+latent caches   keeps a latent entry per token that readers share (``CACHE_SHARING == "latent"``)
+global caches   keeps an entry for every token and reads them all
 ==============  ====================================================================
 
 ``AXES`` are the groups every report row states, present or not ("no recurrent layers"): the two
@@ -29,26 +29,27 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["GROUP_WORDS", "AXES", "store_group", "groups_of", "Share", "ratio_share", "rate_share"]
+__all__ = ["RECURRENT", "WINDOW", "CHUNK", "SELECTED", "LATENT", "GLOBAL", "GROUP_WORDS", "AXES", "store_group", "groups_of", "Share", "ratio_share", "rate_share"]
 
-GROUP_WORDS = {"recurrent": "recurrent states", "window": "window caches", "chunked": "chunked caches",
-               "selected": "selected caches", "latent": "latent caches", "global": "global caches"}
-AXES = ("window", "global", "recurrent")
+RECURRENT, WINDOW, CHUNK, SELECTED, LATENT, GLOBAL = ("recurrent states", "window caches", "chunk caches",
+                                                     "selected caches", "latent caches", "global caches")
+GROUP_WORDS = {g: g for g in (RECURRENT, WINDOW, CHUNK, SELECTED, LATENT, GLOBAL)}
+AXES = (WINDOW, GLOBAL, RECURRENT)
 
 
 def store_group(cfg) -> str:
     """The group of a layer's token store config (see the module docstring)."""
     if cfg.RECURRENT:
-        return "recurrent"
+        return RECURRENT
     if cfg.cache_window():
-        return "window"
+        return WINDOW
     if cfg.cache_chunk():
-        return "chunked"
+        return CHUNK
     if cfg.SELECTS:
-        return "selected"
+        return SELECTED
     if cfg.CACHE_SHARING == "latent":
-        return "latent"
-    return "global"
+        return LATENT
+    return GLOBAL
 
 
 def groups_of(model) -> dict[str, list[int]]:

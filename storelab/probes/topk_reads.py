@@ -19,7 +19,7 @@ from torch import Tensor
 
 from storelab.probes.group_swap import encode_pairs
 from storelab.probes.reads import attention_layers
-from storelab.probes.store_groups import groups_of, rate_share
+from storelab.probes.store_groups import GLOBAL, groups_of, rate_share
 from storelab.probes.validity import learned
 
 __all__ = ["topk_reads", "topk_accuracy"]
@@ -56,7 +56,7 @@ def topk_reads(model, k: int, layers: list[int] | None = None):
     if k < 1:
         raise ValueError(f"k: must be >= 1, got {k}")
     att = set(attention_layers(model))
-    layers = [i for i in groups_of(model).get("global", []) if i in att] if layers is None else layers
+    layers = [i for i in groups_of(model).get(GLOBAL, []) if i in att] if layers is None else layers
     bad = [i for i in layers if i not in att or model.cfg.layers[i].token.cache_window()]
     if bad:
         raise ValueError(f"layers: layer {bad[0]} is not a full-attention layer")

@@ -136,7 +136,7 @@ def sink_rows(p: dict) -> list[list]:
     rows = []
     for r in p["reads"]["layers"]:
         past = r.get("past_window")
-        rows.append([r["layer"], r["group"], r["window"] or "", r["first_token_share"]["text"],
+        rows.append([r["layer"], r["group"], r["window_tokens"] or "", r["first_token_share"]["text"],
                      past["oldest_entry_share"]["text"] if past else "", past["own_entry_share"]["text"] if past else "",
                      f"{past['uniform_percent']:.2f} %" if past else ""])
     return rows
@@ -181,8 +181,11 @@ def _plt():
     return plt
 
 
-GROUP_COLOURS = {"window": "tab:green", "global": "tab:blue", "recurrent": "tab:orange", "latent": "tab:purple",
-                 "selected": "tab:red", "chunked": "tab:olive"}
+def _colours() -> dict[str, str]:
+    from storelab.probes.store_groups import CHUNK, GLOBAL, LATENT, RECURRENT, SELECTED, WINDOW
+
+    return {WINDOW: "tab:green", GLOBAL: "tab:blue", RECURRENT: "tab:orange", LATENT: "tab:purple",
+            SELECTED: "tab:red", CHUNK: "tab:olive"}
 
 
 def _save(fig, path: Path) -> Path:
@@ -207,14 +210,14 @@ def figures(out: Path, probes: dict[str, dict]) -> list[Path]:
         for j, (d, pt) in enumerate(pts):
             xs = [r["layer"] + j * width for r in pt["layers"]]
             ys = [(r["swap_share"] or {"percent": 0})["percent"] for r in pt["layers"]]
-            ax.bar(xs, ys, width=width, color=[GROUP_COLOURS.get(r["group"], "grey") for r in pt["layers"]],
+            ax.bar(xs, ys, width=width, color=[_colours().get(r["group"], "grey") for r in pt["layers"]],
                    alpha=0.4 + 0.6 * (j + 1) / len(pts), edgecolor="black", linewidth=0.3)
         ax.set_title(f"{probes[n]['subject']}: shift moved per layer (distances {', '.join(d for d, _ in pts)})",
                      fontsize=8)
         ax.set_xlabel("layer (colour: store group; darker: farther fact)")
         ax.set_ylabel("% of the answer's shift")
         for g in probes[n]["groups"]:
-            ax.bar([], [], color=GROUP_COLOURS.get(g, "grey"), label=g)
+            ax.bar([], [], color=_colours().get(g, "grey"), label=g)
         ax.legend(fontsize=7)
     fig.tight_layout()
     paths.append(_save(fig, out / "real_layers.png"))
@@ -223,7 +226,7 @@ def figures(out: Path, probes: dict[str, dict]) -> list[Path]:
     for ax, n in zip(axes[0], names):
         for r in probes[n]["reads"]["layers"]:
             hs = r["first_token_share_per_head"]
-            ax.scatter([r["layer"]] * len(hs), hs, s=12, color=GROUP_COLOURS.get(r["group"], "grey"))
+            ax.scatter([r["layer"]] * len(hs), hs, s=12, color=_colours().get(r["group"], "grey"))
             if r.get("past_window"):
                 ax.scatter([r["layer"]] * len(hs), r["past_window"]["oldest_entry_share_per_head"], s=12,
                            marker="x", color="tab:red")
@@ -283,15 +286,17 @@ def claims(probes: dict[str, dict]) -> list[Claim]:
     out = []
     for n, p in probes.items():
         near, far = _far_near(p)
+        from storelab.probes.store_groups import GLOBAL, WINDOW
+
         g = p["groups"]
-        if "window" in g and "global" in g:
+        if WINDOW in g and GLOBAL in g:
             if far is None:
                 out.append(Claim(f"{S}: {p['subject']}", ESSAY_MIMO, "global layers carry what is past the window",
                                  None, reason="not measured: no distance's check passed", status="not measured"))
             else:
-                sg, sw = far["groups"]["global"]["swap_share"], far["groups"]["window"]["swap_share"]
-                said = (f"at the farthest distance measured ({far['tokens']:.0f} tokens) the {len(g['global'])} global "
-                        f"layers moved {sg['text']} of the answer's shift, the {len(g['window'])} window layers "
+                sg, sw = far["groups"][GLOBAL]["swap_share"], far["groups"][WINDOW]["swap_share"]
+                said = (f"at the farthest distance measured ({far['tokens']:.0f} tokens) the {len(g[GLOBAL])} global "
+                        f"layers moved {sg['text']} of the answer's shift, the {len(g[WINDOW])} window layers "
                         f"{sw['text']}")
                 res = "global layers carry what is past the window" if sg["percent"] > sw["percent"] else "window layers"
                 out.append(Claim(f"{S}: {p['subject']}", ESSAY_MIMO, "global layers carry what is past the window",
@@ -358,7 +363,7 @@ def real_section(ctx: Context) -> SectionResult:
                   ["asked distance", "prompts swept", "layers"], layer_rows(p) or [["", 0, "no layer sweep ran"]]),
             Table(f"{t}: attention sinks (share on the first token, mean over heads [2.5th, 97.5th percentile of "
                   "heads]); window heads past their window: share on their oldest entry and on their own",
-                  ["layer", "group", "window", "on the first token", "past the window: oldest entry", "own entry",
+                  ["layer", "group", "window (tokens)", "on the first token", "past the window: oldest entry", "own entry",
                    "uniform"], sink_rows(p)),
             Table(f"{t}: attention mass an exact top-k misses, mean over the global layers' heads (min, max over "
                   "layers)", ["context", "k", "mass missed", "lowest layer", "highest layer", "layers"], miss_rows(p)),
