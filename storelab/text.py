@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from storelab.files import read_json, regular_file
+
 __all__ = ["Tokenizer", "TokenizerError", "has_tokenizer"]
 
 TOKENIZER = "tokenizer.json"
@@ -32,6 +34,14 @@ OTHER_FORMATS = ("tokenizer.model", "tiktoken.model", "vocab.json")
 
 class TokenizerError(ValueError):
     """A tokenizer that cannot be read; the message names the file."""
+
+
+def _regular(path: Path) -> Path:
+    """``path`` when a regular file; a folder or a FIFO of a tokenizer file's name refused by name."""
+    try:
+        return regular_file(path)
+    except ValueError as e:
+        raise TokenizerError(str(e)) from None
 
 
 def has_tokenizer(folder: str | Path) -> bool:
@@ -87,7 +97,9 @@ class Tokenizer:
 
         folder = Path(folder)
         path = folder / TOKENIZER
-        if not path.is_file():
+        if path.exists():  # a folder or a FIFO of that name: said so, not "missing"
+            _regular(path)
+        else:
             others = [n for n in OTHER_FORMATS if (folder / n).exists()]
             hint = f" (found {', '.join(others)}: only tokenizer.json is read)" if others else ""
             raise TokenizerError(f"{path}: missing; text needs the checkpoint's tokenizer.json{hint}")
@@ -97,11 +109,11 @@ class Tokenizer:
             raise TokenizerError(f"{path}: not a tokenizer the tokenizers library can read ({e})") from None
         cfg_path = folder / TOKENIZER_CONFIG
         cfg: dict = {}
-        if cfg_path.is_file():
+        if cfg_path.exists():
             try:
-                cfg = json.loads(cfg_path.read_text())
-            except json.JSONDecodeError as e:
-                raise TokenizerError(f"{cfg_path}: not valid JSON: {e}") from None
+                cfg = read_json(cfg_path)
+            except ValueError as e:
+                raise TokenizerError(str(e)) from None
             if not isinstance(cfg, dict):
                 raise TokenizerError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
         template = cfg.get("chat_template")
@@ -109,7 +121,8 @@ class Tokenizer:
             template = next((t.get("template") for t in template if isinstance(t, dict)
                              and t.get("name") == "default"), None)
         jinja = folder / "chat_template.jinja"  # newer folders keep the template in its own file
-        if template is None and jinja.is_file():
+        if template is None and jinja.exists():
+            _regular(jinja)
             template = jinja.read_text()
         if template is not None and not isinstance(template, str):
             raise TokenizerError(f"{cfg_path}: chat_template must be a string, got {type(template).__name__}")
@@ -167,8 +180,8 @@ class Tokenizer:
         try:
             return env.from_string(self.chat_template).render(
                 messages=messages, add_generation_prompt=add_generation_prompt, **self.specials)
-        except TemplateError as e:
-            raise TokenizerError(f"chat template of {self._origin}: {e}") from None
+        except (TemplateError, OverflowError, RecursionError) as e:  # the sandbox's range limit, a looping macro
+            raise TokenizerError(f"chat template of {self._origin}: {e or type(e).__name__}") from None
 
     def chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered chat (the template writes its own special tokens)."""

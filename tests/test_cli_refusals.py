@@ -72,3 +72,56 @@ def test_model_dtype_named_as_itself(qwen3):
     r = _run(["memory", "--checkpoint", qwen3, "--engine", "vllm", "--engine-option", "model_dtype=int8"])
     _refused(r, "engine option model_dtype: unknown 'int8'")
     assert "state dtype" not in r.output
+
+
+# -- item 6: files that are not the expected kind ------------------------------------------------------------
+def test_config_json_that_is_a_folder(tmp_path):
+    (tmp_path / "m" / "config.json").mkdir(parents=True)
+    _refused(_run(["memory", "--checkpoint", tmp_path / "m"]), "config.json: a folder, not a file")
+
+
+def test_json_nested_thousands_deep(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    _refused(_run(["models", deep]), f"{deep}: JSON nested too deep to read")
+    _refused(_run(["memory", "--config", deep]), f"{deep}: JSON nested too deep to read")
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    _refused(_run(["memory", "--checkpoint", folder]), "config.json: JSON nested too deep to read")
+
+
+def test_a_fifo_is_refused_before_it_is_opened(tmp_path):
+    import os
+
+    for name in ("fifo", "fifo.json"):
+        os.mkfifo(tmp_path / name)
+    _refused(_run(["memory", "--checkpoint", tmp_path / "fifo"]), "fifo: a FIFO, not a regular file")
+    _refused(_run(["models", tmp_path / "fifo.json"]), "fifo.json: a FIFO, not a regular file")
+    _refused(_run(["probe", "forgetting", "--checkpoint", tmp_path / "fifo"]), "fifo: a FIFO, not a regular file")
+
+
+def test_a_chat_template_that_loops_is_named():
+    from storelab.text import Tokenizer, TokenizerError
+
+    for template in ("{% for i in range(10**9) %}x{% endfor %}",
+                     "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}"):
+        tok = Tokenizer(backend=None, path=Path("/m/tokenizer.json"), chat_template=template, specials={},
+                        add_bos=False, template_from="/m/tokenizer_config.json: chat_template")
+        with pytest.raises(TokenizerError, match="chat template of /m"):
+            tok.render([{"role": "user", "content": "hi"}])
+
+
+# -- item 9 (rest): errors that name nothing --------------------------------------------------------------
+def test_a_text_file_as_checkpoint_is_called_a_file(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("hello")
+    _refused(_run(["probe", "forgetting", "--checkpoint", f]), f"{f} is a file, not a model folder")
+
+
+def test_a_folder_named_tokenizer_json(tmp_path):
+    from storelab.text import Tokenizer, TokenizerError
+
+    (tmp_path / "tokenizer.json").mkdir()
+    with pytest.raises(TokenizerError, match="tokenizer.json: a folder, not a file"):
+        Tokenizer.from_folder(tmp_path)

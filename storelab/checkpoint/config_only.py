@@ -12,12 +12,12 @@ The model is named after the folder (``Qwen3.6-27B``) and titled with its family
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from storelab.checkpoint.families import family_for
 from storelab.checkpoint.gguf import is_gguf, read_gguf_config
 from storelab.checkpoint.shards import CheckpointError, read_config
+from storelab.files import read_json
 
 __all__ = ["read_model_config", "read_hf_config"]
 
@@ -33,9 +33,9 @@ def read_hf_config(path: str | Path) -> tuple[dict, Path]:
     if not path.exists():
         raise CheckpointError(f"{path}: no such folder or file (give a checkpoint folder or its config.json)")
     try:
-        d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON: {e}") from None
+        d = read_json(path)  # a FIFO or a folder is refused before it is opened
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     if not isinstance(d, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(d).__name__}")
     return d, path

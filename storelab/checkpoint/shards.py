@@ -16,6 +16,8 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
+from storelab.files import read_json
+
 __all__ = ["CheckpointError", "read_config", "Shards", "TORCH_DTYPES", "FLOAT_DTYPES", "INT_DTYPES"]
 
 INDEX = "model.safetensors.index.json"
@@ -43,11 +45,11 @@ def read_config(folder: str | Path) -> dict:
         raise CheckpointError(f"{folder}: not a folder (a checkpoint is a folder with config.json and safetensors)")
     path = folder / "config.json"
     try:
-        d = json.loads(path.read_text())
+        d = read_json(path)  # a folder named config.json, a FIFO: refused before it is opened
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing (a checkpoint folder needs its config.json)") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON: {e}") from None
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     if not isinstance(d, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(d).__name__}")
     return d

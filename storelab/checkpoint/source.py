@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -50,6 +49,8 @@ from huggingface_hub import get_safetensors_metadata, hf_hub_download, scan_cach
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import (CacheNotFound, CorruptedCacheException, HFValidationError,
                                     LocalEntryNotFoundError)
+
+from storelab.files import read_json
 
 __all__ = ["Source", "HubRepo", "ModelSource", "resolve", "zoo_source", "checkpoint_source", "checkpoint_weights",
            "model_file_source", "hub_cache", "is_offline", "fetch_config", "model_config", "hf_config_path",
@@ -246,9 +247,11 @@ def _local(text: str, path: Path) -> ModelSource:
 
 def _json_kind(path: Path) -> Source:
     try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        d = read_json(path)  # a FIFO named *.json is refused, not waited on
+    except OSError as e:
         raise ValueError(f"model: {path}: not readable JSON: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"model: {e}") from None
     if not isinstance(d, dict):
         raise ValueError(f"model: {path}: expected a JSON object, got {type(d).__name__}")
     if "model_type" in d:

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
 from storelab.models.config import (INHERITED, LAYER_INDEX, OPTIONAL_SLOTS, SLOTS, LayerConfig, ModelConfig, Published,
                                     required_fields)
+from storelab.files import parse_json, read_text
 from storelab.models.fileformat import check_types, expand_indices
 
 TOP_KEYS = {"name", "title", "d_model", "vocab_size", "n_layers", "context", "norm_eps", "tie_embeddings",
@@ -69,15 +69,15 @@ def read_file(path: str | Path) -> dict[str, Any]:
     """The raw dict of a TOML or JSON model file, its ``extends`` resolved."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_text(path, "a model file, TOML or JSON")  # a FIFO or a folder: refused before opening
     except OSError as e:
         raise ValueError(f"{path}: cannot read the file ({e.strerror})") from None
     try:
-        d = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {e}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text file (a model file is TOML or JSON)") from None
+        d = tomllib.loads(text) if path.suffix == ".toml" else parse_json(text, path)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: TOML nested too deep to read") from None
     _need_table(d, str(path))
     return resolve_extends(d, str(path))
 

@@ -35,9 +35,15 @@ def is_model_folder(path: str | Path) -> bool:
 
 def checkpoint_kind(path: str | Path) -> str | None:
     """``"gguf"`` for a GGUF file (its weights, tokenizer and chat template in one file), else the folder's
-    kind (``storelab.outputs.folder_kind``: "hf", "save", "run", ...), None when nothing is there."""
+    kind (``storelab.outputs.folder_kind``: "hf", "save", "run", ...), None when nothing is there; any other
+    file (a text file, a FIFO) is refused naming what it is."""
     from storelab.checkpoint.gguf import is_gguf
+    from storelab.files import regular_file
 
+    path = Path(path)
+    if path.exists() and not path.is_dir() and not is_gguf(path):
+        regular_file(path)  # a FIFO or a device: said so
+        raise ValueError(f"checkpoint: {path} is a file, not a model folder or a GGUF file")
     return "gguf" if is_gguf(path) else folder_kind(path)
 
 
