@@ -20,17 +20,22 @@ from storelab.checkpoint.gguf.header import TensorInfo
 from storelab.checkpoint.gguf.quants_torch import TORCH_DEQUANT, dequantize_torch
 from storelab.checkpoint.shards import CheckpointError
 
-__all__ = ["DEQUANTIZED", "read_raw", "read_tensor", "dequantize_raw"]
+__all__ = ["DEQUANTIZED", "INTEGER", "INTEGER_NAMES", "read_raw", "read_tensor", "dequantize_raw"]
 
 DEQUANTIZED = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
                Q.Q6_K, Q.TQ1_0, Q.TQ2_0, Q.MXFP4, Q.NVFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S,
                Q.IQ1_S, Q.IQ1_M, Q.IQ4_NL, Q.IQ4_XS)
 
 
+# integer tables (DeepSeek-V4's hash router ``tid2eid``, written I32 by llama.cpp's converter), read as integers
+INTEGER = {Q.I8: torch.int8, Q.I16: torch.int16, Q.I32: torch.int32, Q.I64: torch.int64}
+INTEGER_NAMES = {Q.I8: "I8", Q.I16: "I16", Q.I32: "I32", Q.I64: "I64"}   # their safetensors-style names
+
+
 def read_raw(folder: Path, t: TensorInfo) -> np.ndarray:
-    """The tensor's stored bytes (uint8, ``t.nbytes`` of them); a type storelab does not dequantize or a short
-    read is a CheckpointError naming the file and the tensor."""
-    if t.qtype not in DEQUANTIZED:
+    """The tensor's stored bytes (uint8, ``t.nbytes`` of them); a type storelab does not dequantize (or read as
+    integers) or a short read is a CheckpointError naming the file and the tensor."""
+    if t.qtype not in DEQUANTIZED and t.qtype not in INTEGER:
         raise CheckpointError(f"{folder / t.file}: tensor {t.name!r}: GGML type {t.qtype.name} is not a weight "
                               f"type storelab dequantizes (gguf.quants: {', '.join(q.name for q in DEQUANTIZED)})")
     raw = np.empty(t.nbytes, dtype=np.uint8)
@@ -47,6 +52,8 @@ def dequantize_raw(raw: np.ndarray, t: TensorInfo) -> torch.Tensor:
     (``quants_torch.TORCH_DEQUANT``, bit for bit gguf-py's), the rest by ``gguf.quants.dequantize``."""
     if t.qtype == Q.F32:
         return torch.from_numpy(raw).view(torch.float32).reshape(t.shape)
+    if t.qtype in INTEGER:   # an integer table, as stored
+        return torch.from_numpy(raw).view(INTEGER[t.qtype]).reshape(t.shape)
     if t.qtype in TORCH_DEQUANT:
         return dequantize_torch(torch.from_numpy(raw), t.qtype, t.shape)
     shape = t.shape or (1,)

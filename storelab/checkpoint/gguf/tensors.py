@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 
 from storelab.checkpoint.gguf.arch import Meta, Rule
-from storelab.checkpoint.gguf.dequant import DEQUANTIZED, read_tensor
+from storelab.checkpoint.gguf.dequant import DEQUANTIZED, INTEGER, INTEGER_NAMES, read_tensor
 from storelab.checkpoint.gguf.header import Header, TensorInfo, read_header
 from storelab.checkpoint.gguf.registry import arch_for, config_from
 from storelab.checkpoint.shards import CheckpointError, Shards
@@ -45,7 +45,7 @@ def gguf_stored_bytes(path: str | Path) -> dict[str, int]:
 
 
 def _meta(t: TensorInfo) -> torch.Tensor:
-    return torch.empty(t.shape, dtype=torch.float32, device="meta")
+    return torch.empty(t.shape, dtype=INTEGER.get(t.qtype, torch.float32), device="meta")
 
 
 class GGUFShards(Shards):
@@ -85,7 +85,8 @@ class GGUFShards(Shards):
                     raise CheckpointError(f"{h.path}: mis-shaped tensor {where}: {r.what or 'read'} for "
                                           f"{hf_name!r} fails ({e})") from None
                 self.rules[hf_name] = (r, names)
-                self.info[hf_name] = (tuple(out.shape), "F32")
+                ints = {h.tensors[x].qtype for x in names} & set(INTEGER)   # an integer table keeps its type
+                self.info[hf_name] = (tuple(out.shape), INTEGER_NAMES[ints.pop()] if ints else "F32")
                 self.where[hf_name] = h.tensors[names[0]].file
                 used.update(names)
         pats = [re.compile(p) for p in self.arch.ignored]
