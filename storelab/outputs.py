@@ -173,20 +173,30 @@ def _manifest(folder: Path) -> dict[str, str] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     files = d.get("files") if isinstance(d, dict) and d.get("format") == MANIFEST_FORMAT else None
-    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+    if not isinstance(files, dict) or not all(isinstance(v, str) or isinstance(v, list) and
+                                              all(isinstance(x, str) for x in v) for v in files.values()):
         return None
     return files
 
 
-def _record(path: Path, digest: str) -> None:
-    """List ``path`` with ``digest`` in its folder's manifest (entries of files gone since are dropped).
-    The folder is locked meanwhile: subjects are trained by several processes into one folder."""
+def _hashes(entry: str | list[str] | None) -> list[str]:
+    """The sha256s a manifest entry accepts: one, or two while a replacement is under way (the file's old
+    content and its new one: a process killed between the manifest's write and the file's rename leaves a
+    file the manifest still lists)."""
+    return [] if entry is None else [entry] if isinstance(entry, str) else list(entry)
+
+
+def _record(path: Path, digest: str, *, pending: bool = False) -> None:
+    """List ``path`` with ``digest`` in its folder's manifest (entries of files gone since are dropped);
+    ``pending``: before the file is replaced, beside the hash it has now. The folder is locked meanwhile:
+    subjects are trained by several processes into one folder."""
     folder = path.parent
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        files = {k: v for k, v in (_manifest(folder) or {}).items() if (folder / k).is_file()}
-        files[path.name] = digest
+        files = {k: v for k, v in (_manifest(folder) or {}).items() if (folder / k).is_file() or k == path.name}
+        old = [h for h in _hashes(files.get(path.name)) if path.is_file() and h == _sha256(path)]
+        files[path.name] = old + [digest] if pending and old and old != [digest] else digest
         _replace(folder / MANIFEST, (json.dumps({"format": MANIFEST_FORMAT, "files": dict(sorted(files.items()))},
                                                 indent=1) + "\n").encode())
     finally:
@@ -212,7 +222,7 @@ def owned(path: str | Path, *, step_folders: bool = False) -> bool:
     if not path.is_file():
         return not path.exists()
     files = _manifest(path.parent)
-    return files is not None and files.get(path.name) == _sha256(path)
+    return files is not None and _sha256(path) in _hashes(files.get(path.name))
 
 
 def _not_owned(path: Path, option: str) -> OutputError:
@@ -361,6 +371,8 @@ def atomic_path(path: str | Path, *, record: bool = True) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         digest = _sha256(tmp) if record else None
+        if record:   # listed before the rename, beside the old content's hash: a kill in between loses nothing
+            _record(path, digest, pending=True)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
