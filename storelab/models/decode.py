@@ -254,6 +254,12 @@ class Decoder:
     """``step(ids_B1, cache) -> logits [B, N]``: ``model(ids, cache)``'s last logits, by the per-layer steps
     chosen here (module docstring). ``threads``: the products' threads (default torch's)."""
 
+    @staticmethod
+    def runs(model: Model) -> bool:
+        """Whether this step runs ``model``: every weight in CPU memory (not a GPU's, not a streamed model's
+        ``meta`` placeholders, whose weights are read per call)."""
+        return all(p.device.type == "cpu" for p in model.parameters())
+
     def __init__(self, model: Model, *, threads: int | None = None):
         self.model = model
         self.split = RowSplit(threads or torch.get_num_threads())

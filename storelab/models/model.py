@@ -318,11 +318,13 @@ def generate(model: Model, prompt_BT: Tensor, new_tokens: int, *, chunk: int = 0
              on_token: Callable[[int], None] | None = None, fast: bool = True) -> tuple[Tensor, list[LayerState]]:
     """Greedy (``temperature == 0``) or sampled generation; returns the new token ids [B, K] and the cache.
 
-    ``fast``: one prompt (B = 1) decodes through ``storelab.models.decode.Decoder``, the same step without
-    the general path's overhead (equal to fp32 rounding); False, or several prompts, steps by ``model(ids, cache)``.
+    ``fast``: one prompt (B = 1) of a model held in CPU memory decodes through ``storelab.models.decode.Decoder``,
+    the same step without the general path's overhead (equal to fp32 rounding); False, several prompts, a model
+    on a GPU or a streamed one (weights on ``meta``, read per call), steps by ``model(ids, cache)``.
     """
-    if fast and prompt_BT.shape[0] == 1:
-        from storelab.models.decode import Decoder  # (decode imports this module)
+    from storelab.models.decode import Decoder  # (decode imports this module)
+
+    if fast and prompt_BT.shape[0] == 1 and Decoder.runs(model):
 
         decoder = Decoder(model)
         step_fn = decoder.step
