@@ -91,8 +91,9 @@ class RecurrentStore(nn.Module):
         self.conv_weight = nn.Parameter(torch.randn(cfg.conv_channels, cfg.conv_kernel) / math.sqrt(cfg.conv_kernel))
         self.o_norm = nn.Parameter(torch.ones(V))
         self.o_proj = nn.Linear(HV * V, D, bias=False)
-        self._rule_params = tuple(rule.params(cfg))  # the names of the gates' own parameters (gate_params)
-        for name, p in rule.params(cfg).items():
+        params = rule.params(cfg)   # made once: each call draws its initial values from the generator
+        self._rule_params = tuple(params)  # the names of the gates' own parameters (gate_params)
+        for name, p in params.items():
             if not isinstance(p, (nn.Module, nn.Parameter)):
                 raise TypeError(f"Rule.params: {name} is a {type(p).__name__}; a rule owns modules and parameters "
                                 f"only (compute constants in its gate)")
