@@ -10,13 +10,13 @@ import storelab.stores as stores
 
 PKG = Path(stores.__file__).parent.parent
 # the layers of the package, low to high (STYLE.md: ops -> stores -> models -> zoo -> experiments -> cli);
-# ``allocator``, ``console`` and ``outputs`` are neutral (they import nothing of storelab); the top-level
+# ``allocator``, ``console``, ``outputs`` and ``files`` are neutral (they import nothing of storelab); the top-level
 # package is a facade; ``subjects`` (trained models for the report) sits with train, which it calls
 RANK = {"ops": 0, "state": 1, "stores": 2, "models": 3, "zoo": 4, "checkpoint": 4, "capacity": 4, "tasks": 4, "text": 4,
         "text_gguf": 4,
         "probes": 5, "train": 5, "bench": 5, "subjects": 5, "report": 6, "options": 7, "commands": 7, "cli": 8, "__main__": 9,
         "docs": 9}  # docs: the generated reference pages read the CLI app and the registries
-NEUTRAL = {"allocator", "console", "outputs"}
+NEUTRAL = {"allocator", "console", "outputs", "files"}
 
 # Files above stores/ that may name store kinds as data, and why:
 NAMES_KINDS = {
