@@ -161,3 +161,21 @@ def test_tour_commands_are_the_readmes():
     for cmd, _ in TOUR:
         verb = cmd.split()[1]
         assert f"$ storelab {verb} " in text, f"the tour's {cmd!r} has no README example"
+
+
+def test_readme_picture_is_gemma():
+    """The README's picture of Gemma 3 270M's stores is the one its GGUF file gives, layer by layer."""
+    from storelab.checkpoint.source import model_config, resolve
+
+    cfg = model_config(resolve(real_file("gemma-3-270m-q4_k_m.gguf")))
+    text = README.read_text()
+    a = text.index("```\nlayer ") + 4
+    picture = text[a:text.index("```", a)]
+    rows = {line.split()[0]: line.split()[1:cfg.n_layers + 1] for line in picture.splitlines() if line.strip()}
+    assert rows["layer"] == [str(i) for i in range(cfg.n_layers)]
+    letters = {"window": "w", "attention": "A", "ffn": "F"}
+    assert rows["token"] == [letters[type(layer.token).KIND] for layer in cfg.layers]
+    assert rows["channel"] == [letters[type(layer.channel).KIND] for layer in cfg.layers]
+    assert {type(layer.depth).KIND for layer in cfg.layers} == {"residual"}
+    windows = {layer.token.window for layer in cfg.layers if type(layer.token).KIND == "window"}
+    assert windows == {511} and "the last 511 tokens" in text
