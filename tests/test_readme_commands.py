@@ -179,3 +179,31 @@ def test_readme_picture_is_gemma():
     assert {type(layer.depth).KIND for layer in cfg.layers} == {"residual"}
     windows = {layer.token.window for layer in cfg.layers if type(layer.token).KIND == "window"}
     assert windows == {511} and "the last 511 tokens" in text
+
+
+def _first_column(page: str, header: str) -> list[str]:
+    """The first cells (backticks dropped) of the table in docs/``page`` whose header row starts ``| header |``."""
+    lines = (ROOT / "docs" / page).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header} |"))
+    cells = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells.append(line.split("|")[1].strip().strip("`"))
+    return cells
+
+
+def test_docs_tables_name_what_the_code_has():
+    """The few tables docs/ keeps by hand list exactly what the code registers (no row added or lost)."""
+    from storelab.probes import PROBES
+    from storelab.subjects import RECIPES
+    from storelab.subjects.real import REAL
+
+    assert _first_column("probes.md", "probe") == [*PROBES, "all"]
+    assert _first_column("subjects.md", "subject") == list(RECIPES)
+    text = (ROOT / "docs" / "subjects.md").read_text()
+    for name, r in RECIPES.items():   # the layers column spells the recipe's pattern
+        assert f"| `{name}` | {' '.join(r.pattern)}" in text, name
+    rows = text[text.index("## Real subjects"):]
+    assert [line.split("|")[1].strip().strip("`") for line in rows.splitlines()
+            if line.startswith("| `")] == [s.name for s in REAL]
