@@ -8,7 +8,8 @@
 * ``families.md``: what is read and what runs (``storelab families --markdown``).
 
 ``tests/test_docs.py`` regenerates each page and fails when the committed copy differs. The pages written by
-hand (engines, probes, subjects, distributed training, contributing) sit beside them.
+hand (engines, probes, subjects, checkpoints, commands, distributed training, contributing, bench) sit
+beside them; tests/test_readme_commands.py runs the commands they show.
 """
 
 from __future__ import annotations
