@@ -138,7 +138,8 @@ def register(app: typer.Typer) -> None:
                                     "a folder, .gguf, config.json beside its safetensors, or a Hugging Face repo "
                                     "id org/name (or org/name@REV) in the local cache."),
         tiny: bool = typer.Option(False, "--tiny", help="Use the model's tiny version."),
-        prompt_len: int = opt.integer(32, "--prompt-len", min=1, max=MAX_TOKENS, help="Random prompt length."),
+        prompt_len: int = opt.integer(None, "--prompt-len", min=1, max=MAX_TOKENS,
+                                      help="Random prompt length (default 32; not with --prompt)."),
         new_tokens: int = opt.integer(8, "--new-tokens", min=0, max=MAX_TOKENS, help="Tokens to generate."),
         chunk: int = opt.count(0, "--chunk", zero=True, help="Prefill chunk size (0: the whole prompt in one call)."),
         temperature: float = opt.number(0.0, "--temperature", min=0, help="0: greedy; > 0: sample."),
@@ -173,6 +174,10 @@ def register(app: typer.Typer) -> None:
         with opt.user_errors():
             if chat and prompt is None:
                 raise ValueError("--chat: wraps a --prompt in the chat template; give --prompt TEXT")
+            if prompt is not None and prompt_len is not None:
+                raise ValueError(f"--prompt-len: sets the length of a random prompt; --prompt gives the text itself "
+                                 f"(its length is its tokens'): give one of them, not {prompt_len} and a text")
+            prompt_len = 32 if prompt_len is None else prompt_len
             if top_k and temperature == 0:
                 raise ValueError(f"--top-k: {top_k} samples among the k most likely, but --temperature 0 decodes "
                                  f"greedily (the top-k changes nothing): give --temperature > 0, or leave --top-k out")

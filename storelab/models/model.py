@@ -334,6 +334,9 @@ def generate(model: Model, prompt_BT: Tensor, new_tokens: int, *, chunk: int = 0
         logits_BV, cache = prefill(model, prompt_BT, chunk=chunk)
     out = []
     for _ in range(new_tokens):
+        if not bool(torch.isfinite(logits_BV).all()):   # NaN argmaxes to token 0: never a "generated" token
+            raise ValueError(f"activations: the logits at token {prompt_BT.shape[1] + len(out)} are not finite (NaN "
+                             f"or inf): the computation overflowed (fp16 weights? try --dtype fp32)")
         nxt_B1 = pick(logits_BV, temperature=temperature, top_k=top_k, generator=generator)
         out.append(nxt_B1)
         if on_token is not None:

@@ -311,8 +311,25 @@ def write_index(folder: str | Path = DATA) -> Path:
                         json.dumps({"format": FORMAT, "subjects": summary(folder)}, indent=1) + "\n")
 
 
+def check_index(folder: str | Path) -> None:
+    """A ValueError naming ``folder/subjects.json`` when it is there but is not an index this module wrote
+    (not JSON, another format, no list of subjects): a damaged index is not "no subjects"."""
+    p = Path(folder) / "subjects.json"
+    if not p.exists():
+        return
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{p}: not a subjects index (unreadable JSON: {str(e)[:80]})") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("subjects"), list):
+        raise ValueError(f"{p}: not a subjects index (expected {{\"format\": \"{FORMAT}\", \"subjects\": "
+                         f"[...]}}, as storelab subjects train writes it)")
+
+
 def summary(folder: str | Path = DATA) -> list[dict[str, Any]]:
-    """One row per subject and seed: its recipe's figures (what ``storelab subjects`` prints)."""
+    """One row per subject and seed: its recipe's figures (what ``storelab subjects`` prints); a damaged
+    ``subjects.json`` is a ValueError naming it (``check_index``)."""
+    check_index(folder)
     rows = []
     for n, s in shipped(folder):
         m = read_meta(n, s, folder)
@@ -323,4 +340,4 @@ def summary(folder: str | Path = DATA) -> list[dict[str, Any]]:
 
 
 __all__ = ["train_many", "DATA", "SEEDS", "SIZES", "RECIPES", "Recipe", "recipe", "train_config", "train_subject", "load_subject",
-           "read_meta", "shipped", "summary", "sized", "score_sizes", "learned"]
+           "read_meta", "shipped", "summary", "sized", "score_sizes", "learned", "check_index"]
