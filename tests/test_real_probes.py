@@ -95,7 +95,7 @@ def test_group_swap_on_a_planted_model(tok, unchecked):  # noqa: F811
     recs = dictionary_pairs(4, entries=4, seed=1)
     for r in recs:
         r["point"] = 0
-    out = group_swap(m, tok, recs, by="point", chance=VALUE_CHANCE)
+    out = group_swap(m, tok, recs, by="point", chance=VALUE_CHANCE, only_right=False)
     pt = out["points"]["0"]
     assert pt["groups"][GLOBAL]["swap_share"]["percent"] == pytest.approx(100, abs=1e-3)
     assert pt["groups"][WINDOW]["swap_share"]["percent"] == pytest.approx(0, abs=1e-3)

@@ -62,7 +62,7 @@ def _ld(lg: torch.Tensor, a: int, b: int) -> float:
 
 
 @torch.no_grad()
-def run_pair(model, x: dict, groups: dict[str, list[int]], per_layer: bool) -> dict:
+def run_pair(model, x: dict, groups: dict[str, list[int]], per_layer: bool, only_right: bool = True) -> dict:
     """The logit differences and top-1 answers of one pair under every condition."""
     ca, cb = _prefix(model, x["ia"]), _prefix(model, x["ib"])
     a, b = x["a"], x["b"]
@@ -74,7 +74,7 @@ def run_pair(model, x: dict, groups: dict[str, list[int]], per_layer: bool) -> d
         out["swap"][g] = _ld(_last(model, mix_states(model, ca, cb, layers), x["ia"]), a, b)
         rest = [i for i in every if i not in layers]
         out["keep"][g] = int(_last(model, discard_states(model, ca, rest), x["ia"]).argmax()) == a
-    if per_layer:
+    if per_layer and (out["right"] or not only_right):   # a sweep on a prompt the model gets wrong would divide nothing
         out["layer"] = [_ld(_last(model, mix_states(model, ca, cb, [i]), x["ia"]), a, b) for i in every]
     return out
 
@@ -127,11 +127,12 @@ def split_by(items: list[dict], key: str) -> dict:
 
 @torch.no_grad()
 def group_swap(model, tok, records: list[dict], *, by: str = "task", chance: float, per_layer: bool = True,
-               layer_points: int | None = None, layer_pairs: int | None = None, boot: int = 1000) -> dict:
+               layer_points: int | None = None, layer_pairs: int | None = None, only_right: bool = True,
+               boot: int = 1000) -> dict:
     """Swap and keep-one by store group (and swap by layer) on ``records``, summarised per value of
     ``by`` (``task``, ``distance``, ...: a field of the records). Each one-token continuation reads every
     weight once, so the layer sweep (one per layer) is what costs: ``layer_points`` limits it to the first
-    values of ``by`` and ``layer_pairs`` to the first pairs of each (None: all)."""
+    values of ``by`` and ``layer_pairs`` to the first pairs of each the model answers right (None: all)."""
     model.eval()
     groups = groups_of(model)
     pairs, skipped = encode_pairs(tok, records, model.cfg.vocab_size)
@@ -143,8 +144,8 @@ def group_swap(model, tok, records: list[dict], *, by: str = "task", chance: flo
     rows = []
     for x in pairs:
         sweep = per_layer and x[by] in swept and (layer_pairs is None or done.get(x[by], 0) < layer_pairs)
-        done[x[by]] = done.get(x[by], 0) + sweep
-        r = run_pair(model, x, groups, sweep)
+        r = run_pair(model, x, groups, sweep, only_right)
+        done[x[by]] = done.get(x[by], 0) + bool(r["layer"])
         rows.append({**r, by: x[by], "tokens": x["tokens"], "id": x["id"]})
     return {"probe": "group_swap", "by": by, "groups": {g: ls for g, ls in groups.items()}, "skipped": skipped,
             "points": {str(k): {"tokens": sum(r["tokens"] for r in rs) / len(rs),
