@@ -35,3 +35,14 @@ def test_generate_refuses_non_finite_logits():
         model.lm_head.weight.fill_(float("inf"))
     with pytest.raises(ValueError, match="not finite"):
         generate(model, torch.randint(0, 100, (1, 5)), 3)
+
+
+def test_one_tensor_in_two_unindexed_files_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    from storelab.checkpoint.shards import CheckpointError, Shards
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "a.safetensors"))
+    save_file({"w": torch.ones(2)}, str(tmp_path / "b.safetensors"))
+    with pytest.raises(CheckpointError, match=r"'w' is in both a.safetensors and b.safetensors"):
+        Shards(tmp_path)

@@ -82,6 +82,9 @@ class Shards:
         self.files = files
         for fname in files:
             for name, shape_dtype in self._header(fname).items():
+                if weight_map is None and name in self.where:   # no index to say which copy is the tensor
+                    raise CheckpointError(f"{self.folder}: tensor {name!r} is in both {self.where[name]} and {fname}, "
+                                          f"and no {INDEX} says which to read: remove one file, or write the index")
                 self.info[name] = shape_dtype
                 if weight_map is None:
                     self.where[name] = fname
