@@ -18,6 +18,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def report(out: Path = typer.Option(Path("report"), "--out", help="Folder for report.html, .md, .json and figures."),
                quick: bool = typer.Option(False, "--quick", help="Small sizes (about a minute)."),
+               full: bool = typer.Option(False, "--full", help="Section 9's probes of the real language models at "
+                                         "their large sizes (more prompts, distances and contexts; tens of minutes)."),
                force: bool = opt.force(),
                checkpoint: Path = typer.Option(None, "--checkpoint", help="A model folder (Hugging Face or storelab "
                                                "save, with tokenizer.json), or a Hugging Face repo id "
@@ -45,6 +47,8 @@ def register(app: typer.Typer) -> None:
         from storelab.report.core import ledger
 
         with opt.user_errors():
+            if full and quick:
+                raise ValueError("--full: the large sizes; --quick the small ones: give at most one")
             check_folder(out, "report", FILES, force=force)  # before the sections run
             check_subjects(out, subjects, retrain, force=force)
             if checkpoint is not None:   # a repo id: its snapshot in the Hugging Face cache
@@ -63,7 +67,7 @@ def register(app: typer.Typer) -> None:
                 on_start=lambda s: prog.update(task, description=f"section: {s.title}"),
                 on_end=lambda oc: prog.update(task, advance=1, description=f"{'done' if oc.ok else 'FAILED'}: {oc.section.title}"),
                 force=force, checkpoint=checkpoint, stream=stream, device=device, dtype=dtype,
-                subjects=subjects, retrain=retrain,
+                subjects=subjects, retrain=retrain, full=full,
                 on_retrain=lambda m: prog.update(task, description=f"retrained {m['name']} seed {m['seed']} "
                                                  f"({m['seconds']:.0f} s, {m['verdict']})"))
         failed = [oc.section.key for oc in outcomes if not oc.ok]

@@ -98,8 +98,8 @@ def build_report(out: str | Path = "report", *, quick: bool = False, sections: l
                  force: bool = False, checkpoint: str | Path | None = None,
                  stream: bool = False, device: str = "cpu",
                  dtype: str | None = None, subjects: str | Path | None = None,
-                 retrain: bool = False, on_retrain: Callable[[dict], None] | None = None
-                 ) -> tuple[dict[str, Path], list[SectionOutcome]]:
+                 retrain: bool = False, on_retrain: Callable[[dict], None] | None = None,
+                 full: bool = False) -> tuple[dict[str, Path], list[SectionOutcome]]:
     """Run the sections, then write the report into ``out``. The folder is checked first
     (``storelab.outputs``): a report folder is rewritten, a new or empty one filled; any other
     kind, or a folder holding a file of the report's names, is refused unless ``force``.
@@ -107,15 +107,17 @@ def build_report(out: str | Path = "report", *, quick: bool = False, sections: l
     it (``stream``: its layers' weights read during their calls) on ``device`` in ``dtype`` (None: its own).
     ``subjects``: a folder of trained subjects for sections 7 and 8 (None: the shipped ones); ``retrain``:
     train every subject afresh by its recipe into ``out/subjects`` first (``on_retrain`` after each) and
-    probe those."""
+    probe those. ``full``: section 9's probes of the real language models at their large sizes."""
     out = Path(out)
+    if full and quick:
+        raise ValueError("--full: the large sizes; --quick the small ones: give at most one")
     check_folder(out, "report", FILES, force=force)
     ckpt = None if checkpoint is None else check_checkpoint(checkpoint)
     subjects = check_subjects(out, subjects, retrain, force=force)
     out.mkdir(parents=True, exist_ok=True)
     retrained = retrain_subjects(subjects, on_retrain) if retrain else None
     ctx = Context(out=out, quick=quick, checkpoint=ckpt, stream=stream, device=device, dtype=dtype,
-                  subjects=subjects)
+                  subjects=subjects, full=full)
     outcomes = run_sections(sections if sections is not None else default_sections(ckpt), ctx, on_start, on_end)
     claims = ledger(outcomes)
     meta = {
@@ -123,6 +125,7 @@ def build_report(out: str | Path = "report", *, quick: bool = False, sections: l
                      f"{'Quick sizes. ' if quick else ''}Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
                      f"on {platform.machine()} with torch {torch.__version__}, {torch.get_num_threads()} threads."),
         "quick": quick,
+        "full": full,
         "failed_sections": [oc.section.key for oc in outcomes if not oc.ok],
         "subjects": "shipped" if subjects is None else str(subjects),
     }

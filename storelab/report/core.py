@@ -111,6 +111,7 @@ class Context:
     device: str = "cpu"              # where the checkpoint's model runs (storelab report --device)
     dtype: str | None = None         # its parameters' dtype (None: the checkpoint's own)
     subjects: Path | None = None     # the trained subjects sections 7 and 8 probe (None: the shipped ones)
+    full: bool = False               # the large sizes (storelab report --full): section 9's real-model probes
 
 
 @dataclass

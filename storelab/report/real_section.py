@@ -50,7 +50,7 @@ ESSAY_MIMO = ("In MiMo, most of it went into the 10 global layers' caches, where
 
 
 def size_name(ctx: Context) -> str:
-    return "full" if getattr(ctx, "full", False) else "quick" if ctx.quick else "default"
+    return "full" if ctx.full else "quick" if ctx.quick else "default"
 
 
 def _txt(share: dict | None, verdict: str = "not measured") -> str:

@@ -24,7 +24,7 @@ CONTROLS = ("attention", "recurrent")
 
 
 def subjects_of(ctx: Context) -> Subjects:
-    return Subjects(getattr(ctx, "subjects", None), quick=ctx.quick)
+    return Subjects(ctx.subjects, quick=ctx.quick)
 
 
 def subject_rows(subs: Subjects) -> tuple[list[list], dict[str, Any]]:
@@ -160,7 +160,7 @@ def trained_section(ctx: Context) -> SectionResult:
         tables.append(Table(f"{name}: probes at {PROBE_N} entries (mean [lowest, highest] over the seeds whose "
                             "check passed), beside the essay's large-model figures",
                             ["probe", "ours", "essay (Qwen3.5-4B)"], probe_rows(probes[name])))
-    source = "shipped" if getattr(ctx, "subjects", None) is None else f"retrained into {ctx.subjects}"
+    source = "shipped" if ctx.subjects is None else f"retrained into {ctx.subjects}"
     return SectionResult(
         text=(f"Small models trained by storelab's own trainer until they do the dictionary-and-language task "
               f"(subjects {source}; `storelab subjects` lists them with their recipes): two 3:1 hybrids, "
