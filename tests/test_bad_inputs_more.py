@@ -46,3 +46,17 @@ def test_one_tensor_in_two_unindexed_files_is_refused(tmp_path):
     save_file({"w": torch.ones(2)}, str(tmp_path / "b.safetensors"))
     with pytest.raises(CheckpointError, match=r"'w' is in both a.safetensors and b.safetensors"):
         Shards(tmp_path)
+
+
+def test_budget_refuses_weights_of_another_model(tmp_path):
+    """A config.json describing a large model beside the shards of a tiny one: the budget is not planned."""
+    import json
+
+    from safetensors.torch import save_file
+
+    hf = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+          "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    save_file({"model.embed_tokens.weight": torch.zeros(16, 8)}, str(tmp_path / "model.safetensors"))
+    res = CliRunner().invoke(app, ["memory", str(tmp_path), "--budget", "24GiB", "--context", "4096"])
+    assert res.exit_code == 2 and "different models" in res.output, res.output

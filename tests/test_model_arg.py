@@ -220,7 +220,7 @@ def test_online_fetches_config_and_headers_only(cache, monkeypatch):
 
     def headers(repo_id, *, revision=None, **kw):
         calls.append(("headers", repo_id))
-        tensor = SimpleNamespace(dtype="BF16", shape=[1000, 1000])
+        tensor = SimpleNamespace(dtype="BF16", shape=[1_235_814_400])   # the config's parameters, as bf16
         return SimpleNamespace(files_metadata={"model.safetensors": SimpleNamespace(tensors={"w": tensor})})
 
     monkeypatch.setattr(source, "hf_hub_download", download)
@@ -233,7 +233,7 @@ def test_online_fetches_config_and_headers_only(cache, monkeypatch):
     assert res.exit_code == 0, res.output
     rec = json.loads(res.stdout)["models"][0]
     assert rec["model"] == "remote"
-    assert rec["budget"]["weights_format"] == "folder" and rec["budget"]["weights_by_dtype"] == {"BF16": 2_000_000}
+    assert rec["budget"]["weights_format"] == "folder" and rec["budget"]["weights_by_dtype"] == {"BF16": 2_471_628_800}
     assert calls == [("download", "org/remote", "config.json"), ("headers", "org/remote")]
     res = run("memory", "org/other", "--offline", "--context", "1000")   # --offline: no fetch
     assert res.exit_code == 2 and "org/other: not in the Hugging Face cache" in said(res)

@@ -149,6 +149,7 @@ def register(app: typer.Typer) -> None:
                                                   stored=count_params(cfg).stored, batches=sorted({*BATCHES, batch}))
                     held = weights_held(src) if folder is not None and weights_dtype is None else None
                     if held:
+                        check_weights_agree(folder, count_params(cfg).stored, held)
                         from_headers(rec["budget"], rec["total"], held, source="gguf" if gguf else "folder")
                 reports.append((cfg, rec))
         except ValueError as e:  # CheckpointError is one
@@ -306,6 +307,21 @@ def folder_weights(path: Path) -> dict[str, int] | None:
                                   f"storelab")
         out[dt] = out.get(dt, 0) + math.prod(shape) * SAFETENSORS_BYTES[dt]
     return dict(sorted(out.items()))
+
+
+# bytes per parameter a checkpoint's tensors can take, from 1.56-bit ternary / IQ1 GGUF blocks to fp64
+BYTES_PER_PARAM = (0.15, 8.5)
+
+
+def check_weights_agree(folder: Path, params: int, held: dict[str, int]) -> None:
+    """A ValueError naming the config and the weights when the weights' bytes cannot hold the parameters the
+    config describes (a config.json beside another model's shards): no budget is planned around them."""
+    have = sum(held.values())
+    lo, hi = BYTES_PER_PARAM
+    if params and not lo <= have / params <= hi:
+        raise ValueError(f"{folder}: its config describes {params:,} parameters, but the weights beside it hold "
+                         f"{have:,} bytes ({have / params:.3g} bytes a parameter; any format takes {lo} to {hi}): "
+                         f"the config and the weights are of different models")
 
 
 def from_headers(bud: dict, total: dict, held: dict[str, int], *, source: str = "folder") -> None:
