@@ -60,3 +60,11 @@ def test_budget_refuses_weights_of_another_model(tmp_path):
     save_file({"model.embed_tokens.weight": torch.zeros(16, 8)}, str(tmp_path / "model.safetensors"))
     res = CliRunner().invoke(app, ["memory", str(tmp_path), "--budget", "24GiB", "--context", "4096"])
     assert res.exit_code == 2 and "different models" in res.output, res.output
+
+
+@pytest.mark.parametrize("args", [["state_swap", "--model", "tiny-qwen3.8", "--decode"],
+                                  ["state_swap", "--model", "tiny-qwen3.8", "--position", "5"],
+                                  ["keep_one", "--model", "tiny-qwen3.8", "--position", "3"]])
+def test_state_swap_text_options_elsewhere_are_refused(args):
+    res = CliRunner().invoke(app, ["probe", *args])
+    assert res.exit_code == 2 and ("--decode" in res.output or "--position" in res.output), res.output

@@ -66,8 +66,8 @@ def register(app: typer.Typer) -> None:
         chat: bool = typer.Option(False, "--chat", help="Wrap each prompt in the folder's chat template."),
         out: Path = typer.Option(None, "--out", help="Write probe.json and a figure per probe into this folder."),
         force: bool = opt.force(),
-        position: int = typer.Option(-2, "--position", help="state_swap on text: swap the states after this "
-                                     "token (0-based; negative from the prompt's end)."),
+        position: int = typer.Option(None, "--position", help="state_swap on text: swap the states after this "
+                                     "token (0-based; negative from the prompt's end; default -2)."),
         decode: bool = typer.Option(False, "--decode", help="state_swap on text: run the tokens after the swap "
                                     "one per call, as decoding."),
         stream: bool = typer.Option(False, "--stream", help="With a model folder: read each layer's weights from "
@@ -125,6 +125,12 @@ def register(app: typer.Typer) -> None:
                                  f"give a storelab train run folder or a model folder (config.json, *.safetensors, "
                                  f"tokenizer.json)")
             text = kind in MODEL_FOLDERS and task is None   # a model folder with --task: probed on the task
+            if (position is not None or decode) and not (text and name in ("state_swap", "all")):
+                opt_name = "--position" if position is not None else "--decode"
+                raise ValueError(f"{opt_name}: sets where state_swap on text swaps (a model checkpoint's prompts); "
+                                 f"it does nothing to {name if name != 'state_swap' else 'state_swap on a task'}: "
+                                 f"leave it out")
+            position = -2 if position is None else position
             if stream and kind not in MODEL_FOLDERS:
                 raise ValueError("stream: --stream reads a model folder (config.json + safetensors) given as "
                                  "--checkpoint DIR")
