@@ -17,13 +17,11 @@ import os
 import gguf
 import numpy as np
 import pytest
-import torch
 
-from storelab.checkpoint import CheckpointError, load, read_model_config
-from storelab.models.accounting import count_params
-from tests.family_harness import ids_of, tiny_hf
+from storelab.checkpoint import CheckpointError, read_model_config
+from tests.family_harness import tiny_hf
+from tests.gguf_harness import built_fixture, check_header, check_logits
 from tests.gguf_writer_hybrid import write_gguf
-from tests.helpers import assert_close
 
 os.environ.setdefault("USE_HUB_KERNELS", "0")
 
@@ -53,49 +51,26 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    cache: dict = {}
-
-    def get(name: str):
-        if name not in cache:
-            model_type, arch, settings = CASES[name]
-            hf = tiny_hf(model_type, settings)
-            folder = tmp_path_factory.mktemp(name)
-            hf.save_pretrained(folder)
-            cache[name] = (hf, folder, write_gguf(folder, arch, folder / f"{name}.gguf"))
-        return cache[name]
-
-    yield get
-    cache.clear()
+def _make(name: str, folder):
+    model_type, arch, settings = CASES[name]
+    hf = tiny_hf(model_type, settings)
+    hf.save_pretrained(folder)
+    return hf, write_gguf(folder, arch, folder / f"{name}.gguf")
 
 
-def kinds(cfg) -> list[tuple[str, str]]:
-    return [(lay.token.KIND, lay.channel.KIND if lay.channel is not None else "") for lay in cfg.layers]
+built = built_fixture(_make)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_header(built, name):
-    from storelab.models.engines import engine_layers
-
     _, folder, path = built(name)
-    ours, theirs = read_model_config(path), read_model_config(folder)
-    assert kinds(ours) == kinds(theirs)
-    assert count_params(ours).stored == count_params(theirs).stored
-    for T, B in ((100, 1), (5000, 2)):
-        assert (engine_layers(ours, T, batch=B, engine="llama.cpp")["layers"]
-                == engine_layers(theirs, T, batch=B, engine="llama.cpp")["layers"])
+    check_header(folder, path)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_logits(built, name):
     hf, _, path = built(name)
-    ours = load(path)
-    ids = ids_of(21)
-    with torch.no_grad():
-        ref = hf(ids).logits
-        got, _ = ours(ids)
-    assert_close(got, ref, atol=1e-5 * ref.abs().max().item(), what=f"{name} GGUF logits")
+    check_logits(hf, path, 21, f"{name} GGUF logits")
 
 
 def _header_only(path, arch: str, kv: dict, tensors: dict) -> None:

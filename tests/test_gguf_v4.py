@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 import torch
 
-from storelab.checkpoint import CheckpointError, load, read_model_config
+from storelab.checkpoint import CheckpointError, read_model_config
 from storelab.checkpoint.gguf import read_gguf_config
 from storelab.models.accounting import count_params
-from tests.family_harness import ids_of, tiny_hf
+from tests.family_harness import tiny_hf
+from tests.gguf_harness import check_logits
 from tests.gguf_writer_v4 import write_gguf_v4
-from tests.helpers import assert_close
 
 os.environ.setdefault("USE_HUB_KERNELS", "0")
 
@@ -99,27 +99,16 @@ def test_header(built, name):
 
 def test_logits(built):
     hf, _, path = built("scored")
-    ours = load(path)
-    ids = ids_of(21)
-    with torch.no_grad():
-        ref = hf(ids).logits
-        got, _ = ours(ids)
-    assert_close(got, ref, atol=1e-5 * ref.abs().max().item(), what="deepseek4 GGUF logits")
+    check_logits(hf, path, 21, "deepseek4 GGUF logits")
 
 
 def test_logits_hash_layers(built):
     """The converter writes ``tid2eid`` as int32 (GGML I32): read as integers, the hash-routed layers equal
     transformers'. (The ``yarn`` case is accounted, not run: the family refuses YaRN on compressed layers.)"""
-    case = "hash"
-    hf, _, path = built(case)
-    ours = load(path)
+    hf, _, path = built("hash")
+    ours = check_logits(hf, path, 21, "deepseek4 GGUF logits (hash)")
     tables = [t for k, t in ours.state_dict().items() if k.endswith(".table")]   # the hash tables, from tid2eid
     assert tables and all(not t.dtype.is_floating_point for t in tables)
-    ids = ids_of(21)
-    with torch.no_grad():
-        ref = hf(ids).logits
-        got, _ = ours(ids)
-    assert_close(got, ref, atol=1e-5 * ref.abs().max().item(), what=f"deepseek4 GGUF logits ({case})")
 
 
 def _header_only(path, kv: dict, tensors: dict) -> None:
