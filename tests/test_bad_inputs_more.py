@@ -68,3 +68,19 @@ def test_budget_refuses_weights_of_another_model(tmp_path):
 def test_state_swap_text_options_elsewhere_are_refused(args):
     res = CliRunner().invoke(app, ["probe", *args])
     assert res.exit_code == 2 and ("--decode" in res.output or "--position" in res.output), res.output
+
+
+def test_n_on_selection_over_text_is_refused(tmp_path):
+    """selection on a checkpoint's text reads every document; an --n would be ignored."""
+    import json
+
+    from storelab.checkpoint import save
+    from storelab.models.model import Model
+    from storelab.zoo import load_zoo
+
+    torch.manual_seed(0)
+    folder = tmp_path / "m"
+    save(Model(load_zoo("qwen3.8", tiny=True)).eval(), folder)
+    (folder / "tokenizer.json").write_text(json.dumps({"version": "1.0"}))   # never read: refused before
+    res = CliRunner().invoke(app, ["probe", "selection", "--checkpoint", str(folder), "--n", "3"])
+    assert res.exit_code == 2 and "--n" in res.output, res.output

@@ -53,7 +53,8 @@ def register(app: typer.Typer) -> None:
                                   "(tiny-<zoo name> or a built-in stack), for a look at the machinery."),
         task: str = typer.Option(None, "--task", help="Probe on this task instead of the checkpoint's."),
         size: str = typer.Option("tiny", "--size", help="Size preset of --task."),
-        n: int = opt.count(64, "--n", help="Examples (documents) per probe."),
+        n: int = opt.count(None, "--n", help="Examples (documents) per probe (default 64; selection on a "
+                           "checkpoint's text reads every document and takes none)."),
         seed: int = opt.seed(1234),
         contexts: str = opt.int_list(None, "--contexts", help="Probe on documents at these context lengths "
                                      "(e.g. 512,1024,4096): selection sweeps them, mhc uses the first."),
@@ -131,6 +132,10 @@ def register(app: typer.Typer) -> None:
                                  f"it does nothing to {name if name != 'state_swap' else 'state_swap on a task'}: "
                                  f"leave it out")
             position = -2 if position is None else position
+            if n is not None and text and name == "selection":
+                raise ValueError("--n: selection on a checkpoint's text reads every document, laid end to end at "
+                                 "each --contexts length; it takes no example count: leave it out")
+            n = 64 if n is None else n
             if stream and kind not in MODEL_FOLDERS:
                 raise ValueError("stream: --stream reads a model folder (config.json + safetensors) given as "
                                  "--checkpoint DIR")
