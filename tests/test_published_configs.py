@@ -34,6 +34,10 @@ PUBLISHED = {
     "DeepSeek-V3": (671.0, 37.0),                   # DeepSeek-V3 report: 671B total, 37B activated (MTP apart)
     "Qwen3.5-0.8B-Base": (0.752, 0.752),            # the text model of the 873M release (0.752B)
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (31.6, 3.6),  # NVIDIA: 31.6B total, 3.6B active with embeddings
+    "Phi-3-mini-4k-instruct": (3.8, 3.8),           # Phi-3-mini model card: 3.8B parameters
+    "Phi-4-mini-instruct": (3.8, 3.8),              # Phi-4-mini-instruct model card: 3.8B parameters
+    "c4ai-command-r-08-2024": (32.0, 32.0),         # Command R 08-2024 model card: 32 billion parameters
+    "aya-23-8B": (8.0, 8.0),                        # Aya 23 model card: the 8-billion version
 }
 
 # what storelab does not read yet, and the word its refusal must name
