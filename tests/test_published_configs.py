@@ -34,6 +34,7 @@ PUBLISHED = {
     "DeepSeek-V3": (671.0, 37.0),                   # DeepSeek-V3 report: 671B total, 37B activated (MTP apart)
     "Qwen3.5-0.8B-Base": (0.752, 0.752),            # the text model of the 873M release (0.752B)
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (31.6, 3.6),  # NVIDIA: 31.6B total, 3.6B active with embeddings
+    "gemma-4-26B-A4B": (25.2, 3.8),                 # Google's Gemma 4 model card: 25.2B total, 3.8B active
     "Phi-3-mini-4k-instruct": (3.8, 3.8),           # Phi-3-mini model card: 3.8B parameters
     "Phi-4-mini-instruct": (3.8, 3.8),              # Phi-4-mini-instruct model card: 3.8B parameters
     "c4ai-command-r-08-2024": (32.0, 32.0),         # Command R 08-2024 model card: 32 billion parameters
@@ -41,9 +42,7 @@ PUBLISHED = {
 }
 
 # what storelab does not read yet, and the word its refusal must name
-NOT_YET = {
-    "gemma-4-26B-A4B": "gemma4",
-}
+NOT_YET: dict[str, str] = {}
 
 
 def test_fixtures_present():

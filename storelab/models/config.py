@@ -117,7 +117,8 @@ class LayerConfig:
         """The block's d_model-wide norms around its mixers (an Engram lookup's own norm not counted)."""
         if self.norms == "parallel":
             return 1
-        return NORM_PLACES[self.norms] * (1 if self.channel is None else 2)
+        n = NORM_PLACES[self.norms] * (1 if self.channel is None else 2)
+        return n - 1 if self.channel is not None and self.channel.READS_STREAM else n  # its input norms its own
 
     def __post_init__(self):
         if self.norms not in NORM_PLACES:
@@ -133,6 +134,9 @@ class LayerConfig:
             if slot not in cfg.SLOTS:
                 raise ValueError(f"{slot}: a {cfg.KIND} store cannot fill the {slot} slot "
                                  f"(it fills: {', '.join(cfg.SLOTS)})")
+        if self.norms not in ("pre", "sandwich") and self.channel is not None and self.channel.READS_STREAM:
+            raise ValueError(f"norms: a {self.channel.KIND} channel store reads the stream itself; the block's "
+                             f"norms must be 'pre' or 'sandwich', got {self.norms!r}")
 
 
 @dataclass(kw_only=True)

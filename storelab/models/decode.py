@@ -112,9 +112,11 @@ def _norm(module: nn.Module):
 
 def _plain_attention(cfg) -> bool:
     """Whether the fast attention step computes this config's layer (the devices it leaves to the general path
-    are rare in the families we read: an output gate, LogN, Llama 4's temperature and L2 norm, a soft cap)."""
+    are rare in the families we read: an output gate, LogN, Llama 4's temperature and L2 norm, a soft cap, Gemma 4's
+    values read from the keys and value norm)."""
     return not (cfg.gate or cfg.head_gate or cfg.logn or cfg.attn_temperature_tuning or cfg.qk_l2_norm
-                or cfg.softcap is not None or (cfg.qk_norm and cfg.qk_norm_scope != "head"))
+                or cfg.softcap is not None or (cfg.qk_norm and cfg.qk_norm_scope != "head")
+                or cfg.values_from_keys or cfg.v_norm)
 
 
 class _AttentionStep:
@@ -266,7 +268,7 @@ class Decoder:
         self.angles = _Angles()
         cfg = model.cfg
         residual = isinstance(model.depth_head, ResidualHead) and all(
-            isinstance(b.depth_token, ResidualMixer) and isinstance(b.depth_channel, ResidualMixer)
+            type(b.depth_token) is ResidualMixer and type(b.depth_channel) is ResidualMixer
             for b in model.blocks)
         self.fp32 = model.embed.weight.dtype == torch.float32
         self.residual = residual and self.fp32
@@ -277,7 +279,8 @@ class Decoder:
     def _layer(self, i: int) -> _FastLayer | None:
         """Layer i's fast step, or None where the general path runs it."""
         m, lay, b = self.model, self.model.cfg.layers[i], self.model.blocks[i]
-        if b.lookup is not None or b.norms not in ("pre", "sandwich") or m._handed[i] or m._views[i]:
+        if b.lookup is not None or b.norms not in ("pre", "sandwich") or m._handed[i] or m._views[i] \
+                or b.channel_reads_stream:
             return None
         step = _TOKEN_STEPS.get(type(b.token))
         if step is not None and _plain_attention(lay.token) and m.cfg.owns_cache(i):

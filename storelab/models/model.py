@@ -104,7 +104,10 @@ class Block(nn.Module):
         # "parallel": x + f(norm(x)) + g(norm(x)), norm_token the one norm; "parallel_two": x + f(n1(x)) + g(n2(x))
         self.norms = cfg.norms
         self.norm_token = Norm(d_model, eps)
-        self.norm_channel = Norm(d_model, eps) if cfg.channel is not None and cfg.norms != "parallel" else None
+        # a channel store that READS_STREAM owns its input norms: the block hands it the stream itself
+        self.channel_reads_stream = cfg.channel is not None and cfg.channel.READS_STREAM
+        self.norm_channel = Norm(d_model, eps) if cfg.channel is not None and cfg.norms != "parallel" \
+            and not self.channel_reads_stream else None
         if cfg.norms == "sandwich":
             self.post_norm_token = Norm(d_model, eps)
             self.post_norm_channel = Norm(d_model, eps) if cfg.channel is not None else None
@@ -135,7 +138,9 @@ class Block(nn.Module):
                 return None, state
         if self.channel is None:
             return ds, state
-        if self.norms == "parallel_two":  # the channel mixer's own norm of what the token mixer read
+        if self.channel_reads_stream:
+            u_BTD = self.depth_channel.read(ds)
+        elif self.norms == "parallel_two":  # the channel mixer's own norm of what the token mixer read
             u_BTD = self.norm_channel(x_BTD)
         elif self.norms != "parallel":  # "parallel": the channel mixer reads what the token mixer read
             u_BTD = self._pre(self.norm_channel, self.depth_channel.read(ds))

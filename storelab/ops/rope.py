@@ -22,10 +22,14 @@ __all__ = ["rope_angles", "apply_rope", "rotate", "rope_frequencies", "check_sca
 # "linear" (position interpolation, arXiv 2306.15595): every frequency / factor;
 # "llama3" (Llama 3.1, arXiv 2407.21783): low frequencies / factor, high ones kept, a smooth ramp between;
 # "yarn" (arXiv 2309.00071): the NTK-by-parts ramp between interpolation and extrapolation, and cos / sin times an
-#   attention factor (0.1 ln(factor) + 1, or DeepSeek's ratio of two mscales).
+#   attention factor (0.1 ln(factor) + 1, or DeepSeek's ratio of two mscales);
+# "proportional" (Gemma 4's global layers): the whole head is paired as halves and keeps the frequencies
+#   theta^(-2i/K) of full RoPE, but only the first int(partial_rotary_factor K / 2) pairs turn; the rest have
+#   frequency 0 (cos 1, sin 0: unchanged), all divided by an optional ``factor``.
 SCALINGS = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                                               "original_max_position_embeddings"),
-            "yarn": ("factor", "original_max_position_embeddings")}
+            "yarn": ("factor", "original_max_position_embeddings"),
+            "proportional": ("partial_rotary_factor",)}
 
 
 def check_scaling(scaling: dict | None) -> None:
@@ -57,6 +61,10 @@ def rope_frequencies(rotary_dim: int, theta: float, scaling: dict | None = None,
     kind = "default" if scaling is None else scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return inv_freq, 1.0
+    if kind == "proportional":
+        turning = int(float(scaling["partial_rotary_factor"]) * rotary_dim // 2)
+        inv_freq[turning:] = 0.0
+        return inv_freq / float(scaling.get("factor") or 1.0), 1.0
     factor = float(scaling["factor"])
     if kind == "linear":
         return inv_freq / factor, 1.0

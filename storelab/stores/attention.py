@@ -33,6 +33,10 @@ Full attention (Vaswani et al., arXiv 1706.03762) with the devices today's layer
   ``log1p(floor((p + 1) / floor_scale)) * attn_temperature_scale + 1`` (Llama 4's NoPE layers,
   after Scalable-Softmax, arXiv 2501.19399; its ``attn_scale`` is ``attn_temperature_scale`` here, since
   ``attn_scale`` names the logits' scale): 1 below ``floor_scale`` tokens, then growing as the log;
+* Gemma 4's devices (Google, 2026; transformers' ``Gemma4TextAttention``), off by default: ``values_from_keys``
+  (its ``attention_k_eq_v`` global layers) has no value projection: each head's value is its key projection
+  as computed, before the key's norm and rotation (so V = K channels, and D*G*V fewer parameters);
+  ``v_norm`` divides each value head by its root mean square (no weight, eps ``norm_eps``), on every layer;
 * ``kernel``: "fused" (torch's fused kernels, ``storelab.ops.attention``) or "reference" (the
   plain form, every score materialised), taken once at construction.
 
@@ -123,6 +127,8 @@ class AttentionConfig(StoreConfig):
     floor_scale: int = 8192              # Llama 4's floor_scale (tokens)
     attn_temperature_scale: float = 0.1  # Llama 4's attn_scale (the strength of the tuning)
     floor_offset: int = 1                # the position counted from: p + 1 (Llama 4), p + 0 (Ministral 3)
+    values_from_keys: bool = False       # Gemma 4's attention_k_eq_v: no v_proj, v = the raw key projection
+    v_norm: bool = False                 # Gemma 4: a weightless RMS norm over each value head
 
     SLOTS, FAMILY, CARD_ORDER, MIX_LABEL = (TOKEN,), "full", 40, "full"
     CARD = Card(
@@ -162,6 +168,9 @@ class AttentionConfig(StoreConfig):
                    f"must be an int > 0, got {self.floor_scale!r}")
         self.check(self.attn_temperature_scale >= 0, "attn_temperature_scale",
                    f"must be >= 0, got {self.attn_temperature_scale}")
+        self.check(not self.values_from_keys or (self.v_head_dim == self.head_dim and not self.qkv_bias),
+                   "values_from_keys", f"needs v_head_dim == head_dim ({self.head_dim}, got {self.v_head_dim}) "
+                   "and no qkv_bias (the values are the key projection itself)")
 
     @property
     def rotary_dim(self) -> int:
@@ -194,7 +203,8 @@ class AttentionConfig(StoreConfig):
     def num_params(self) -> ParamCount:
         D, H, G, K, V = self.d_model, self.n_heads, self.n_kv_heads, self.head_dim, self.v_head_dim
         q_out = H * (K + (V if self.gate else 0))
-        n = D * q_out + D * G * K + D * G * V + H * V * D
+        v_proj = 0 if self.values_from_keys else D * G * V
+        n = D * q_out + D * G * K + v_proj + H * V * D
         if self.qkv_bias:
             n += q_out + G * K + G * V
         if self.out_bias:
@@ -249,7 +259,7 @@ class Attention(nn.Module):
         D, H, G, K, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim
         self.q_proj = nn.Linear(D, H * (K + (V if cfg.gate else 0)), bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(D, G * K, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(D, G * V, bias=cfg.qkv_bias)
+        self.v_proj = None if cfg.values_from_keys else nn.Linear(D, G * V, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(H * V, D, bias=cfg.out_bias)
         whole = cfg.qk_norm_scope == "all"
         self.q_norm = RMSNorm(H * K if whole else K, cfg.norm_eps) if cfg.qk_norm else None
@@ -272,7 +282,9 @@ class Attention(nn.Module):
         if c.head_gate:
             gate_BTHV = self.g_proj(x_BTD).unsqueeze(-1)                             # [B, T, H, 1]
         k_BTGK = self.k_proj(x_BTD).view(B, T, G, K)
-        v_BTGV = self.v_proj(x_BTD).view(B, T, G, V)
+        v_BTGV = k_BTGK if self.v_proj is None else self.v_proj(x_BTD).view(B, T, G, V)
+        if c.v_norm:
+            v_BTGV = rms_norm(v_BTGV, eps=c.norm_eps)
         if c.value_scale != 1.0:
             v_BTGV = v_BTGV * c.value_scale
         if self.q_norm is not None and c.qk_norm_scope == "all":  # over the whole projection

@@ -251,6 +251,7 @@ class StoreConfig:
     SHARES_SELECTION: ClassVar[bool] = False
     SELECTS: ClassVar[bool] = False
     MIX_LABEL: ClassVar[str] = ""
+    READS_STREAM: ClassVar[bool] = False  # a channel store handed the stream itself, owning its norms (Gemma 4)
     cache_format: ClassVar[str | None] = None  # a field of its own in stores that fix their entry format
     ENTRY_FORMATS: ClassVar[tuple[str, ...]] = tuple(DTYPE_BYTES)
 

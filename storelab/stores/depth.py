@@ -171,6 +171,19 @@ class ResidualMixer(DepthMixer):
         return ResidualState(h=ds.h + y_BTD)
 
 
+class ScaledResidualMixer(ResidualMixer):
+    """h_{l+1} = s_l (h_l + F_l(h_l)): the plain sum, then the whole stream times a saved scalar (Gemma 4's
+    ``layer_scalar``, after a layer's channel sublayer). ``scalar`` is a buffer: loaded, not trained."""
+
+    def __init__(self, d_model: int, sublayer: int, n_sublayers: int):
+        super().__init__(d_model, sublayer, n_sublayers)
+        self.register_buffer("scalar", torch.ones(1))
+
+    def write(self, ds: ResidualState, y_BTD: Tensor) -> ResidualState:
+        check_input(y_BTD, self.d_model, "y")
+        return ResidualState(h=(ds.h + y_BTD) * self.scalar.to(y_BTD.dtype))
+
+
 class ResidualHead(DepthHead):
     def forward(self, ds: ResidualState) -> Tensor:
         return ds.h
@@ -181,9 +194,11 @@ class ResidualHead(DepthHead):
 class ResidualConfig(DepthConfig):
     """The plain residual stream (He et al., arXiv 1512.03385): every block adds its output
     to one running sum, h_{l+1} = h_l + F_l(h_l). 0 parameters; the pass holds one vector
-    of D per token; no context state."""
+    of D per token; no context state. ``layer_scalar`` (Gemma 4): after each layer's channel sublayer the
+    stream is multiplied by a saved scalar, h <- s_l (h + F(h)): one number per layer."""
 
     d_model: int
+    layer_scalar: bool = False
 
     CARD_ORDER = 160
     CARD: ClassVar[Card] = Card(
@@ -195,14 +210,18 @@ class ResidualConfig(DepthConfig):
 
     def build(self, *, sublayer: int, n_sublayers: int) -> ResidualMixer:
         self._check_build(sublayer, n_sublayers)
-        return ResidualMixer(self.d_model, sublayer, n_sublayers)
+        scaled = self.layer_scalar and sublayer % 2 == 1  # after the layer's channel sublayer
+        return (ScaledResidualMixer if scaled else ResidualMixer)(self.d_model, sublayer, n_sublayers)
 
     def build_head(self, *, n_sublayers: int) -> ResidualHead:
         self._check_build(0, n_sublayers)
         return ResidualHead()
 
     def num_params(self, *, n_sublayers: int | None = None) -> ParamCount:
-        return ParamCount(0, 0)
+        if not self.layer_scalar:
+            return ParamCount(0, 0)
+        n = 1 if n_sublayers is None else n_sublayers // 2  # one scalar per layer
+        return ParamCount(n, n)
 
     def depth_state_bytes(self, d_model: int | None = None, dtype: str = "bf16", *, n_layers: int | None = None) -> int:
         return math.ceil(self._vector_bytes(d_model, dtype))

@@ -33,11 +33,7 @@ no cap (Gemma 3's default), absent is the family's default (Gemma 2: 50 and 30).
 itself, so our ``window`` is one less (``WindowConfig``). The bidirectional variant
 (``use_bidirectional_attention``, EmbeddingGemma) is not a causal LM and is refused naming the field.
 
-Gemma 4 (``gemma4``, ``gemma4_text``) is refused naming the first field storelab has no store for
-(``Gemma4TextAttention`` keys doubling as values under ``attention_k_eq_v``, the MoE block beside the
-dense MLP under ``enable_moe_block``, per-layer inputs, shared KV layers); every Gemma 4 layer also has a
-weightless value norm and a saved ``layer_scalar``, which no store here says, so even its accounting
-could not be exact.
+Gemma 4 (``gemma4``, ``gemma4_text``) is read by ``gemma4.py``.
 
 Names (transformers' ``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM``; the wrapper's text model is saved under
 ``language_model.model.``, as Google's Gemma 3 files and transformers 5's ``save_pretrained`` write it, or
@@ -72,7 +68,6 @@ from storelab.ops.rope import SCALINGS
 
 GEMMA1, GEMMA2, GEMMA3 = ("gemma",), ("gemma2",), ("gemma3_text", "gemma3")
 VAULT = ("vaultgemma",)  # Gemma 2 with pre-norms only
-GEMMA4 = ("gemma4", "gemma4_text")
 ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh"}
 ACTIVATIONS_1 = {"gelu_pytorch_tanh": "geglu_tanh", "gelu": "geglu_tanh"}  # GemmaConfig turns "gelu" into the tanh
 # what each generation assumes when its config says nothing (transformers' Gemma2Config / Gemma3TextConfig):
@@ -92,7 +87,7 @@ DEFAULTS = {
 
 def _generation(hf: dict) -> str:
     mt = Fields(hf).str("model_type")
-    return "gemma1" if mt in GEMMA1 else "gemma2" if mt in GEMMA2 + VAULT else "gemma4" if mt in GEMMA4 else "gemma3"
+    return "gemma1" if mt in GEMMA1 else "gemma2" if mt in GEMMA2 + VAULT else "gemma3"
 
 
 def _nullable(t: Fields, key: str, default: float | None) -> float | None:
@@ -163,19 +158,6 @@ def gemma_attention(t: Fields, i: int, kind: str, gen: str, D: int, eps: float):
     return WindowConfig(window=t.int("sliding_window", default=4096, minimum=2) - 1, **common)
 
 
-def gemma_refuse_4(t: Fields) -> None:
-    """Gemma 4: the first field naming a device storelab has no store for."""
-    for key, on in (("attention_k_eq_v", t.bool("attention_k_eq_v", default=False)),
-                    ("enable_moe_block", t.bool("enable_moe_block", default=False)),
-                    ("hidden_size_per_layer_input", t.int("hidden_size_per_layer_input", default=0) > 0),
-                    ("num_kv_shared_layers", t.int("num_kv_shared_layers", default=0) > 0)):
-        if on:
-            raise t._err(key, f"{json.dumps(t.d[key])} is not supported (model_type {t.d.get('model_type')!r}: "
-                              "storelab has no store for Gemma 4's layers yet)")
-    raise t._err("model_type", f"{t.d.get('model_type')!r} is not supported (Gemma 4's weightless value norm and "
-                               "saved layer_scalar have no store in storelab yet)")
-
-
 def to_config(hf: dict):
     from storelab.checkpoint.families._common import model_config
     from storelab.models.config import LayerConfig
@@ -185,8 +167,6 @@ def to_config(hf: dict):
     gen = _generation(hf)
     vault = Fields(hf).str("model_type") in VAULT
     t = text_fields(hf)
-    if gen == "gemma4":
-        gemma_refuse_4(t)
     if t.bool("use_bidirectional_attention", default=False):
         raise t._err("use_bidirectional_attention", "true is not supported (a bidirectional encoder, not a causal LM)")
     d = DEFAULTS[gen]
@@ -268,6 +248,6 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
 
 
 FAMILY = Family(stores=("attention", "window", "ffn", "residual"),
-                name="gemma", model_types=GEMMA1 + GEMMA2 + VAULT + GEMMA3 + GEMMA4, to_config=to_config, table=table,
+                name="gemma", model_types=GEMMA1 + GEMMA2 + VAULT + GEMMA3, to_config=to_config, table=table,
                 ignored=fixed(r"rotary_emb\.", r"^(model\.)?vision_tower\.", r"^(model\.)?multi_modal_projector\."),
                 runs=runs)
