@@ -99,6 +99,7 @@ def cases() -> dict[str, Case]:
         "ffn": Case(R["ffn"](d_model=D, d_ff=24)),
         "moe": Case(R["moe"](d_model=D, n_experts=4, top_k=2, d_expert=8, router="sigmoid", router_bias=True,
                              n_shared=1, d_shared=8, latent_dim=8)),
+        "mlp_experts": Case(R["mlp_experts"](d_model=D, d_ff=24, n_experts=4, top_k=2, d_expert=8)),
         "engram": Case(R["engram"](d_model=D, vocab_size=VOCAB, orders=(2, 3), heads_per_order=2, rows=11,
                                    head_dim=4, conv_kernel=2),
                        call=lambda m, x: m(x, token_ids=_ids())[0]),
