@@ -118,3 +118,32 @@ def test_default_per_layer_inputs_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4_text", "hidden_size": 64}))
     with pytest.raises(CheckpointError, match="hidden_size_per_layer_input"):
         read_model_config(tmp_path)
+
+
+# Gemma 4 31B's text_config as published (the fields an engine's Gemma 4 parser test quotes from google/gemma-4-31B;
+# null hidden_size_per_layer_input is "no per-layer inputs", as transformers tests it for truth)
+TEXT_31B = dict(model_type="gemma4_text", hidden_size=5376, num_hidden_layers=60, intermediate_size=21504,
+                num_attention_heads=32, num_key_value_heads=16, num_global_key_value_heads=4, head_dim=256,
+                global_head_dim=512, vocab_size=262144, rms_norm_eps=1e-6, max_position_embeddings=131072,
+                sliding_window=1024, final_logit_softcapping=30.0, use_double_wide_mlp=False, num_kv_shared_layers=0,
+                hidden_size_per_layer_input=None, attention_k_eq_v=True, tie_word_embeddings=True,
+                layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 10,
+                rope_parameters={"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                                    "rope_type": "proportional"},
+                                 "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}})
+
+
+def test_31b_dense(tmp_path):
+    """Google's model card: 30.7B parameters. Its KV cache per token in bf16: 50 local layers of 16 heads x 256 and 10
+    global ones of 4 heads x 512, keys and values each (values are stored although they are the keys' projection), plus
+    transformers' 8-byte window tensor per sliding layer."""
+    from storelab.models.engines import state_bytes
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma4ForConditionalGeneration"],
+                                                      "model_type": "gemma4", "text_config": TEXT_31B}))
+    cfg = read_model_config(tmp_path)
+    assert abs(count_params(cfg).stored / 1e9 - 30.7) <= 0.01 * 30.7
+    per_token = (50 * 16 * 256 + 10 * 4 * 512) * 2 * 2
+    T = 512  # inside the window: every layer keeps every token
+    sliding = 50 * 8  # each sliding layer's int64 window tensor in transformers' cache
+    assert sum(state_bytes(cfg, T, engine="transformers", dtype="bf16").values()) == per_token * T + sliding

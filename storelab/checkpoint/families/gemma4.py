@@ -60,7 +60,10 @@ PATTERN = 6  # five local layers to one global when layer_types is absent
 
 def refuse(t: Fields) -> None:
     """The Gemma 4 devices no store here holds, each named by its field."""
-    if t.int("hidden_size_per_layer_input", default=DEFAULTS["hidden_size_per_layer_input"], minimum=0) > 0:
+    # null is no per-layer input (transformers tests it for truth); absent is its default, 256
+    ple = 0 if "hidden_size_per_layer_input" in t.d and t.d["hidden_size_per_layer_input"] is None else \
+        t.int("hidden_size_per_layer_input", default=DEFAULTS["hidden_size_per_layer_input"], minimum=0)
+    if ple > 0:
         raise t._err("hidden_size_per_layer_input", "per-layer input embeddings (Gemma 4 E2B / E4B: a second "
                      "embedding table read by every layer) have no store in storelab yet; 0 reads")
     if t.int("num_kv_shared_layers", default=0, minimum=0) > 0:
