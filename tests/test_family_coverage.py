@@ -2,6 +2,11 @@
 families``: read by a family (accounted, and run where its stores exist, or refused for running by name), or
 refused by name with the reason (``storelab/checkpoint/families/unread.py``), or named below as not a
 decoder (an encoder or an encoder-decoder that transformers also exposes with a causal-LM head).
+
+So is every model type of its image-text and multimodal LM mappings (``MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES``,
+``MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES``): a wrapper is read as its text decoder (``wrappers.py``) or refused
+naming both model types, a multimodal decoder of its own is read or refused by name, and the rest are named in
+``MULTIMODAL_NOT_DECODERS``; transformers' default config of each is read, or refused naming its model type.
 """
 
 from __future__ import annotations
@@ -29,6 +34,23 @@ NOT_DECODERS = {
     "xlnet": "a permutation language model with two attention streams, not a left-to-right decoder",
     "reformer": "LSH and axial-position attention over chunked buckets, not a left-to-right decoder cache",
 }
+
+
+_MM_ENC_DEC = "an encoder-decoder over image or document features (its text half reads the encoder's states)"
+MULTIMODAL_NOT_DECODERS = {
+    **dict.fromkeys(("florence2", "pix2struct", "udop", "t5gemma2", "vision-encoder-decoder"), _MM_ENC_DEC),
+    "blip": "a BERT-style text decoder with cross-attention to the image in every layer (captioning), not a causal LM",
+    "diffusion_gemma": "a diffusion language model: tokens denoised in parallel with bidirectional attention",
+    "pi0": "a vision-language-action policy: an action expert decodes continuous actions by flow matching",
+    "kyutai_speech_to_text": "a streaming speech-to-text model over audio codec tokens (Moshi's depth decoding)",
+}
+
+
+def _multimodal_types() -> set[str]:
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+                                                        MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES)
+
+    return set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES) | set(MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES)
 
 
 def _causal_types() -> set[str]:
@@ -70,3 +92,51 @@ def test_unread_refused_by_name(model_type, tmp_path):
     with pytest.raises(CheckpointError, match=f"model_type: '{model_type}' is not read by storelab yet: .+") as e:
         read_model_config(tmp_path)
     assert str(tmp_path) in str(e.value)
+
+
+def test_every_multimodal_type_is_covered():
+    missing = sorted(_multimodal_types() - _read_types() - set(REASONS) - set(NOT_DECODERS)
+                     - set(MULTIMODAL_NOT_DECODERS))
+    assert not missing, f"image-text / multimodal model types in no family, no refusal and no exclusion: {missing}"
+    read = _read_types()
+    assert not read & set(MULTIMODAL_NOT_DECODERS) and not set(REASONS) & set(MULTIMODAL_NOT_DECODERS)
+    assert set(MULTIMODAL_NOT_DECODERS) <= _multimodal_types()
+
+
+def test_multimodal_coverage_count():
+    """Most wrappers and multimodal decoders read their defaults (a floor that only rises)."""
+    from transformers import AutoConfig
+
+    n = 0
+    for mt in sorted(_multimodal_types() & _read_types()):
+        try:
+            read_model_config(_write(AutoConfig.for_model(mt).to_dict()))
+            n += 1
+        except CheckpointError:
+            pass
+    assert n >= 50, f"{n} image-text / multimodal model types read from transformers' default config"
+
+
+def _write(hf: dict):
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp())
+    (d / "config.json").write_text(json.dumps(hf))
+    return d
+
+
+@pytest.mark.parametrize("model_type", sorted(_multimodal_types() - set(MULTIMODAL_NOT_DECODERS) - set(NOT_DECODERS)))
+def test_multimodal_default_read_or_refused_by_name(model_type, tmp_path):
+    """transformers' default config of each: read, or refused with a reason naming the model type (a wrapper's
+    refusal names its text model too)."""
+    from transformers import AutoConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(AutoConfig.for_model(model_type).to_dict()))
+    try:
+        read_model_config(tmp_path)
+    except CheckpointError as e:
+        msg = str(e)
+        assert str(tmp_path) in msg and "is not supported (supported:" not in msg, msg
+        if model_type in REASONS or "wraps the text model" in msg:
+            assert repr(model_type) in msg, msg

@@ -166,3 +166,84 @@ def test_tiny_wrapper_logits(name, tiny):
     check_logits(model, folder, what=name)
     cfg = read_model_config(folder)
     assert count_params(cfg).stored == _text_params(model)
+
+
+# -- Mistral Small 4 (storelab/checkpoint/families/mistral4.py) ---------------------------------------------
+from tests.family_harness import check_bf16, check_cache, check_counts  # noqa: E402
+
+MISTRAL4 = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+                intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+                n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
+                qk_nope_head_dim=16, v_head_dim=16, routed_scaling_factor=1.5, max_position_embeddings=512,
+                bos_token_id=1, eos_token_id=2, pad_token_id=0)
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.0}
+NEWCOMERS = {
+    # YaRN as the release, without the position temperature (running refuses it); transformers' default rope
+    # rotates the whole MLA head, so its configs all name a scaling
+    "mistral4": dict(MISTRAL4, rope_parameters=YARN),
+    "mistral4_halves": dict(MISTRAL4, rope_parameters=YARN, rope_interleave=False, norm_topk_prob=False),
+}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(transformers model, its folder) per setting; ``Mistral4ForCausalLM`` is in none of the auto mappings."""
+    from transformers import Mistral4Config, Mistral4ForCausalLM
+
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            torch.manual_seed(0)
+            model = Mistral4ForCausalLM(Mistral4Config(**NEWCOMERS[name])).eval()
+            g = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for t in model.state_dict().values():
+                    if t.dtype.is_floating_point and (t.dim() == 1 or bool((t == t.flatten()[0]).all())):
+                        t.add_(0.1 * torch.randn(t.shape, generator=g))
+            folder = tmp_path_factory.mktemp(name)
+            model.save_pretrained(folder)
+            built[name] = (model, folder)
+        return built[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(NEWCOMERS))
+def test_newcomer_logits(name, saved):
+    check_logits(*saved(name), what=name)
+
+
+@pytest.mark.parametrize("name", list(NEWCOMERS))
+def test_newcomer_bf16(name, saved):
+    check_bf16(*saved(name), what=name)
+
+
+@pytest.mark.parametrize("name", list(NEWCOMERS))
+@pytest.mark.parametrize("T", [4, 17])
+def test_newcomer_cache(name, T, saved):
+    check_cache(*saved(name), T)
+
+
+@pytest.mark.parametrize("name", list(NEWCOMERS))
+def test_newcomer_counts(name, saved):
+    check_counts(*saved(name))
+
+
+def test_mistral4_read_and_refusals(saved, tmp_path):
+    """Softmax experts without a choice bias; the position temperature and two-best group scores refused by name."""
+    from storelab.checkpoint.families.mistral4 import FAMILY
+
+    hf, folder = saved("mistral4")
+    cfg = read_model_config(folder)
+    assert [lay.token.KIND for lay in cfg.layers] == ["mla"] * 3
+    assert [lay.channel.KIND for lay in cfg.layers] == ["ffn", "moe", "moe"]
+    ch = cfg.layers[1].channel
+    assert (ch.router, ch.router_bias, ch.routed_scaling, ch.shared_width) == ("softmax", False, 1.5, 32)
+    default = _default("mistral4")
+    FAMILY.to_config(default)  # accounted
+    with pytest.raises(CheckpointError, match="rope_parameters.llama_4_scaling_beta: > 0"):
+        FAMILY.runs(default)
+    with pytest.raises(CheckpointError, match="n_group: 4 groups"):
+        FAMILY.to_config(dict(default, n_group=4, topk_group=2))

@@ -23,6 +23,8 @@ _INDEXED = "layer type 'indexed_attention' (an indexer of its own, not compared 
 _GEMMA4 = "Gemma 4's layers (keys as values, an MoE block beside the MLP, per-layer scalars): no store yet"
 _UNCOMPARED = "its modeling file is not yet compared with storelab's stores"
 _MULTIMODAL = "a multimodal causal LM whose image tokens enter the decoder (no text-only decoder to read)"
+_SOFTPLUS_GATE = ("the attention's output times softplus(g_proj x), one gate per head or per channel ('gating'): "
+                  "storelab's output gates are sigmoids")
 
 REASONS: dict[str, str] = {
     **dict.fromkeys(("gpt2", "gpt-sw3", "openai-gpt", "gpt_neo", "gpt_bigcode", "opt", "xglm", "biogpt", "ctrl",
@@ -58,8 +60,28 @@ REASONS: dict[str, str] = {
     "blt": "byte patches through a local encoder and decoder (Byte Latent Transformer): no store",
     "hrm_text": "hierarchical recurrent modules iterated per token (HRM): no store",
     "mllama": "cross-attention layers reading image states between the self-attention layers: no store",
+    # 2026 decoders of transformers 5.23 and wrappers whose decoder is their own (issue 36)
+    **dict.fromkeys(("laguna", "step3p5", "step3p7"), _SOFTPLUS_GATE),
+    **dict.fromkeys(("muse_glimmer", "muse_glimmer_text"),
+                    "weightless RMS norms on each query and key head (the query then times qk_scale_factor) and on "
+                    "the token embeddings: no store has a norm without a weight there"),
+    **dict.fromkeys(("glm5_next", "glm5_next_text"),
+                    "MLA layers whose DSA indexer selects pooled groups of index_kpool tokens (KPool): no store; "
+                    "its linear-attention layers (a lower-bounded forget gate) and mHC streams (arXiv 2512.24880) "
+                    "are not yet compared with storelab's kda and mHC"),
+    **dict.fromkeys(("mistral_large4", "mistral_large4_text"),
+                    "a learned per-head query scale by log position (softmax_scaling), learned RoPE frequency scales "
+                    "(LeRoPE alpha) and latent caches shared across layers (kv_source_layers) with a DSA indexer of "
+                    "its own: no store"),
+    **dict.fromkeys(("kosmos-2", "kosmos-2.5"), _ABSOLUTE),
+    "chameleon": _MULTIMODAL,
+    "idefics": "gated cross-attention layers reading image states (a Flamingo-style perceiver): no store",
+    "evolla": "cross-attention layers reading a protein encoder's states: no store",
+    **dict.fromkeys(("qwen2_5_omni", "qwen3_omni_moe"),
+                    "an omni model: a thinker whose text model (multimodal RoPE over a decoder of its own) is not "
+                    "yet compared with storelab's stores, and a talker decoding speech"),
     **dict.fromkeys(("aria_text", "axk1", "beam", "cohere_compass_text", "flint", "hy_v3",
-                     "kolibri1", "laguna", "mellum", "modernbert-decoder",
+                     "kolibri1", "mellum", "modernbert-decoder",
                      "nanochat", "youtu", "hyperclovax", "cohere2_moe"), _UNCOMPARED),
     "phimoe": ("the sparsemixer router (PhimoeTopKRouter: the top two experts picked one after the other, each "
                "weighted by a softmax over the router logits within 2 x router_jitter_noise of that pick, arXiv "
