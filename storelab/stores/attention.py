@@ -17,6 +17,8 @@ Full attention (Vaswani et al., arXiv 1706.03762) with the devices today's layer
   multiplied by ``sigmoid(gate)`` before ``o_proj``;
 * ``head_gate``: one sigmoid gate per head from its own projection ``g_proj`` (D -> H, no bias), each
   head's whole output multiplied by it before ``o_proj`` (LFM3's ``use_attention_gate``);
+* ``gate_activation``: what turns either gate's logit into its factor, "sigmoid" (above) or "softplus"
+  (log(1 + e^g), computed in fp32: Poolside's Laguna, whose gate can amplify a head as well as close it);
 * ``sink``: one learned logit per head in the softmax's denominator (StreamingLLM,
   arXiv 2309.17453; learned as in gpt-oss and MiMo's window layers);
 * ``logn``: Qwen's LogN scaling (arXiv 2309.16609): the logits of a query at position p are
@@ -79,6 +81,9 @@ from storelab.stores.base import TOKEN, DTYPE_BYTES, Card, Footprint, ParamCount
 __all__ = ["AttentionConfig", "WindowConfig", "Attention", "WindowAttention", "logn_factor", "temperature_factor"]
 
 QK_NORM_SCOPES = ("head", "all", "head_after_rope")  # AttentionConfig.qk_norm_scope
+# AttentionConfig.gate_activation: the gate's logit -> its factor on the head's output
+GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid,
+                    "softplus": lambda g: torch.nn.functional.softplus(g.float()).to(g.dtype)}
 
 
 def logn_factor(positions_T: Tensor, base: int) -> Tensor:
@@ -129,6 +134,7 @@ class AttentionConfig(StoreConfig):
     floor_offset: int = 1                # the position counted from: p + 1 (Llama 4), p + 0 (Ministral 3)
     values_from_keys: bool = False       # Gemma 4's attention_k_eq_v: no v_proj, v = the raw key projection
     v_norm: bool = False                 # Gemma 4: a weightless RMS norm over each value head
+    gate_activation: str = "sigmoid"     # the output gate's function (gate or head_gate): GATE_ACTIVATIONS
 
     SLOTS, FAMILY, CARD_ORDER, MIX_LABEL = (TOKEN,), "full", 40, "full"
     CARD = Card(
@@ -162,6 +168,8 @@ class AttentionConfig(StoreConfig):
         check_scaling(self.rope_scaling)
         self.check(not (self.gate and self.head_gate), "head_gate",
                    "cannot be true with gate (one output gate or the other)")
+        self.check(self.gate_activation in GATE_ACTIVATIONS, "gate_activation",
+                   f"must be one of {tuple(GATE_ACTIVATIONS)}, got {self.gate_activation!r}")
         self.check(self.qk_norm_scope in QK_NORM_SCOPES, "qk_norm_scope",
                    f"must be one of {QK_NORM_SCOPES}, got {self.qk_norm_scope!r}")
         self.check(isinstance(self.floor_scale, int) and self.floor_scale > 0, "floor_scale",
@@ -266,6 +274,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(G * K if whole else K, cfg.norm_eps) if cfg.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(H)) if cfg.sink else None
         self.g_proj = nn.Linear(D, H, bias=False) if cfg.head_gate else None
+        self.gate_fn = GATE_ACTIVATIONS[cfg.gate_activation]
         self.kernel = KERNELS[cfg.kernel] if cfg.softcap is None else softcapped(cfg.softcap)
 
     def project(self, x_BTD: Tensor, positions_T: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -308,7 +317,7 @@ class Attention(nn.Module):
 
     def finish(self, o_BTHV: Tensor, gate_BTHV: Tensor | None) -> Tensor:
         if gate_BTHV is not None:
-            o_BTHV = o_BTHV * torch.sigmoid(gate_BTHV)
+            o_BTHV = o_BTHV * self.gate_fn(gate_BTHV)
         return self.o_proj(o_BTHV.flatten(2))
 
     def positions(self, seen: int, T: int, device) -> Tensor:

@@ -61,7 +61,7 @@ REASONS: dict[str, str] = {
     "hrm_text": "hierarchical recurrent modules iterated per token (HRM): no store",
     "mllama": "cross-attention layers reading image states between the self-attention layers: no store",
     # 2026 decoders of transformers 5.23 and wrappers whose decoder is their own (issue 36)
-    **dict.fromkeys(("laguna", "step3p5", "step3p7"), _SOFTPLUS_GATE),
+    **dict.fromkeys(("step3p5", "step3p7"), _SOFTPLUS_GATE),
     **dict.fromkeys(("muse_glimmer", "muse_glimmer_text"),
                     "weightless RMS norms on each query and key head (the query then times qk_scale_factor) and on "
                     "the token embeddings: no store has a norm without a weight there"),
