@@ -61,8 +61,10 @@ from storelab.models.fileformat import compact_indices, dumps_toml
 from storelab.stores.base import StoreConfig
 
 SLOTS = ("token", "channel", "depth")
-OPTIONAL_SLOTS = ("lookup",)  # Engram beside the token mixer (V4.1-Flash layers 1 and 14)
-MAY_BE_EMPTY = ("lookup", "channel")  # slots a layer may leave empty (a Mamba layer has no channel mixer)
+# "lookup": Engram beside the token mixer (V4.1-Flash layers 1 and 14); "beside": a second token mixer reading the
+# token mixer's input, its output added to the token mixer's (Falcon-H1's attention and Mamba-2 side by side)
+OPTIONAL_SLOTS = ("lookup", "beside")
+MAY_BE_EMPTY = ("lookup", "channel", "beside")  # slots a layer may leave empty (a Mamba layer has no channel mixer)
 # where a block normalises around a mixer f (x the stream): "pre" x + f(norm(x)) (Llama and most);
 # "post" x + norm(f(x)) (OLMo 2, arXiv 2501.00656; EXAONE 4); "sandwich" x + norm2(f(norm1(x))) (Gemma 2 / 3);
 # "parallel" x + f(norm(x)) + g(norm(x)): one norm, read by the token mixer f and the channel mixer g (Cohere's
@@ -106,12 +108,13 @@ class LayerConfig:
     depth: Any
     norms: str = "pre"                  # where the block's norms sit around each mixer (NORM_PLACES)
     lookup: Any = None                  # optional Engram, read beside the token mixer
+    beside: Any = None                  # optional second token mixer on the same input, outputs summed
     cache_owner: int | None = None      # read this layer's cache instead of keeping one
     selection_owner: int | None = None  # reuse this layer's selection of entries
 
     def stores(self) -> dict[str, Any]:
         """The slots that hold a store, in block order."""
-        return {s: getattr(self, s) for s in ("lookup", "token", "channel") if getattr(self, s) is not None}
+        return {s: getattr(self, s) for s in ("lookup", "token", "beside", "channel") if getattr(self, s) is not None}
 
     def n_norms(self) -> int:
         """The block's d_model-wide norms around its mixers (an Engram lookup's own norm not counted)."""
@@ -131,7 +134,7 @@ class LayerConfig:
                 continue
             if not isinstance(cfg, StoreConfig) or not dataclasses.is_dataclass(cfg):
                 raise ValueError(f"{slot}: expected a store config, got {type(cfg).__name__}")
-            if slot not in cfg.SLOTS:
+            if slot not in cfg.SLOTS and not (slot == "beside" and "token" in cfg.SLOTS):
                 raise ValueError(f"{slot}: a {cfg.KIND} store cannot fill the {slot} slot "
                                  f"(it fills: {', '.join(cfg.SLOTS)})")
         if self.norms not in ("pre", "sandwich") and self.channel is not None and self.channel.READS_STREAM:
@@ -225,10 +228,13 @@ class ModelConfig:
         return o is None or o == i
 
     def mix(self) -> str:
-        """The store mix of the token mixers, e.g. ``"60 window + 10 full"`` (full = ``attention``)."""
+        """The store mix of the token mixers, e.g. ``"60 window + 10 full"`` (full = ``attention``); a second mixer
+        beside the first joins its label with "+" (``"36 full+mamba2"``: Falcon-H1)."""
         counts: dict[str, int] = {}
         for lay in self.layers:
             label = lay.token.MIX_LABEL or lay.token.KIND
+            if lay.beside is not None:
+                label += "+" + (lay.beside.MIX_LABEL or lay.beside.KIND)
             counts[label] = counts.get(label, 0) + 1
         return " + ".join(f"{c} {k}" for k, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -239,13 +245,15 @@ class ModelConfig:
         Three steps: the top-level facts; the assignments, one ``[[layers]]`` entry per (slot,
         store name) or (owner key, owner) with the layers that use it; the store tables, each
         without what it inherits from the model or what equals its default."""
-        odd = next((i for i, lay in enumerate(self.layers) if lay.channel is None or lay.norms != "pre"), None)
+        odd = next((i for i, lay in enumerate(self.layers)
+                    if lay.channel is None or lay.norms != "pre" or lay.beside is not None), None)
         if self.norm_kind != "rms":
             raise ValueError(f"norm_kind: {self.norm_kind!r} has no compact file form yet (storelab save writes the "
                              "model whole)")
         if odd is not None:
-            raise ValueError(f"layer {odd}: a layer without a channel mixer or with norms {self.layers[odd].norms!r} "
-                             "has no compact file form yet (storelab save writes the model whole)")
+            raise ValueError(f"layer {odd}: a layer without a channel mixer, with a second token mixer or with norms "
+                             f"{self.layers[odd].norms!r} has no compact file form yet (storelab save writes the "
+                             "model whole)")
         names = _StoreNames(getattr(self, "_store_names", []))  # the file's own names, when it came from one
         groups = self._assignments(names)
         return {**self._top_level(), "stores": self._store_tables(names),

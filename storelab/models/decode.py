@@ -280,7 +280,7 @@ class Decoder:
         """Layer i's fast step, or None where the general path runs it."""
         m, lay, b = self.model, self.model.cfg.layers[i], self.model.blocks[i]
         if b.lookup is not None or b.norms not in ("pre", "sandwich") or m._handed[i] or m._views[i] \
-                or b.channel_reads_stream:
+                or b.channel_reads_stream or b.beside is not None:
             return None
         step = _TOKEN_STEPS.get(type(b.token))
         if step is not None and _plain_attention(lay.token) and m.cfg.owns_cache(i):

@@ -79,15 +79,17 @@ class LayerState:
     token: State | None = None
     channel: State | None = None
     lookup: State | None = None   # Engram's last token ids
+    beside: State | None = None   # the second token mixer's (Falcon-H1's Mamba-2 state)
     seen: int = 0  # tokens that passed through this layer
 
     def nbytes(self) -> int:
-        return sum(s.nbytes() for s in (self.token, self.channel, self.lookup) if s is not None)
+        return sum(s.nbytes() for s in (self.token, self.channel, self.lookup, self.beside) if s is not None)
 
     def clone(self) -> "LayerState":
         """Each state's ``clone()`` (its links kept: ``Model.relink`` the cloned cache to use it alone)."""
-        token, channel, lookup = (None if s is None else s.clone() for s in (self.token, self.channel, self.lookup))
-        return LayerState(token=token, channel=channel, lookup=lookup, seen=self.seen)
+        token, channel, lookup, beside = (None if s is None else s.clone()
+                                          for s in (self.token, self.channel, self.lookup, self.beside))
+        return LayerState(token=token, channel=channel, lookup=lookup, beside=beside, seen=self.seen)
 
 
 class Block(nn.Module):
@@ -115,6 +117,7 @@ class Block(nn.Module):
         self.depth_channel = cfg.depth.build(sublayer=2 * index + 1, n_sublayers=n_sublayers)
         self.lookup = cfg.lookup.build() if cfg.lookup is not None else None
         self.norm_lookup = Norm(d_model, eps) if cfg.lookup is not None else None
+        self.beside = cfg.beside.build() if cfg.beside is not None else None
 
     def forward(self, ds: Any, state: LayerState, token_ids_BT: Tensor, shared: State | None = None,
                 keep_from: int = 0):
@@ -129,6 +132,9 @@ class Block(nn.Module):
         handed = {} if shared is None else {"shared": shared}
         u_BTD = self._pre(self.norm_token, x_BTD)
         y_BTD, state.token = self.token(u_BTD, state.token, token_ids=token_ids_BT, **handed)
+        if self.beside is not None:  # a second token mixer on the same input (Falcon-H1), outputs summed
+            b_BTD, state.beside = self.beside(u_BTD, state.beside, token_ids=token_ids_BT)
+            y_BTD = y_BTD + b_BTD
         y_BTD = self._post(self.norm_token, "post_norm_token", y_BTD)
         ds = self.depth_token.write(ds, y_BTD if e_BTD is None else y_BTD + e_BTD)
         if keep_from:
@@ -373,7 +379,7 @@ def cache_bytes_by_kind(model: Model, cache: list[LayerState]) -> dict[str, int]
     for lay, st in zip(model.cfg.layers, cache):
         if st.token is not None:
             out[lay.token.KIND] = out.get(lay.token.KIND, 0) + st.token.nbytes()
-        for slot in ("lookup", "channel"):
+        for slot in ("lookup", "beside", "channel"):
             sub = getattr(st, slot)
             if sub is not None and sub.nbytes():
                 kind = getattr(lay, slot).KIND

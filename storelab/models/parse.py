@@ -37,7 +37,7 @@ from storelab.models.fileformat import check_types, expand_indices
 
 TOP_KEYS = {"name", "title", "d_model", "vocab_size", "n_layers", "context", "norm_eps", "tie_embeddings",
             "encoder_layers", "decoder_tail", "published", "notes", "stores", "layers", "extends"}
-ENTRY_KEYS = {"at", "pattern", "token", "channel", "depth", "lookup", "cache_owner", "selection_owner"}
+ENTRY_KEYS = {"at", "pattern", "token", "channel", "depth", "lookup", "beside", "cache_owner", "selection_owner"}
 OWNERS = ("cache_owner", "selection_owner")
 MAX_LAYERS = 10_000  # a guard: a layer list is built per layer, before any size is known
 ALL_SLOTS = (*SLOTS, *OPTIONAL_SLOTS)

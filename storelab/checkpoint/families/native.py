@@ -24,7 +24,7 @@ from storelab.checkpoint.table import copy
 NAME = "storelab"
 MODEL_TYPES = ("storelab",)
 IGNORED = ()
-SLOTS = ("token", "channel", "depth", "lookup")
+SLOTS = ("token", "channel", "depth", "lookup", "beside")
 
 
 def config_to_json(cfg) -> dict[str, Any]:

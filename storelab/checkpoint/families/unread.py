@@ -49,7 +49,6 @@ REASONS: dict[str, str] = {
     "xlstm": "mLSTM / sLSTM blocks (arXiv 2405.04517): no store",
     "zamba": "shared attention blocks reading the embeddings beside Mamba layers: no store",
     "zamba2": "shared attention blocks with LoRA per use beside Mamba-2 layers: no store",
-    "falcon_h1": "attention and Mamba-2 side by side in one layer with muP multipliers: no store",
     "gemma3n": "AltUp, Laurel blocks, per-layer inputs and KV-cache sharing across layers: no store",
     "gemma3n_text": "AltUp, Laurel blocks, per-layer inputs and KV-cache sharing across layers: no store",
     "inkling_text": "layer type 'hybrid' (two mixers in one layer): no store",
