@@ -227,3 +227,33 @@ def test_bench_engines_needs_a_model():
 
     out = CliRunner().invoke(app, ["bench", "engines"])
     assert out.exit_code != 0 and "MODEL is needed" in out.output
+
+
+def test_gguf_f32_copy_holds_the_dequantized_weights(tmp_path):
+    """``bench engines --f32``: the copy's tensors are the original's dequantized ones, its metadata the same, and a
+    model loaded from it gives the original's logits exactly; the copy is made once and then reused."""
+    import gguf
+
+    from storelab.bench.gguf_f32 import f32_copy
+    from storelab.checkpoint import load
+    from tests.gguf_writer import write_gguf
+    from tests.test_gguf import tiny
+
+    src = tmp_path / "tiny-q8.gguf"
+    write_gguf(tiny("qwen3"), "qwen3", src, qtype=gguf.GGMLQuantizationType.Q8_0)
+    out = f32_copy(src, tmp_path / "cache")
+    a, b = gguf.GGUFReader(src), gguf.GGUFReader(out)
+    assert {t.tensor_type for t in a.tensors} > {gguf.GGMLQuantizationType.F32}
+    assert {t.tensor_type for t in b.tensors} == {gguf.GGMLQuantizationType.F32}
+    for ta, tb in zip(a.tensors, b.tensors):
+        assert ta.name == tb.name and list(ta.shape) == list(tb.shape)
+        assert (gguf.quants.dequantize(ta.data, ta.tensor_type) == tb.data).all()
+    keep = [k for k in a.fields if not k.startswith("GGUF.") and k != "general.file_type"]
+    assert all(a.fields[k].contents() == b.fields[k].contents() for k in keep)
+    assert b.fields["general.file_type"].contents() == 0
+    ids = torch.tensor([[3, 9, 27, 81, 5]])
+    with torch.no_grad():
+        assert torch.equal(load(str(src), dtype="fp32")(ids)[0], load(str(out), dtype="fp32")(ids)[0])
+    mtime = out.stat().st_mtime_ns
+    assert f32_copy(src, tmp_path / "cache") == out and out.stat().st_mtime_ns == mtime
+    assert not list((tmp_path / "cache").glob("*.tmp*"))

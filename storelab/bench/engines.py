@@ -120,10 +120,17 @@ def _llama_cpp(path: Path, threads: int, n_ctx: int, chunk: int) -> tuple[Callab
 
 def bench_engines(model: str, *, threads: tuple[int, ...] = (1, 2), prompt: int = 1024, chunk: int = 512,
                   new_tokens: int = 32, rounds: int = 3, weights: tuple[str, ...] = ("fp32", "int8", "bf16"),
-                  peers: bool = True, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Prefill and decode tokens per second of each engine at each thread count (module docstring)."""
+                  peers: bool = True, progress: Callable[[str], None] | None = None,
+                  f32: bool = False) -> dict[str, Any]:
+    """Prefill and decode tokens per second of each engine at each thread count (module docstring). ``f32``: every
+    engine reads an fp32 copy of the file (``storelab.bench.gguf_f32``), llama.cpp included."""
     path = resolve_gguf(model)
     say = progress or (lambda s: None)
+    if f32:
+        from storelab.bench.gguf_f32 import f32_copy
+
+        say(f"an fp32 copy of {path.name}")
+        path = f32_copy(path)
     old_threads = torch.get_num_threads()
     llama_ok = importlib.util.find_spec("llama_cpp") is not None
     res: dict[str, Any] = {"bench": "engines", "model": model, "path": str(path), "prompt": prompt,

@@ -67,7 +67,7 @@ def machine() -> dict[str, Any]:
 def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, models: list[str] | None = None,
                 length: int | None = None, speed_length: int | None = None, chunk: int | None = None,
                 peer: bool = True, memory_chunk: int | None = None, target: str | None = None,
-                threads: tuple[int, ...] = (1, 2), progress=None) -> dict[str, Any]:
+                threads: tuple[int, ...] = (1, 2), progress=None, f32: bool = False) -> dict[str, Any]:
     """Run the chosen benches; one dict keyed by bench name, plus the machine and the date."""
     if which not in WHICH:
         raise ValueError(f"which: must be one of {', '.join(WHICH)}, got {which!r}")
@@ -113,7 +113,7 @@ def run_benches(which: str, *, quick: bool = False, repeats: int | None = None, 
                 dict(threads=threads)
             if repeats:
                 kw["rounds"] = repeats
-            out[name] = bench_engines(target, peers=peer, progress=progress, **kw)
+            out[name] = bench_engines(target, peers=peer, progress=progress, f32=f32, **kw)
         elif name == "dist":
             from storelab.bench.dist import bench_dist
 
@@ -347,6 +347,8 @@ def register(app: typer.Typer) -> None:
                                      "llama.cpp)."),
         threads: int = opt.count(0, "--threads", zero=True, help="torch threads (0: torch's default, one per core; "
                                  "engines: 1 and 2)."),
+        f32: bool = typer.Option(False, "--f32", help="engines: every engine reads an fp32 copy of MODEL (made once "
+                                 "under ~/.cache/storelab/bench), llama.cpp included: the same weights in all."),
         json_: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Time our ops, stores and models against transformers' in the same run; print ratios."""
@@ -362,6 +364,8 @@ def register(app: typer.Typer) -> None:
             opt.fail("engines: MODEL is needed (a .gguf file or a real subject: smollm2-135m, gemma3-270m)")
         if which != "engines" and target:
             opt.fail(f"MODEL: only `bench engines` takes one (got {target!r} for {which})")
+        if f32 and which != "engines":
+            opt.fail(f"--f32: only `bench engines` reads a GGUF (got {which})")
         engine_threads = (threads,) if threads else tuple(t for t in (1, 2) if t <= (os.cpu_count() or 1))
         if threads and which != "engines":
             import torch
@@ -373,7 +377,7 @@ def register(app: typer.Typer) -> None:
         res = run_benches(which, quick=quick, repeats=repeats or None, models=models, length=length or None,
                           speed_length=speed_length or None, chunk=chunk or None, peer=not no_peer,
                           memory_chunk=memory_chunk or None, target=target, threads=engine_threads,
-                          progress=None if json_ else (lambda msg: console.print(f"[dim]{msg}[/dim]")))
+                          progress=None if json_ else (lambda msg: console.print(f"[dim]{msg}[/dim]")), f32=f32)
         if json_:
             emit_json(res)
         else:
