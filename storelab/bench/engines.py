@@ -103,16 +103,21 @@ def _llama_cpp(path: Path, threads: int, n_ctx: int, chunk: int) -> tuple[Callab
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=chunk, n_threads=threads,
                           n_threads_batch=threads, logits_all=False, verbose=False)
 
+    import numpy as np
+
+    def last_argmax() -> int:  # the last evaluated token's logits (llama.cpp keeps only those without logits_all)
+        return int(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).argmax())
+
     def run_prefill(ids, chunk, new_tokens):
         llm.reset()
         llm.eval(ids[0].tolist())
-        return int(max(range(llm.n_vocab()), key=lambda i: llm.scores[llm.n_tokens - 1, i]))
+        return last_argmax()
 
     def run_decode(first, n):
         tok, out = first, []
         for _ in range(n):
             llm.eval([tok])
-            tok = int(llm.scores[llm.n_tokens - 1].argmax())
+            tok = last_argmax()
             out.append(tok)
         return out
     return run_prefill, run_decode
