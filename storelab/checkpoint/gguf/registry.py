@@ -15,7 +15,7 @@ from storelab.checkpoint.shards import CheckpointError
 
 __all__ = ["GGUF_ARCHS", "arch_for", "config_from", "read_gguf_config"]
 
-_MODULES = ("archs", "archs_qwen_linear", "archs_ssm", "archs_moe", "archs_more", "archs_v4")
+_MODULES = ("archs", "archs_qwen_linear", "archs_ssm", "archs_moe", "archs_more", "archs_v4", "archs_gemma4")
 
 
 def _collect() -> dict[str, Arch]:
