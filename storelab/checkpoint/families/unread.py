@@ -23,8 +23,6 @@ _INDEXED = "layer type 'indexed_attention' (an indexer of its own, not compared 
 _GEMMA4 = "Gemma 4's layers (keys as values, an MoE block beside the MLP, per-layer scalars): no store yet"
 _UNCOMPARED = "its modeling file is not yet compared with storelab's stores"
 _MULTIMODAL = "a multimodal causal LM whose image tokens enter the decoder (no text-only decoder to read)"
-_SOFTPLUS_GATE = ("the attention's output times softplus(g_proj x), one gate per head or per channel ('gating'): "
-                  "storelab's output gates are sigmoids")
 
 REASONS: dict[str, str] = {
     **dict.fromkeys(("gpt2", "gpt-sw3", "openai-gpt", "gpt_neo", "gpt_bigcode", "opt", "xglm", "biogpt", "ctrl",
@@ -60,7 +58,6 @@ REASONS: dict[str, str] = {
     "hrm_text": "hierarchical recurrent modules iterated per token (HRM): no store",
     "mllama": "cross-attention layers reading image states between the self-attention layers: no store",
     # 2026 decoders of transformers 5.23 and wrappers whose decoder is their own (issue 36)
-    **dict.fromkeys(("step3p5", "step3p7"), _SOFTPLUS_GATE),
     **dict.fromkeys(("muse_glimmer", "muse_glimmer_text"),
                     "weightless RMS norms on each query and key head (the query then times qk_scale_factor) and on "
                     "the token embeddings: no store has a norm without a weight there"),
@@ -81,7 +78,7 @@ REASONS: dict[str, str] = {
                     "yet compared with storelab's stores, and a talker decoding speech"),
     **dict.fromkeys(("aria_text", "axk1", "beam", "cohere_compass_text", "flint", "hy_v3",
                      "kolibri1", "mellum", "modernbert-decoder",
-                     "nanochat", "youtu", "hyperclovax", "cohere2_moe"), _UNCOMPARED),
+                     "nanochat", "youtu", "hyperclovax"), _UNCOMPARED),
     "phimoe": ("the sparsemixer router (PhimoeTopKRouter: the top two experts picked one after the other, each "
                "weighted by a softmax over the router logits within 2 x router_jitter_noise of that pick, arXiv "
                "2409.12136): no moe router does; and lm_head_bias"),
