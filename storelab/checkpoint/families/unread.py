@@ -59,8 +59,11 @@ REASONS: dict[str, str] = {
     "mllama": "cross-attention layers reading image states between the self-attention layers: no store",
     # 2026 decoders of transformers 5.23 and wrappers whose decoder is their own (issue 36)
     **dict.fromkeys(("muse_glimmer", "muse_glimmer_text"),
-                    "weightless RMS norms on each query and key head (the query then times qk_scale_factor) and on "
-                    "the token embeddings: no store has a norm without a weight there"),
+                    "sandwich norms whose post-mixer norms have an eps of their own (post_norm_eps, 1e-8, beside "
+                    "rms_norm_eps 1e-5 before the mixers): storelab's block norms share one norm_eps. Otherwise "
+                    "expressible: its weightless q/k head norms (before RoPE, which keeps a head's RMS) as "
+                    "qk_l2_norm with qk_scale_factor in attn_scale, the embedding norm folded into the untied "
+                    "embedding rows, NoPE where layer_rope_theta is 0, output_multiplier and the softcap"),
     **dict.fromkeys(("glm5_next", "glm5_next_text"),
                     "MLA layers whose DSA indexer selects pooled groups of index_kpool tokens (KPool): no store; "
                     "its linear-attention layers (a lower-bounded forget gate) and mHC streams (arXiv 2512.24880) "
