@@ -64,6 +64,7 @@ FLOAT_KEYS = ("rms_norm_eps", "routed_scaling_factor", "swiglu_limit", "swiglu_a
               "attention_value_scale", "compress_rope_theta")
 BOOL_KEYS = ("attention_bias", "mlp_bias", "norm_topk_prob", "tie_word_embeddings")
 PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "indexer_types")
+PER_LAYER_INT_KEYS = ("moe_intermediate_size", "num_experts")  # an integer, or a list of one per layer
 
 
 def check_config(hf: dict, where: str = "config.json") -> None:
@@ -76,6 +77,11 @@ def check_config(hf: dict, where: str = "config.json") -> None:
         for k in INT_KEYS:
             v = d.get(k)
             if v is None:
+                continue
+            if k in PER_LAYER_INT_KEYS and isinstance(v, list):  # one per layer (Hunyuan's remote config)
+                for j, x in enumerate(v):
+                    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                        raise CheckpointError(f"{where}: {pre}{k}[{j}]: must be an integer >= 0, got {x!r}")
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < (1 if k in POSITIVE_KEYS else 0):
                 want = "a positive integer" if k in POSITIVE_KEYS else "an integer >= 0"
