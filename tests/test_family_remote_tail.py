@@ -1,13 +1,16 @@
-"""Orion and Baichuan (remote-code families: their modeling file ships beside the weights, not in transformers
-5.23), each held to the transformers family its layout renames: a tiny random model of that family, its tensors
-saved under the remote names with a config.json in the remote field names, loaded by storelab: logits equal in
-fp32 (1e-5 of their scale) and bf16, chunked prefill then single tokens equal to one pass, transformers' cache
-bytes, parameters from config.json alone equal to the saved tensors; their published configs counted by hand, and
-those of MiniCPM-2B and DeepSeekMoE 16B (held to granite and qwen2_moe in test_family_remote.py).
+"""Orion, Baichuan, MiniCPM and DeepSeekMoE (remote-code families: their modeling file ships beside the weights, not
+in transformers 5.23), each held to the transformers family its layout renames: a tiny random model of that family,
+its tensors saved under the remote names with a config.json in the remote field names, loaded by storelab: logits
+equal in fp32 (1e-5 of their scale) and bf16, chunked prefill then single tokens equal to one pass, transformers'
+cache bytes, parameters from config.json alone equal to the saved tensors; their published configs counted by hand.
 
 * Orion <- ``stablelm`` with whole heads rotated and no q/k/v bias (LayerNorms with biases, Llama names);
 * Baichuan 7B <- ``llama`` (multi-head), q/k/v packed in ``W_pack``; Baichuan 2's NormHead: the saved head's rows
   scaled by random factors, read back at unit length; the 13B's ALiBi accounted and refused for running;
+* MiniCPM <- ``granite`` with embedding_multiplier = scale_emb, residual_multiplier = scale_depth / sqrt(n),
+  logits_scaling = hidden_size / dim_model_base, attention_multiplier = head_dim^-1/2;
+* DeepSeekMoE <- ``qwen2_moe`` (softmax top-k, not renormalised) with its shared-expert gate at zero, the factor
+  1/2 it leaves folded into the file's shared down projection; experts written one by one.
 """
 
 from __future__ import annotations
@@ -67,7 +70,52 @@ def baichuan(tmp: Path, shape: dict = SHAPE, head_scale: bool = False):
     return hf, write(tmp / f"baichuan{shape['vocab_size']}", config, sd)
 
 
-BUILD = {"orion": orion, "baichuan": baichuan}
+MINICPM = dict(scale_emb=12.0, scale_depth=1.4, dim_model_base=16)
+
+
+def minicpm(tmp: Path):
+    D, n, K = SHAPE["hidden_size"], SHAPE["num_hidden_layers"], SHAPE["hidden_size"] // SHAPE["num_attention_heads"]
+    hf = tiny_hf("granite", dict(SHAPE, **IDS, num_key_value_heads=2, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                                 embedding_multiplier=MINICPM["scale_emb"], logits_scaling=D / MINICPM["dim_model_base"],
+                                 residual_multiplier=MINICPM["scale_depth"] / n ** 0.5, attention_multiplier=K ** -0.5),
+                 perturb=0.3)
+    config = dict(SHAPE, **MINICPM, model_type="minicpm", architectures=["MiniCPMForCausalLM"], num_key_value_heads=2,
+                  hidden_act="silu", rms_norm_eps=1e-5, tie_word_embeddings=True)
+    sd = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}  # tied: the embedding once
+    return hf, write(tmp / "minicpm", config, sd)
+
+
+def deepseek(tmp: Path):
+    """qwen2_moe with its shared-expert gate at zero (sigmoid 1/2: the file's shared down projection is halved),
+    no q/k/v bias, layer 0 dense; its 3-D experts written per expert."""
+    E, M, S = 4, 16, 2
+    hf = tiny_hf("qwen2_moe", dict(SHAPE, **IDS, num_key_value_heads=2, qkv_bias=False, num_experts=E,
+                                   num_experts_per_tok=2, moe_intermediate_size=M, shared_expert_intermediate_size=S * M,
+                                   mlp_only_layers=[0], norm_topk_prob=False, rms_norm_eps=1e-6), perturb=0.3)
+    sd = {}
+    for k, v in hf.state_dict().items():
+        m = k.rsplit(".mlp.", 1)[0] + ".mlp"
+        if k.endswith("shared_expert_gate.weight"):
+            v.zero_()  # in the transformers model too: its shared expert is weighted by sigmoid(0)
+        elif k.endswith("experts.gate_up_proj"):
+            for e in range(E):
+                sd[f"{m}.experts.{e}.gate_proj.weight"], sd[f"{m}.experts.{e}.up_proj.weight"] = v[e, :M], v[e, M:]
+        elif k.endswith("experts.down_proj"):
+            for e in range(E):
+                sd[f"{m}.experts.{e}.down_proj.weight"] = v[e]
+        elif ".shared_expert." in k:
+            sd[k.replace(".shared_expert.", ".shared_experts.")] = v * 0.5 if "down_proj" in k else v
+        else:
+            sd[k] = v
+    config = dict(SHAPE, model_type="deepseek", architectures=["DeepseekForCausalLM"], num_key_value_heads=2,
+                  attention_bias=False, hidden_act="silu", rms_norm_eps=1e-6, rope_theta=10000.0,
+                  first_k_dense_replace=1, moe_layer_freq=1, n_routed_experts=E, n_shared_experts=S,
+                  moe_intermediate_size=M, num_experts_per_tok=2, norm_topk_prob=False, scoring_func="softmax",
+                  tie_word_embeddings=False)
+    return hf, write(tmp / "deepseek", config, sd)
+
+
+BUILD = {"orion": orion, "baichuan": baichuan, "minicpm": minicpm, "deepseek": deepseek}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +144,7 @@ def test_bf16_logits(name, built):
 def test_cache_bytes_and_counts(name, built):
     for T in (5, 17):
         check_cache(*built(name), T)
-    check_counts(*built(name))
+    check_counts(*built(name), leave_out=("shared_expert_gate",) if name == "deepseek" else ())  # fixed at 0
 
 
 def test_baichuan2_norm_head(tmp_path):
@@ -140,3 +188,36 @@ def test_published_counted_by_hand():
         2 * V * D + n * (4 * D * D + 3 * D * I + 2 * D) + D
     assert _kv_per_token(FIXTURES / "Baichuan2-7B-Chat.json") == 32 * 2 * 4096 * 2
 
+
+# -- the published MiniCPM and DeepSeekMoE configs (families minicpm.py, deepseek.py) ------------------------------
+def test_minicpm_2b_counted_by_hand():
+    """MiniCPM-2B-sft: tied embeddings, the muP scalars read; 2.72B parameters (2.44B without the embedding)."""
+    D, I, V, n = 2304, 5760, 122753, 40
+    cfg = read_model_config(FIXTURES / "MiniCPM-2B-sft-bf16.json")
+    assert count_params(cfg).stored == V * D + n * (4 * D * D + 3 * D * I + 2 * D) + D
+    assert (cfg.embed_scale, cfg.logit_scale) == (12.0, 256 / 2304) and cfg.tie_embeddings
+    assert _kv_per_token(FIXTURES / "MiniCPM-2B-sft-bf16.json") == 40 * 2 * 2304 * 2
+
+
+def test_deepseek_moe_16b():
+    """deepseek-moe-16b: layer 0 a dense MLP of 10944, then 27 layers of 64 experts of 1408 (top 6, softmax, not
+    renormalised) beside 2 shared ones; 16.4B parameters (the paper's figure), 28 x 2 x 2048 x 2 bytes a token."""
+    path = FIXTURES / "deepseek-moe-16b-base.json"
+    cfg = read_model_config(path)
+    assert [lay.channel.KIND for lay in cfg.layers] == ["ffn"] + ["moe"] * 27
+    moe = cfg.layers[1].channel
+    assert (moe.n_experts, moe.top_k, moe.router, moe.norm_topk_prob, moe.shared_width) == (64, 6, "softmax", False,
+                                                                                            2 * 1408)
+    D, V = 2048, 102400
+    per_moe = 64 * 3 * D * 1408 + 64 * D + 3 * D * 2 * 1408
+    hand = 2 * V * D + 28 * (4 * D * D + 2 * D) + 3 * D * 10944 + 27 * per_moe + D
+    assert count_params(cfg).stored == hand and abs(hand / 16.4e9 - 1) < 0.01
+    assert _kv_per_token(path) == 28 * 2 * 2048 * 2
+
+
+@pytest.mark.parametrize("change, field", [(dict(num_experts=8), "num_experts"), (dict(scale_depth=0), "scale_depth"),
+                                           (dict(dim_model_base="x"), "dim_model_base")])
+def test_minicpm_refuses_naming_the_field(tmp_path, change, field):
+    (tmp_path / "config.json").write_text(json.dumps(dict(_published("MiniCPM-2B-sft-bf16"), **change)))
+    with pytest.raises(CheckpointError, match=field):
+        read_model_config(tmp_path)

@@ -39,6 +39,7 @@ PUBLISHED = {
     "Phi-4-mini-instruct": (3.8, 3.8),              # Phi-4-mini-instruct model card: 3.8B parameters
     "c4ai-command-r-08-2024": (32.0, 32.0),         # Command R 08-2024 model card: 32 billion parameters
     "aya-23-8B": (8.0, 8.0),                        # Aya 23 model card: the 8-billion version
+    "deepseek-moe-16b-base": (16.4, 2.8),           # DeepSeekMoE (arXiv 2401.06066): 16.4B total, 2.8B activated
     "Hunyuan-A13B-Instruct": (80.0, 13.0),          # Hunyuan-A13B README: 80 billion total, 13 billion active
     "Qwen-7B": (7.7, 7.7),                          # Qwen-VL report (arXiv 2308.12966) Table 1: its LLM Qwen-7B, 7.7B
 }
