@@ -18,7 +18,8 @@ _MODULES = ("native", "mimo_v2_flash", "minimax_m3_vl", "glm_moe_dsa", "qwen3_ne
             "nemotron_h", "gemma", "gemma4", "recurrent_gemma", "olmo2", "exaone4", "cohere2", "seed_oss", "glm", "helium",
             "dots1", "phi3", "arcee", "llama4", "jamba", "bamba", "falcon_h1", "granitemoehybrid", "gpt_oss", "minimax_m2",
             "glm4_moe", "ernie4_5_moe", "deepseek_v2", "olmo_hybrid", "lfm3", "minimax", "bailing_hybrid",
-            "granite", "ministral3", "cohere", "internlm3", "qwen3_vl", "gpt_neox", "starcoder2", "stablelm", "glm4_moe_lite", "solar_open", "exaone_moe", "hunyuan", "afmoe", "laguna", "cwm", "mistral4", "chatglm", "qwen", "internlm", "orion", "baichuan", "minicpm", "deepseek", "wrappers", "unread")
+            "granite", "ministral3", "cohere", "internlm3", "qwen3_vl", "gpt_neox", "starcoder2", "stablelm", "glm4_moe_lite", "solar_open", "exaone_moe", "hunyuan", "afmoe", "laguna", "cwm", "mistral4", "cohere2_moe", "step3p7", "orion", "baichuan", "minicpm", "deepseek", "chatglm", "qwen", "internlm", "mellum", "flint", "hy_v3", "youtu", "aria", "cohere_compass",
+            "wrappers", "unread")
 
 FAMILIES: list[Family] = [importlib.import_module(f"{__name__}.{m}").FAMILY for m in _MODULES]
 

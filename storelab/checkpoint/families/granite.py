@@ -16,6 +16,12 @@ decoders trained with muP multipliers (Power scheduler, arXiv 2408.13359), dense
   MLP's down projections and their biases, ``Src`` "x residual_multiplier"), so the loaded tensors are not the
   file's but the function is.
 
+HyperCLOVA X SEED (NAVER, 2025; ``hyperclovax``): dense Granite with Peri-LayerNorm: with ``use_post_norm``
+(default true) an RMSNorm after each sublayer as well as before it, x + m norm2(f(norm1(x))) (``LayerConfig.norms =
+"sandwich"``, ``post_norm1`` / ``post_norm2``), m folded into those norms' weights (m w) rather than the output
+projections (a norm after them would undo it); the logits *times* ``logits_scaling`` (a multiplier here, not
+Granite's divisor); ``attention_multiplier`` head_dim^-1/2 when the file gives none.
+
 Parameters per layer: the attention's D*(H + 2G)*K + H*K*D (+ H sinks), the MLP's 3*D*I or the experts'
 E*3*D*I + E*D router (+ the shared MLP's 3*D*S), two d_model norms; the state is the keys and values.
 
@@ -39,7 +45,8 @@ __all__ = ["FAMILY"]
 
 MOE = ("granitemoe", "granitemoeshared", "granitemoe_swa")
 SWA = ("granite_swa", "granitemoe_swa")
-DECL = Decl(name="granite", model_types=("granite", "granite_swa") + MOE, title="Granite 3 (checkpoint)")
+CLOVA = ("hyperclovax",)  # Granite's multipliers, Peri-LayerNorm, logits times logits_scaling
+DECL = Decl(name="granite", model_types=("granite", "granite_swa") + MOE + CLOVA, title="Granite 3 (checkpoint)")
 
 
 def _kind(hf: dict) -> str:
@@ -51,6 +58,11 @@ def _positive(t: Fields, key: str) -> float:
     if not v > 0:
         raise t._err(key, f"must be > 0, got {v!r}")
     return v
+
+
+def _post_norms(hf: dict) -> bool:
+    """HyperCLOVA X's norms after each sublayer (``use_post_norm``)."""
+    return _kind(hf) in CLOVA and text_fields(hf).bool("use_post_norm", default=True)
 
 
 def _types(t: Fields, n: int, swa: bool) -> list[str]:
@@ -83,20 +95,22 @@ def to_config(hf: dict):
         channel = FFNConfig(d_model=D, d_ff=I, bias=t.bool("mlp_bias", default=False))
     layers = []
     for i, lt in enumerate(_types(t, n, kind in SWA)):
-        a = dataclasses.replace(_attention(t, i, lt, decl, D, eps), attn_scale=t.float("attention_multiplier",
-                                                                                       default=1.0, positive=True))
+        a = _attention(t, i, lt, decl, D, eps)
+        a = dataclasses.replace(a, attn_scale=t.float("attention_multiplier", positive=True,
+                                                      default=a.head_dim ** -0.5 if kind in CLOVA else 1.0))
         if thetas is not None:
             theta = thetas[i]
             if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta < 0:
                 raise t._err(f"layer_rope_theta[{i}]", f"must be a number >= 0, got {theta!r}")
             a = dataclasses.replace(a, rope_theta=float(theta) or a.rope_theta, partial_rotary=a.partial_rotary
                                     if theta else 0.0, rope_scaling=a.rope_scaling if theta else None)
-        layers.append(LayerConfig(token=a, channel=channel, depth=ResidualConfig(d_model=D)))
+        layers.append(LayerConfig(token=a, channel=channel, depth=ResidualConfig(d_model=D),
+                                  norms="sandwich" if _post_norms(hf) else "pre"))
     cfg = model_config(hf, t.d, name=kind.replace("_", "-"), title=DECL.title, d_model=D, layers=layers,
                        norm_eps=eps, context=t.int("max_position_embeddings", default=0))
     return dataclasses.replace(cfg, tie_embeddings=tied(hf, t, kind in SWA), vocab_size=t.int("vocab_size", minimum=1),
                                embed_scale=t.float("embedding_multiplier", default=1.0, positive=True),
-                               logit_scale=1.0 / _positive(t, "logits_scaling"))
+                               logit_scale=_positive(t, "logits_scaling") ** (1 if kind in CLOVA else -1))
 
 
 def _times(name: str, m: float) -> Src:
@@ -108,6 +122,11 @@ def table(hf: dict, cfg, names: set[str]) -> dict:
     pre, head = layer_prefix(names)
     tab: dict = {}
     base_entries(tab, cfg, prefix=pre, head=head)
+    if _post_norms(hf):  # m scales the post norms' weights; the output projections stay the file's
+        for i in range(cfg.n_layers):
+            for ours, theirs in (("post_norm_token", "post_norm1"), ("post_norm_channel", "post_norm2")):
+                tab[f"blocks.{i}.{ours}.weight"] = _times(f"{pre}layers.{i}.{theirs}.weight", m)
+        m = 1.0
     for i, lay in enumerate(cfg.layers):
         a, b, tok, ch = f"{pre}layers.{i}", f"blocks.{i}", lay.token, lay.channel
         _reader.attention_entries(tab, f"{b}.token", f"{a}.self_attn", tok)

@@ -21,7 +21,6 @@ _BIASED_NORM = ("biased LayerNorms, fused or parallel blocks of the GPT-J / Phi-
                 "layer_bias norm and parallel blocks (gpt_neox.py reads the like)")
 _INDEXED = "layer type 'indexed_attention' (an indexer of its own, not compared with storelab's dsa store)"
 _GEMMA4 = "Gemma 4's layers (keys as values, an MoE block beside the MLP, per-layer scalars): no store yet"
-_UNCOMPARED = "its modeling file is not yet compared with storelab's stores"
 _MULTIMODAL = "a multimodal causal LM whose image tokens enter the decoder (no text-only decoder to read)"
 
 REASONS: dict[str, str] = {
@@ -79,9 +78,22 @@ REASONS: dict[str, str] = {
     **dict.fromkeys(("qwen2_5_omni", "qwen3_omni_moe"),
                     "an omni model: a thinker whose text model (multimodal RoPE over a decoder of its own) is not "
                     "yet compared with storelab's stores, and a talker decoding speech"),
-    **dict.fromkeys(("aria_text", "axk1", "beam", "cohere_compass_text", "flint", "hy_v3",
-                     "kolibri1", "mellum", "modernbert-decoder",
-                     "nanochat", "youtu", "hyperclovax"), _UNCOMPARED),
+    "axk1": ("an RMSNorm on the MoE block's output (post_mlp_layernorm, after the routed and shared experts are "
+             "summed) on the sparse layers only: storelab's block norms sit around both sublayers of a layer "
+             "('pre', 'post', 'sandwich'), never after the channel alone"),
+    "beam": ("depth-scaled residual adds (the k-th add keeps sqrt((k-1)/k) of the stream and adds 1/sqrt(k) of "
+             "the sublayer's output: exact only with a norm eps per layer, which storelab's norms do not have) and, "
+             "on the layers without RoPE, queries times (1 + (p + 1) / 2048)^0.1 (no attention temperature of that "
+             "form)"),
+    "kolibri1": ("a router that chooses its experts by the raw logits plus the choice bias (top-k of logits + "
+                 "expert_bias) and weights them by sigmoid(logit): storelab's choice bias is added to the sigmoid "
+                 "scores"),
+    "modernbert-decoder": ("a LayerNorm of the token embeddings (the first layer's attention reads them without "
+                           "its own norm) and a prediction head (dense, activation, LayerNorm) before the LM head: "
+                           "no store"),
+    "nanochat": ("weightless RMS norms (no weight) before each mixer, on each query and key head after the "
+                 "rotation and at the end, and one more on the token embeddings before the first layer: no store "
+                 "norm without a weight, no embedding norm"),
     "phimoe": ("the sparsemixer router (PhimoeTopKRouter: the top two experts picked one after the other, each "
                "weighted by a softmax over the router logits within 2 x router_jitter_noise of that pick, arXiv "
                "2409.12136): no moe router does; and lm_head_bias"),
