@@ -43,6 +43,11 @@ REASONS: dict[str, str] = {
     "minicpm3": "MLA with muP's per-layer residual scale (scale_depth / sqrt(layers)) not folded yet",
     "longcat_flash": "two attentions and two MLPs per layer with zero-computation experts (shortcut MoE): no store",
     "rwkv": "RWKV-4 time mixing (arXiv 2305.13048): no store",
+    # remote-code RWKV releases (fla / RWKV's own modeling files), refused by name rather than as unknown types
+    "rwkv5": "RWKV-5 (Eagle) matrix-valued states with per-head decay and token shift (arXiv 2404.05892): no store",
+    "rwkv6": "RWKV-6 (Finch) data-dependent decay and token shift (arXiv 2404.05892): no store",
+    "rwkv7": "RWKV-7 (Goose) generalized delta rule with in-context learning rates and a value residual across "
+             "layers (arXiv 2503.14456): no store yet",
     "xlstm": "mLSTM / sLSTM blocks (arXiv 2405.04517): no store",
     "zamba": "shared attention blocks reading the embeddings beside Mamba layers: no store",
     "zamba2": "shared attention blocks with LoRA per use beside Mamba-2 layers: no store",
