@@ -42,6 +42,8 @@ PUBLISHED = {
     "deepseek-moe-16b-base": (16.4, 2.8),           # DeepSeekMoE (arXiv 2401.06066): 16.4B total, 2.8B activated
     "Hunyuan-A13B-Instruct": (80.0, 13.0),          # Hunyuan-A13B README: 80 billion total, 13 billion active
     "Qwen-7B": (7.7, 7.7),                          # Qwen-VL report (arXiv 2308.12966) Table 1: its LLM Qwen-7B, 7.7B
+    "Jamba-v0.1": (52.0, 12.0),                     # Jamba model card: 12B active, 52B total across all experts
+    "Bamba-9B": (9.78, 9.78),                       # transformers' Bamba page (BambaConfig table): Bamba 9B (9.78B)
 }
 
 # what storelab does not read yet, and the word its refusal must name

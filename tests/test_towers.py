@@ -124,3 +124,18 @@ def test_models_checkpoint_shows_the_parts_and_the_total():
     r = CliRunner().invoke(app, ["models", "--checkpoint", str(FIXTURE)], env={"COLUMNS": "300"})
     assert r.exit_code == 0 and "vision tower (qwen3_5), from vision_config" in r.output
     assert "text model stored 752M" in r.output and "total: 873M" in r.output, r.output
+
+
+def test_nextn_mtp_equals_the_published_checkpoints():
+    """DeepSeek-V3's and GLM's MTP module (``num_nextn_predict_layers``): GLM-4.7-Flash's safetensors hold
+    31,221,488,576 parameters (its tensors summed: gogongxt/python scripts/models/glm_4.7_flash.md, see
+    tests/fixtures/configs/SOURCES.md), the text model plus one module, to the parameter; DeepSeek-V3's
+    685B are 671B and a 14B module (DeepSeek-V3 model card)."""
+    configs = Path(__file__).parent / "fixtures" / "configs"
+    for name, want, tol in (("GLM-4.7-Flash", 31_221_488_576, 0), ("DeepSeek-V3", 685e9, 0.005)):
+        path = configs / f"{name}.json"
+        cfg = read_model_config(path)
+        found = towers.parts(json.loads(path.read_text()), cfg)
+        assert [p.kind for p in found] == ["mtp"] and found[0].params, found
+        total, missing = towers.total(cfg, found)
+        assert not missing and abs(total - want) <= tol * want, (name, total)

@@ -29,6 +29,13 @@ counted here, per kind, by a small function of the fields its config publishes:
   layer one full-attention decoder layer exactly as the text model's (its attention, MLP or MoE and two
   norms: counted from our own layer config), plus ``fc`` ``[D, 2D]`` (no bias) and three RMSNorms of D
   (``pre_fc_norm_embedding``, ``pre_fc_norm_hidden``, ``norm``); the embedding and LM head are shared.
+* ``nextn_mtp`` (DeepSeek-V3, GLM-4.5/4.6/4.7, GLM-4.7-Flash; ``num_nextn_predict_layers``; the
+  checkpoint's ``model.layers.{L}.*``): per MTP module one decoder layer exactly as the text model's last
+  (MoE) layer, ``eh_proj`` ``[D, 2D]``, the RMSNorms ``enorm``, ``hnorm`` and ``shared_head.norm`` of D, and
+  the checkpoint's own copies of the embedding and the LM head (``embed_tokens``, ``shared_head.head``,
+  ``[V, D]`` each). GLM-4.7-Flash's safetensors hold 31,221,488,576 parameters: its text model
+  (29,943,393,920) plus one such module (1,278,094,656), to the parameter; DeepSeek-V3's 685B are its
+  671B and a 14B module.
 
 A part without a counter, or whose counter cannot read its config (a field missing or of another
 shape), is named with ``params`` None and the reason: never estimated. The counters equal the sum of
@@ -154,9 +161,21 @@ def qwen_mtp(hf: dict, cfg) -> int:
     return n * layer + 2 * D * D + 3 * D
 
 
+def nextn_mtp(hf: dict, cfg) -> int:
+    """DeepSeek-V3's and GLM-4.5's MTP modules (``num_nextn_predict_layers``), each the text model's last
+    layer, ``eh_proj`` [D, 2D], three RMSNorms of D and its stored copies of the embedding and LM head
+    [V, D] (see the module docstring)."""
+    n = _text(hf).get("num_nextn_predict_layers", 0)
+    lay, D = cfg.layers[-1], cfg.d_model
+    layer = lay.n_norms() * D + sum(st.num_params().stored for st in lay.stores().values())
+    return n * (layer + 2 * D * D + 3 * D + 2 * cfg.vocab_size * D)
+
+
 # the model_type (wrapper or text) -> its MTP layers' count, from config.json and our text model's config
-MTP: dict[str, Callable[[dict, object], int]] = {t: qwen_mtp for t in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe",
-                                                                        "qwen3_5_moe_text")}
+MTP: dict[str, Callable[[dict, object], int]] = {
+    **{t: qwen_mtp for t in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
+    **{t: nextn_mtp for t in ("deepseek_v3", "glm4_moe", "glm4_moe_lite")},
+}
 MTP_FIELDS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "num_mtp_modules")
 
 
