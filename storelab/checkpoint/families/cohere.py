@@ -40,22 +40,32 @@ DECL = Decl(name="cohere", model_types=("cohere",), title="Command R (checkpoint
             token=cohere_attention, types=lambda t, n: [_reader.FULL] * n)
 
 
-def to_config(hf: dict):
+def parallel_config(decl: Decl, hf: dict, *, logit_scale: float):
+    """Cohere's layout for any of its families: one LayerNorm (no bias) per layer read by the attention and the MLP
+    side by side (``norms = "parallel"``), the logits times ``logit_scale`` (the file's, else the family's)."""
     t = text_fields(hf)
-    scale = t.float("logit_scale", default=0.0625)
+    scale = t.float("logit_scale", default=logit_scale)
     if not scale > 0:
         raise t._err("logit_scale", f"must be > 0, got {scale!r}")
-    cfg = _reader.to_config(DECL, hf)
+    cfg = _reader.to_config(decl, hf)
     layers = [dataclasses.replace(lay, norms="parallel") for lay in cfg.layers]
     return dataclasses.replace(cfg, layers=layers, norm_kind="layer", logit_scale=scale)
 
 
-def table(hf: dict, cfg, names: set[str]) -> dict:
+def parallel_table(decl: Decl, hf: dict, cfg, names: set[str]) -> dict:
     """The reader's names, without a second norm per layer (the one norm is ``input_layernorm``)."""
-    tab = _reader.table(DECL, hf, cfg, names)
+    tab = _reader.table(decl, hf, cfg, names)
     for i in range(cfg.n_layers):
         del tab[f"blocks.{i}.norm_channel.weight"]
     return tab
+
+
+def to_config(hf: dict):
+    return parallel_config(DECL, hf, logit_scale=0.0625)
+
+
+def table(hf: dict, cfg, names: set[str]) -> dict:
+    return parallel_table(DECL, hf, cfg, names)
 
 
 FAMILY = Family(stores=("attention", "ffn", "residual"),

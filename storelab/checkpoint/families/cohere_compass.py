@@ -23,7 +23,8 @@ import dataclasses
 
 from storelab.checkpoint.families import _reader
 from storelab.checkpoint.families._family import Family
-from storelab.checkpoint.families._reader import FULL, Decl, Fields, _attention, text_fields
+from storelab.checkpoint.families.cohere import parallel_config, parallel_table
+from storelab.checkpoint.families._reader import FULL, Decl, Fields, _attention
 
 __all__ = ["FAMILY"]
 
@@ -44,21 +45,11 @@ DECL = Decl(name="cohere_compass", model_types=("cohere_compass_text",), title="
 
 
 def to_config(hf: dict):
-    t = text_fields(hf)
-    scale = t.float("logit_scale", default=1.0)
-    if not scale > 0:
-        raise t._err("logit_scale", f"must be > 0, got {scale!r}")
-    cfg = _reader.to_config(DECL, hf)
-    layers = [dataclasses.replace(lay, norms="parallel") for lay in cfg.layers]
-    return dataclasses.replace(cfg, layers=layers, norm_kind="layer", logit_scale=scale)
+    return parallel_config(DECL, hf, logit_scale=1.0)
 
 
 def table(hf: dict, cfg, names: set[str]) -> dict:
-    """The reader's names, without a second norm per layer (the one norm is ``input_layernorm``)."""
-    tab = _reader.table(DECL, hf, cfg, names)
-    for i in range(cfg.n_layers):
-        del tab[f"blocks.{i}.norm_channel.weight"]
-    return tab
+    return parallel_table(DECL, hf, cfg, names)
 
 
 FAMILY = Family(stores=DECL.stores, name=DECL.name, model_types=DECL.model_types, to_config=to_config, table=table,
