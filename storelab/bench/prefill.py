@@ -119,21 +119,7 @@ def _peak_run(fn) -> dict[str, Any]:
             "peak_above_weights_bytes": (peak_kb - base_kb) * 1024, "held_after_bytes": (after_kb - base_kb) * 1024}
 
 
-def _allocation_peak(prof) -> int:
-    """The largest running sum of the CPU allocation events one profiled span saw (bytes).
-
-    Frees of blocks allocated before the span are not reported (the profiler cannot size
-    them), so the sum only ever overstates what was held: an upper bound."""
-    from torch._C._autograd import DeviceType
-
-    events = [(e.start_ns(), -e.nbytes()) for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
-    events.sort()  # by time; at equal times allocations (negated: first) before frees, an upper bound
-    now = peak = 0
-    for _, neg in events:
-        now -= neg
-        peak = max(peak, now)
-    return peak
+from storelab.models.peaks import allocation_peak as _allocation_peak  # noqa: E402 (one count, two users)
 
 
 def tensor_peak_run(model, prompt_BT: torch.Tensor, chunk: int, every: int = PROFILE_EVERY) -> dict[str, Any]:

@@ -59,6 +59,8 @@ def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, tem
     from storelab.models.quant import quantize_weights
 
     quantize_weights(model, weights)  # bf16 / int8 linear weights (fp32: as it is)
+    gate_generation(model, prompt_len=prompt_len, new_tokens=new_tokens, chunk=chunk,
+                    option="--prompt-len, --new-tokens", instead="generate fewer tokens (or give --chunk)")
     where = placement(model, next(model.parameters()).device)
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
     gen = torch.Generator(device=where["device"]).manual_seed(seed + 1)   # sampling draws where the logits are
@@ -92,6 +94,18 @@ def eos_ids(folder: Path, tok) -> set[int]:
     return out
 
 
+def gate_generation(model, *, prompt_len: int, new_tokens: int, chunk: int, option: str, instead: str) -> None:
+    """Refuse a generation whose measured peak (``storelab.models.peaks``) passes half this machine."""
+    from storelab.models import peaks
+    from storelab.models.memory_terms import run_bytes
+
+    floor = run_bytes(model.cfg, tokens=prompt_len + new_tokens, chunk=chunk or prompt_len)
+    peaks.gate(model, floor, lambda: peaks.generate_tensors(model, prompt_len=prompt_len, new_tokens=new_tokens,
+                                                             chunk=chunk),
+               option=option, held=f"a prompt of {prompt_len:,} tokens and {new_tokens:,} new", instead=instead,
+               large=prompt_len + new_tokens > peaks.LARGE)
+
+
 def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int], chunk: int = 0,
                   temperature: float = 0.0, top_k: int = 0, seed: int = 0) -> dict:
     """Generate after the prompt ids until ``new_tokens`` or a token of ``stop``; the ids and the text."""
@@ -112,6 +126,8 @@ def generate_text(model, tok, ids: list[int], *, new_tokens: int, stop: set[int]
                          f"{model.cfg.context:,} tokens")
     check_run_fits(model.cfg, tokens=len(ids) + new_tokens, chunk=chunk or len(ids), option="--prompt, "
                    "--new-tokens", instead="give a shorter prompt or fewer tokens")
+    gate_generation(model, prompt_len=len(ids), new_tokens=new_tokens, chunk=chunk, option="--prompt, --new-tokens",
+                    instead="give a shorter prompt or fewer tokens (or give --chunk)")
     where = placement(model, next(model.parameters()).device)
     gen = torch.Generator(device=where["device"]).manual_seed(seed + 1)   # sampling draws where the logits are
     out, why = [], "length"
