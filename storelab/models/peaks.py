@@ -37,6 +37,7 @@ low there past about 4,096 tokens.
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -69,12 +70,34 @@ def allocation_peak(prof) -> int:
     return peak
 
 
+@contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null: the profiler's C++ side prints "profiler_start/stop" there."""
+    import os
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # pragma: no cover - no descriptor 2 to quiet
+        yield
+        return
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 def tensor_peak(fn: Callable[[], Any]) -> int:
     """Bytes the tensors made by ``fn()`` hold at their peak (what it returns is dropped)."""
     from torch.profiler import ProfilerActivity, profile
 
     gc.collect()
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), torch.inference_mode(), \
+            profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     peak = allocation_peak(prof)
     del prof
