@@ -76,7 +76,7 @@ if mode == 'generate':
     est = peaks.generate_tensors(net, prompt_len=C, new_tokens=4, chunk=0)
     run = lambda: generate(net, torch.randint(0, cfg.vocab_size, (1, C)), 4)
 else:
-    est = peaks.selection_tensors(net, docs, contexts=[C], topk=[1], queries=64)
+    est = peaks.fitted_tensors(lambda x: selection_sweep(net, docs, contexts=(x,), queries=64), (1024, 2048, 3072), C)
     run = lambda: selection_sweep(net, docs, contexts=(C,), queries=64)
 gc.collect(); ctypes.CDLL('libc.so.6').malloc_trim(0)
 open('/proc/self/clear_refs', 'w').write('5'); base = status('VmRSS')

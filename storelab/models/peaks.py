@@ -164,27 +164,14 @@ def generate_tensors(model, *, prompt_len: int, new_tokens: int, chunk: int = 0)
     return first + (T + m - s) * (u + c * s)
 
 
-def mhc_tensors(model, documents: list[list[int]], *, context: int, n: int) -> float:
-    """Tensor bytes at the peak of ``mhc_documents(model, documents, context, n)``."""
-    from storelab.probes.mhc import mhc_documents
-
-    pts = [(C, tensor_peak(lambda C=C: mhc_documents(model, documents, context=C, n=n))) for C in MHC_CONTEXTS]
-    return extrapolate(pts, context) if context > MHC_CONTEXTS[-1] else float(max(y for _, y in pts))
-
-
-def selection_tensors(model, documents: list[list[int]], *, contexts: list[int], topk: list[int],
-                      queries: int, chunk: int = 1024) -> float:
-    """Tensor bytes at the peak of ``selection_sweep`` over ``contexts`` (its longest decides)."""
-    from storelab.probes.selection_sweep import selection_sweep
-
-    C = max(contexts)
-    sizes = (chunk, 2 * chunk, 3 * chunk)
-    if C <= sizes[0]:
-        return float(tensor_peak(lambda: selection_sweep(model, documents, contexts=(C,), topk=tuple(topk),
-                                                         queries=queries, chunk=chunk)))
-    pts = [(x, tensor_peak(lambda x=x: selection_sweep(model, documents, contexts=(x,), topk=tuple(topk),
-                                                       queries=queries, chunk=chunk))) for x in sizes]
-    return extrapolate(pts, C)
+def fitted_tensors(run: Callable[[int], Any], sizes: tuple[int, ...], size: int) -> float:
+    """Tensor bytes at the peak of ``run(size)``, fitted on ``run`` at ``sizes`` (measured directly where
+    ``size`` is no larger than the first). The probes' fits (``storelab.probes``): mhc on contexts
+    ``MHC_CONTEXTS`` with the same rows, selection on one, two and three chunks."""
+    if size <= sizes[0]:
+        return float(tensor_peak(lambda: run(size)))
+    pts = [(x, tensor_peak(lambda x=x: run(x))) for x in sizes]
+    return extrapolate(pts, size)
 
 
 def gate(model, floor: int, measure: Callable[[], float], *, option: str, held: str, instead: str,

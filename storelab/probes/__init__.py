@@ -48,7 +48,8 @@ def _sweep(model, documents, *, contexts, topk=(1,), queries=64, n=1):
     if contexts and min(contexts) >= 1 and documents:   # the peak first, measured (selection_sweep checks the rest)
         C = max(contexts)
         peaks.gate(model, run_bytes(model.cfg, tokens=C, chunk=1024),
-                   lambda: peaks.selection_tensors(model, documents, contexts=contexts, topk=topk, queries=queries),
+                   lambda: peaks.fitted_tensors(lambda x: selection_sweep(model, documents, contexts=(x,), topk=tuple(topk),
+                                                                         queries=queries), (1024, 2048, 3072), C),
                    option="--contexts", held=f"a selection sweep to {C:,} tokens", instead="give shorter contexts",
                    large=C > 3 * 1024)
     return selection_sweep(model, documents, contexts=contexts, topk=topk, queries=queries)
@@ -61,7 +62,8 @@ def _mhc_docs(model, documents, *, contexts, topk=(1,), queries=64, n=8):  # top
     C = contexts[0]
     if C >= 2 and n >= 1 and documents:   # n rows of C tokens scored in one call, six times
         peaks.gate(model, run_bytes(model.cfg, tokens=C + 1, batch=n),
-                   lambda: peaks.mhc_tensors(model, documents, context=C, n=n),
+                   lambda: peaks.fitted_tensors(lambda x: mhc_documents(model, documents, context=x, n=n),
+                                                peaks.MHC_CONTEXTS, C),
                    option="--contexts", held=f"{n:,} rows of {C:,} tokens",
                    instead="give a shorter first context (or fewer rows, --n)", large=C > peaks.MHC_CONTEXTS[-1])
     return mhc_documents(model, documents, context=C, n=n)
