@@ -177,7 +177,7 @@ def fitted_tensors(run: Callable[[int], Any], sizes: tuple[int, ...], size: int)
 def gate(model, floor: int, measure: Callable[[], float], *, option: str, held: str, instead: str,
          large: bool = True) -> int | None:
     """Refuse a run whose peak passes half this machine's memory: at once where the config's ``floor``
-    (``run_bytes``) does, after ``measure()`` (tensor bytes, one of the ``*_tensors`` fits) where the run
+    (``run_bytes``) does, after ``measure()`` (tensor bytes: ``generate_tensors`` or ``fitted_tensors``) where the run
     is ``large`` (past the sizes the fits run: a transient that grows with the square of the size could
     pass the limit however low the floor) or the floor is within ``SKIP`` of the limit; the estimate
     measured (bytes), None where none was needed."""
