@@ -95,3 +95,33 @@ def test_the_estimate_holds_the_resident_peak_the_run_reaches(mode, name, size):
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.split("RESULT")[-1])
     assert r["measured"] <= r["estimate"] <= 4 * r["measured"] + peaks.OVERHEAD, r
+
+
+READ = """
+import json, torch
+torch.set_num_threads(1)
+from storelab.models import peaks
+from storelab.stores.compressed import CompressedAttention, HCAConfig
+def status(f):
+    return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith(f))
+torch.manual_seed(0)
+st = CompressedAttention(HCAConfig(d_model=64, n_heads=4, head_dim=32, rope_dim=8, q_lora=24, o_groups=2,
+                                   o_lora=16, pool=4, window=4)).eval()
+x = torch.randn(8, 8192, 64)
+base = status('VmRSS')
+with torch.inference_mode():
+    st(x)
+grew = status('VmHWM') - base
+print('RESULT', json.dumps({'grew': grew, 'tensors': peaks.tensor_peak(lambda: st(x))}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self for the resident peak")
+def test_a_long_chunked_read_holds_its_tensors_not_the_sum_of_its_chunks():
+    # 8 rows of 8,192 tokens: the HCA read runs one query a chunk, each over more entries than the last. It used
+    # to keep every chunk's output and decode the entries anew per chunk: glibc's heap grew to 4.3x the tensors'
+    # peak (513 MiB for 120), and probe mhc on the tiny DeepSeek-V4 passed its estimate past 4,096 tokens
+    p = subprocess.run([sys.executable, "-c", READ], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.split("RESULT")[-1])
+    assert r["grew"] <= peaks.MARGIN * r["tensors"], r

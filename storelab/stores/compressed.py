@@ -368,6 +368,10 @@ class CompressedAttention(nn.Module):
         # training: each chunk's scores are recomputed in backward, not kept (HCA's would be T x T / stride)
         train = torch.is_grad_enabled() and q_BTHK.requires_grad
         step = max(MIN_TRAIN_READ_QUERIES if train else 1, READ_BUDGET // per_query)
+        # HCA: the entries completed inside the call, decoded once (each chunk reads a prefix of them)
+        n_all = min(cache.entries, cache.seen // cfg.stride)
+        new_kv = None if cfg.indexed or n_all <= n_done else \
+            self._decode(cache.pooled[:, n_done:n_all], C, cfg.rope_dim, q_BTHK.dtype)[:, :, None]
         outs = []
         q_chunks = q_BTHK.split(step, dim=1)  # split, not sliced: a slice's backward zero-fills a whole q
         old_chunks = None if old is None else zip(old[0].split(step, dim=1), old[1].split(step, dim=2))
@@ -379,11 +383,19 @@ class CompressedAttention(nn.Module):
             def chunk(q_i, a=a, b=b, sel=sel, old_i=old_i):
                 parts = [self._gathered_part(q_i, cache, T, a, sel)] + ([] if old_i is None else [old_i])
                 n_hi = min(cache.entries, (seen + b) // cfg.stride)
-                if not cfg.indexed and n_hi > n_done:
-                    parts.append(self._new_entries_part(q_i, cache.pooled[:, n_done:n_hi], seen + a, n_done))
+                if new_kv is not None and n_hi > n_done:
+                    parts.append(self._new_entries_part(q_i, new_kv[:, :n_hi - n_done], seen + a, n_done))
                 return merge_parts(parts, sinks_H=self.sinks)
-            outs.append(checkpoint(chunk, q_chunks[i], use_reentrant=False) if train else chunk(q_chunks[i]))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+            if train:
+                outs.append(checkpoint(chunk, q_chunks[i], use_reentrant=False))
+                continue
+            o_i = chunk(q_chunks[i])
+            if step >= T:
+                return o_i
+            if not outs:   # inference: one output, made first and filled, so that nothing the loop keeps sits
+                outs.append(o_i.new_empty(B, T, *o_i.shape[2:]))   # between the later chunks' growing
+            outs[0][:, a:b] = o_i                                    # transients (glibc's heap would grow
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)   # with their sum: storelab.allocator)
 
     def _attend_rows(self, q_BTHK: Tensor, rows_BNr: Tensor) -> tuple[Tensor, Tensor]:
         """Unmasked part over stored rows: in place, or decoded ``READ_BUDGET`` numbers at a time and folded."""
@@ -422,14 +434,13 @@ class CompressedAttention(nn.Module):
                                      mask_TL=valid_BTJ.reshape(B * T, 1, J))
         return o_XH1C.reshape(B, T, H, C), lse_X1H.reshape(B, T, H).transpose(1, 2)
 
-    def _new_entries_part(self, q_BTHK: Tensor, rows_BNr: Tensor, first_pos: int, first_entry: int):
-        """HCA: queries at ``first_pos ..`` over entries ``first_entry ..`` completed inside the call."""
+    def _new_entries_part(self, q_BTHK: Tensor, kv_BN1C: Tensor, first_pos: int, first_entry: int):
+        """HCA: queries at ``first_pos ..`` over entries ``first_entry ..`` completed inside the call (decoded)."""
         cfg = self.cfg
         B, T, H, C = q_BTHK.shape
         pos_T = torch.arange(first_pos, first_pos + T, device=q_BTHK.device)
-        w_N = torch.arange(first_entry, first_entry + rows_BNr.shape[1], device=q_BTHK.device)
+        w_N = torch.arange(first_entry, first_entry + kv_BN1C.shape[1], device=q_BTHK.device)
         readable_TN = (w_N[None, :] + 1) * cfg.stride <= pos_T[:, None] + 1
-        kv_BN1C = self._decode(rows_BNr, C, cfg.rope_dim, q_BTHK.dtype)[:, :, None]
         # the heads on the query axis (rows t-major), as in _gathered_part
         o_BY1C, lse_B1Y = attend_lse(q_BTHK.reshape(B, T * H, 1, C), kv_BN1C, kv_BN1C, scale=C ** -0.5,
                                      mask_TL=readable_TN.repeat_interleave(H, dim=0))
