@@ -171,6 +171,81 @@ def test_generate_fast_equals_general(hf_folder):
     assert torch.equal(fast, slow)
 
 
+def test_hf_folders_take_the_c_kernels_and_equal_torch_s_forms(hf_folder):
+    """Where the C library is built (CI builds it), every attention layer of the tiny Llama and Gemma 3 reads through
+    ``attend_one_f32`` and prepares q and k in one call, the norms are one call, and ``STORELAB_COMPILED=0``'s
+    torch forms give the same logits (so the comparisons above ran the C kernels)."""
+    from storelab.models import decode
+
+    if decode._kernels() is None:
+        pytest.skip("no C compiler here: the torch forms run (tested above)")
+    for model_type in TINY_HF:
+        model = _load(hf_folder(model_type))
+        dec = Decoder(model)
+        for lay in dec.layers:
+            assert lay.token.attend_one is not None and lay.token.prepare is not None, model_type
+        prompt = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            logits, c1 = prefill(model, prompt, chunk=4)
+            _, c2 = prefill(model, prompt, chunk=4)
+            tok = logits.argmax(-1, keepdim=True)
+            got = dec.step(tok, c1)
+            lib, decode._kernels = decode._kernels, lambda: None
+            try:
+                want = Decoder(model).step(tok, c2)
+            finally:
+                decode._kernels = lib
+        assert_close(got, want, atol=REL * want.abs().max().item(), what=f"{model_type}: C kernels against torch's")
+
+
+@pytest.mark.parametrize("H, G, K, V, L, sinks, new", [(9, 3, 64, 64, 300, False, False), (4, 1, 16, 24, 70, True, True),
+                                                       (6, 6, 8, 8, 1, True, False), (4, 2, 32, 32, 0, False, True)])
+def test_attend_one_equals_the_reference_softmax(H, G, K, V, L, sinks, new):
+    """The C read over strided cache views (a shared row buffer), GQA, K != V, sinks, a new entry not yet written,
+    an empty cache, and scores far apart (the running max rescales): the reference softmax's output to fp32 rounding."""
+    from storelab.models import decode
+    from storelab.ops.attention import attend_reference
+
+    if decode._kernels() is None:
+        pytest.skip("no C compiler here")
+    g = torch.Generator().manual_seed(L + H)
+    buf = torch.randn(1, L + 5, G, V + K, generator=g) * 3
+    k_rows, v_rows = buf[:, :L, :, V:], buf[:, :L, :, :V]
+    q = torch.randn(1, 1, H, K, generator=g) * 2
+    k_new, v_new = (torch.randn(1, 1, G, K, generator=g), torch.randn(1, 1, G, V, generator=g)) if new else (None, None)
+    s_H = torch.randn(H, generator=g) if sinks else None
+    got = decode._AttendOne.make(H, G, K, V, 0.3, s_H)(q, k_rows, v_rows, k_new, v_new)
+    k_all = k_rows if k_new is None else torch.cat([k_rows, k_new], 1)
+    v_all = v_rows if v_new is None else torch.cat([v_rows, v_new], 1)
+    want = attend_reference(q, k_all, v_all, scale=0.3, sinks_H=s_H).reshape(-1)
+    assert_close(got, want, atol=2e-6 * max(1.0, want.abs().max().item()), what="attend_one")
+
+
+def test_the_prepare_and_swiglu_kernels_equal_torch():
+    from storelab.models import decode
+    from storelab.ops.rope import rope_angles, rotate
+
+    lib = decode._kernels()
+    if lib is None:
+        pytest.skip("no C compiler here")
+    H, G, K, R = 4, 2, 32, 16
+    g = torch.Generator().manual_seed(0)
+    qk = torch.randn(H + G, K, generator=g)
+    qw, kw = torch.rand(K, generator=g) + 0.5, torch.rand(K, generator=g) + 0.5
+    cos, sin = rope_angles(torch.tensor([37]), R, 10000.0)
+    normed = torch.cat([torch.nn.functional.rms_norm(qk[:H], (K,), qw, 1e-6),
+                        torch.nn.functional.rms_norm(qk[H:], (K,), kw, 1e-6)])
+    want = rotate(normed.view(1, 1, H + G, K), cos, sin).view(H + G, K)
+    got = qk.clone()
+    lib.qk_prepare_f32(got.data_ptr(), H, G, K, qw.data_ptr(), kw.data_ptr(), 1e-6, R, cos.data_ptr(), sin.data_ptr())
+    assert_close(got, want, atol=1e-6 * want.abs().max().item(), what="qk_prepare")
+    gu = torch.randn(2 * 100, generator=g) * 6
+    out = torch.empty(100)
+    lib.silu_mul_f32(gu.data_ptr(), out.data_ptr(), 100)
+    want = torch.nn.functional.silu(gu[:100]) * gu[100:]
+    assert_close(out, want, atol=1e-6 * want.abs().max().item(), what="silu_mul")
+
+
 # -- bf16 and int8 weights ---------------------------------------------------------------------------------------
 def test_int8_kernel_equals_dequantized_product():
     g = torch.Generator().manual_seed(5)

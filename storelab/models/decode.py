@@ -34,6 +34,7 @@ V value width, F FFN width, W window, N vocabulary.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ from torch import Tensor, nn
 from storelab.models.model import LayerState, Model
 from storelab.models.quant import QuantLinear
 from storelab.ops.attention import attend_lse, merge_parts
+from storelab.ops.compiled import compiled_library
 from storelab.ops.norm import RMSNorm
 from storelab.ops.matvec import PackedWeight, RowSplit, bind, pack
 from storelab.ops.rope import rope_angles, rotate
@@ -102,12 +104,74 @@ class _Angles:
         return got
 
 
-def _norm(module: nn.Module):
-    """An RMSNorm as torch's one fused op (the same formula, fp32); any other norm module as it is."""
+_P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+_BLOCK = 64  # key rows per block in attend_one_f32 (its BLOCK): the scratch it needs is H * (2 + _BLOCK)
+_SIGNATURES = {"rms_norm_f32": ([_P, _P, _P, _L, _F], None),
+               "attend_one_f32": ([_P] * 8 + [_L] * 9 + [_F], None),
+               "qk_prepare_f32": ([_P, _L, _L, _L, _P, _P, _F, _L, _P, _P], None),
+               "silu_mul_f32": ([_P, _P, _L], None)}
+
+
+def _kernels() -> ctypes.CDLL | None:
+    """``kernels/decode_step.c`` (the norm and the one-query attention in one call each), or None where the C
+    library cannot be built or ``STORELAB_COMPILED=0`` (then torch's ops run: the same formulas)."""
+    return compiled_library("decode_step", _SIGNATURES)
+
+
+def _norm(module: nn.Module, *, vector: bool = False):
+    """An RMSNorm in one call: of a vector [D] (``vector``: a layer's norms) by the C kernel, else as torch's one fused
+    op (the same formula, fp32); any other norm module as it is."""
     if type(module) is not RMSNorm or module.weight.dtype != torch.float32:
         return module
     shape, w, eps = (module.weight.shape[0],), module.weight, module.eps
-    return lambda x: F.rms_norm(x, shape, w, eps)
+    lib = _kernels() if vector else None
+    if lib is None or not w.is_contiguous():
+        return lambda x: F.rms_norm(x, shape, w, eps)
+    fn, D, wp = lib.rms_norm_f32, shape[0], w.data_ptr()
+
+    def run(x: Tensor, w=w) -> Tensor:   # (w: keeps the weight behind the pointer alive)
+        x = x.contiguous()
+        y = torch.empty(D)
+        fn(x.data_ptr(), wp, y.data_ptr(), D, eps)
+        return y
+    return run
+
+
+class _AttendOne:
+    """The query's heads over a cache's rows (strided, read in place) and an optional new entry, with sinks: one
+    call of ``attend_one_f32``, or None from ``make`` where the C library is not there."""
+
+    @classmethod
+    def make(cls, H: int, G: int, K: int, V: int, scale: float, sinks: Tensor | None):
+        lib = _kernels()
+        if lib is None or (sinks is not None and sinks.dtype != torch.float32):
+            return None
+        return cls(lib.attend_one_f32, H, G, K, V, scale, sinks)
+
+    def __init__(self, fn, H, G, K, V, scale, sinks):
+        self.fn, self.H, self.G, self.K, self.V, self.scale = fn, H, G, K, V, float(scale)
+        self.sinks = None if sinks is None else sinks.detach().contiguous()
+        self.work = torch.empty(0)
+
+    def takes(self, *rows: Tensor) -> bool:
+        """Whether the kernel reads these cache views ([1, L, G, K] fp32 on the CPU, channels contiguous)."""
+        return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.shape[0] == 1 and t.stride(-1) == 1
+                   for t in rows)
+
+    def __call__(self, q: Tensor, k_rows: Tensor, v_rows: Tensor, k_new: Tensor | None = None,
+                 v_new: Tensor | None = None) -> Tensor:
+        H, G, K, V = self.H, self.G, self.K, self.V
+        L = k_rows.shape[1]
+        if self.work.numel() < H * (2 + _BLOCK):
+            self.work = torch.empty(H * (2 + _BLOCK))
+        q = q.contiguous()
+        out = torch.empty(H * V)
+        kn, vn = (None, None) if k_new is None else (k_new.contiguous(), v_new.contiguous())
+        self.fn(q.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(), None if kn is None else kn.data_ptr(),
+                None if vn is None else vn.data_ptr(), None if self.sinks is None else self.sinks.data_ptr(),
+                self.work.data_ptr(), out.data_ptr(), H, G, K, V, L, k_rows.stride(1), k_rows.stride(2),
+                v_rows.stride(1), v_rows.stride(2), self.scale)
+        return out
 
 
 def _plain_attention(cfg) -> bool:
@@ -132,10 +196,40 @@ class _AttentionStep:
         self.q_norm = None if store.q_norm is None else _norm(store.q_norm)
         self.k_norm = None if store.k_norm is None else _norm(store.k_norm)
         self.half, self.R = c.rotary_dim // 2, c.rotary_dim
+        # the one-query read in C where the store reads through the fused kernel (a "reference" store keeps its own)
+        self.attend_one = _AttendOne.make(H, G, K, V, c.scale, store.sinks) if c.kernel == "fused" else None
+        self.prepare = self._prepare_kernel(store)
+
+    def _prepare_kernel(self, store: Attention):
+        """``qk_prepare_f32`` bound to this layer's q/k norm weights, or None where torch's ops run instead (no C
+        library; interleaved rotary pairs; norms that are not an fp32 RMSNorm over each head, or of two epsilons)."""
+        c, lib = self.cfg, _kernels()
+        norms = [m for m in (store.q_norm, store.k_norm) if m is not None]
+        if lib is None or c.rope_interleaved or (self.R and c.rotary_dim % 2) or len(norms) == 1 or any(
+                type(m) is not RMSNorm or m.weight.dtype != torch.float32 or m.weight.shape != (self.K,)
+                for m in norms) or len({m.eps for m in norms}) > 1:
+            return None
+        ws = [m.weight.detach().contiguous() for m in norms]
+        ptrs = [w.data_ptr() for w in ws] or [None, None]
+        eps = norms[0].eps if norms else 0.0
+        fn, H, G, K, R = lib.qk_prepare_f32, self.H, self.G, self.K, self.R
+
+        def run(qkv: Tensor, cos: Tensor, sin: Tensor, ws=ws) -> None:   # (ws: the weights behind the pointers)
+            fn(qkv.data_ptr(), H, G, K, ptrs[0], ptrs[1], eps, R, cos.data_ptr() if R else None,
+               sin.data_ptr() if R else None)
+        return run
 
     def project(self, u_D: Tensor, seen: int) -> tuple[Tensor, Tensor, Tensor]:
         c, H, G, K, V = self.cfg, self.H, self.G, self.K, self.V
         qkv = self.qkv(u_D)
+        if self.prepare is not None:   # norms and rotation in place in the products' buffer, one call
+            cos = sin = None
+            if self.R:
+                cos, sin, _, _ = self.angles(c, seen)
+            self.prepare(qkv, cos, sin)
+            v = qkv[(H + G) * K:].view(1, 1, G, V)
+            return (qkv[:H * K].view(1, 1, H, K), qkv[H * K:(H + G) * K].view(1, 1, G, K),
+                    v if c.value_scale == 1.0 else v * c.value_scale)
         qk = qkv[:(H + G) * K].view(H + G, K)  # q's heads then k's: normed apart, rotated together
         v = qkv[(H + G) * K:].view(1, 1, G, V)
         if c.value_scale != 1.0:
@@ -156,6 +250,10 @@ class _AttentionStep:
         state = KVCache() if state is None else state
         q, k, v = self.project(u_D, state.seen)
         state.append(k, v)
+        if self.attend_one is not None and self.attend_one.takes(state.k, state.v):
+            o = self.attend_one(q, state.k, state.v)
+            state.seen += 1
+            return self.o(o), state
         k_all, v_all = state.same_width()
         o = self.store.kernel.causal(q, k_all, v_all, scale=self.cfg.scale, sinks_H=self.store.sinks,
                                      v_dim=self.cfg.v_head_dim)
@@ -172,6 +270,14 @@ class _WindowStep(_AttentionStep):
         if state.window != W:
             raise ValueError(f"state: a WindowCache of window {state.window} given to a store of window {W}")
         q, k, v = self.project(u_D, state.seen)
+        if self.attend_one is not None and self.attend_one.takes(k, v) and \
+                (state.k is None or self.attend_one.takes(state.k, state.v)):
+            n = state.filled
+            rows_k, rows_v = (k[:, :0], v[:, :0]) if n == 0 else (state.k[:, :n], state.v[:, :n])
+            o = self.attend_one(q, rows_k, rows_v, k, v)
+            state.write(k, v)
+            state.seen += 1
+            return self.o(o), state
         scale = self.cfg.scale
         parts = [attend_lse(q, k, v, scale=scale)]
         if state.filled:
@@ -192,9 +298,17 @@ class _FFNStep:
         ins = [store.gate_proj, store.up_proj] if store.cfg.gated else [store.up_proj]
         self.inner = _Products(ins, split)
         self.down = _Products([store.down_proj], split)
+        lib = _kernels()
+        plain = store.cfg.activation == "swiglu" and store.cfg.swiglu_limit is None
+        self.silu_mul = lib.silu_mul_f32 if lib is not None and plain else None   # swiglu in one call
+        self.F = self.inner.widths[0]
 
     def __call__(self, u_D: Tensor, state: EmptyState | None, ids_BT: Tensor) -> tuple[Tensor, EmptyState]:
         h = self.inner(u_D)
+        if self.silu_mul is not None:
+            a = torch.empty(self.F)
+            self.silu_mul(h.data_ptr(), a.data_ptr(), self.F)
+            return self.down(a), EmptyState(seen=(0 if state is None else state.seen) + 1)
         if self.cfg.gated:
             gate, up = h.split(self.inner.widths)
             a = self.store.act.fn(gate, up, self.cfg)
@@ -233,8 +347,10 @@ class _FastLayer:
     def of(cls, b: nn.Module, token, channel) -> "_FastLayer":
         sandwich = b.norms == "sandwich"
         post_c = getattr(b, "post_norm_channel", None) if sandwich else None
-        return cls(token, channel, _norm(b.norm_token), None if b.norm_channel is None else _norm(b.norm_channel),
-                   _norm(b.post_norm_token) if sandwich else None, None if post_c is None else _norm(post_c))
+        return cls(token, channel, _norm(b.norm_token, vector=True),
+                   None if b.norm_channel is None else _norm(b.norm_channel, vector=True),
+                   _norm(b.post_norm_token, vector=True) if sandwich else None,
+                   None if post_c is None else _norm(post_c, vector=True))
 
     def __call__(self, h_D: Tensor, st: LayerState, ids_BT: Tensor) -> Tensor:
         st.seen += 1
@@ -274,7 +390,7 @@ class Decoder:
         self.residual = residual and self.fp32
         self.layers = [self._layer(i) if self.residual else None for i in range(cfg.n_layers)]
         self.head = _Products([model.lm_head], self.split) if self.fp32 else None
-        self.final_norm = _norm(model.norm)
+        self.final_norm = _norm(model.norm, vector=True)
 
     def _layer(self, i: int) -> _FastLayer | None:
         """Layer i's fast step, or None where the general path runs it."""

@@ -1,0 +1,154 @@
+/* The work around the products of one token's decode step (storelab.models.decode), one call each.
+ *
+ * rms_norm_f32:   y = x * (1 / sqrt(mean(x^2) + eps)) * w            (storelab.ops.norm.rms_norm, fp32)
+ * attend_one_f32: one query per head over L cached entries (and, optionally, one new entry not yet
+ *                 written), softmax with an optional sink per head added to the denominator:
+ *
+ *     s_l = scale * q_h . k_l,   o_h = sum_l exp(s_l - m) v_l / (sum_l exp(s_l - m) + exp(sink_h - m))
+ *
+ * The H query heads share G key/value heads (head h reads group h / (H / G)); the rep = H / G heads of a
+ * group are scored together. The rows go by blocks of ``BLOCK``: every head's scores over the block's key
+ * rows, then a running softmax (max and denominator per head, the output rescaled where the max grows),
+ * then the block's value rows, which lie beside its keys in the cache's row buffer: one pass over the
+ * cache, at the memory rate. Keys and values are strided views (a row stride and a head stride each: the
+ * cache's shared row buffer, a window's ring), read in place. ``work`` holds H * (2 + BLOCK) floats. The sums run in SIMD lanes (``omp simd``, no fast-math): another order than the fused
+ * kernel's, the same numbers to fp32 rounding (tests/test_decode_fast.py).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* e^x for x <= 0 (a score minus the row's largest), in SIMD lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by
+ * Cephes' degree-7 polynomial (within 2 ulp of expf), times 2^n built in the exponent bits; below -87.3
+ * (e^x under 1e-38) it gives 2^-126 times e^r's few ulp, as good as zero beside the row's largest term, 1. */
+#define AHEAD 8    /* rows prefetched ahead of the scores (keys and values: the values' pass finds them) */
+#define BLOCK 64   /* key rows per block of the running softmax: its scores stay in L1 */
+
+#pragma omp declare simd
+static inline float exp_neg(float x) {
+    x = x < -87.3f ? -87.3f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   /* round to nearest */
+    float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    return p * two_n;
+}
+
+void rms_norm_f32(const float *x, const float *w, float *y, long D, float eps) {
+    float ss = 0.0f;
+    _Pragma("omp simd reduction(+:ss)")
+    for (long i = 0; i < D; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)D + eps);
+    _Pragma("omp simd")
+    for (long i = 0; i < D; i++) y[i] = (x[i] * inv) * w[i];
+}
+
+void attend_one_f32(const float *q, const float *k, const float *v, const float *k_new, const float *v_new,
+                    const float *sinks, float *work, float *out, long H, long G, long K, long V, long L,
+                    long k_row, long k_head, long v_row, long v_head, float scale) {
+    long rep = H / G, n = L + (k_new ? 1 : 0);
+    float *m = work, *den = work + H, *sc = work + 2 * H;   /* running max and denominator per head, a block's scores */
+    for (long h = 0; h < H; h++) { m[h] = -INFINITY; den[h] = 0.0f; }
+    for (long i = 0; i < H * V; i++) out[i] = 0.0f;
+    for (long l0 = 0; l0 < n; l0 += BLOCK) {
+        long nb = n - l0 < BLOCK ? n - l0 : BLOCK;
+        for (long j = 0; j < nb; j++) {              /* the block's scores, each key row read once */
+            long l = l0 + j;
+            if (l + AHEAD < L)                        /* the rows a few ahead asked from memory now */
+                for (long g = 0; g < G; g++) {
+                    const char *pk = (const char *)(k + (l + AHEAD) * k_row + g * k_head);
+                    const char *pv = (const char *)(v + (l + AHEAD) * v_row + g * v_head);
+                    for (long b = 0; b < K * 4; b += 64) __builtin_prefetch(pk + b, 0, 3);
+                    for (long b = 0; b < V * 4; b += 64) __builtin_prefetch(pv + b, 0, 3);
+                }
+            for (long g = 0; g < G; g++) {
+                const float *kl = l < L ? k + l * k_row + g * k_head : k_new + g * K;
+                for (long r = 0; r < rep; r++) {
+                    const float *qh = q + (g * rep + r) * K;
+                    float s = 0.0f;
+                    _Pragma("omp simd reduction(+:s)")
+                    for (long c = 0; c < K; c++) s += qh[c] * kl[c];
+                    sc[(g * rep + r) * BLOCK + j] = s * scale;
+                }
+            }
+        }
+        for (long h = 0; h < H; h++) {               /* the running softmax: rescale where the max grew */
+            float *s = sc + h * BLOCK, bm = -INFINITY, add = 0.0f;
+            _Pragma("omp simd reduction(max:bm)")
+            for (long j = 0; j < nb; j++) bm = s[j] > bm ? s[j] : bm;
+            if (bm > m[h]) {
+                float f = exp_neg(m[h] - bm), *o = out + h * V;
+                den[h] *= f;
+                _Pragma("omp simd")
+                for (long c = 0; c < V; c++) o[c] *= f;
+                m[h] = bm;
+            }
+            float mh = m[h];
+            _Pragma("omp simd reduction(+:add)")
+            for (long j = 0; j < nb; j++) { float e = exp_neg(s[j] - mh); s[j] = e; add += e; }
+            den[h] += add;
+        }
+        for (long j = 0; j < nb; j++) {              /* the block's values, each row read once */
+            long l = l0 + j;
+            for (long g = 0; g < G; g++) {
+                const float *vl = l < L ? v + l * v_row + g * v_head : v_new + g * V;
+                for (long r = 0; r < rep; r++) {
+                    long h = g * rep + r;
+                    float p = sc[h * BLOCK + j], *o = out + h * V;
+                    _Pragma("omp simd")
+                    for (long c = 0; c < V; c++) o[c] += p * vl[c];
+                }
+            }
+        }
+    }
+    for (long h = 0; h < H; h++) {
+        float d = den[h];
+        if (sinks) {                                 /* a sink adds exp(sink_h) to the denominator only */
+            if (sinks[h] > m[h]) { float f = exp_neg(m[h] - sinks[h]); d *= f; m[h] = sinks[h];
+                                   for (long c = 0; c < V; c++) out[h * V + c] *= f; }
+            d += exp_neg(sinks[h] - m[h]);
+        }
+        float inv = 1.0f / d, *o = out + h * V;
+        _Pragma("omp simd")
+        for (long c = 0; c < V; c++) o[c] *= inv;
+    }
+}
+
+/* A step's query and key heads, in place in the products' buffer: rows 0..n_q-1 are the query heads, the next n_k
+ * the key heads, K channels each. With ``qw`` (``kw``), each query (key) head is RMS-normed over its K channels
+ * with those weights, as rms_norm_f32; with R > 0, the first R channels of every head are rotated in halves
+ * (rotate-half pairing: channel i < R/2 with i + R/2), by the step's angles cos, sin [R/2]:
+ *     y_i = x_i cos_i - x_{i+R/2} sin_i,   y_{i+R/2} = x_{i+R/2} cos_i + x_i sin_i,   the rest as it is. */
+void qk_prepare_f32(float *qk, long n_q, long n_k, long K, const float *qw, const float *kw, float eps,
+                    long R, const float *cos, const float *sin) {
+    long half = R / 2;
+    for (long h = 0; h < n_q + n_k; h++) {
+        float *x = qk + h * K;
+        const float *w = h < n_q ? qw : kw;
+        if (w) rms_norm_f32(x, w, x, K, eps);
+        for (long i = 0; i < half; i++) {
+            float a = x[i], b = x[i + half];
+            x[i] = a * cos[i] - b * sin[i];
+            x[i + half] = b * cos[i] + a * sin[i];
+        }
+    }
+}
+
+/* The gated activation of a feed-forward layer, swiglu: out_i = silu(g_i) u_i = g_i / (1 + e^{-g_i}) u_i,
+ * g = gu[0..F-1], u = gu[F..2F-1]; e^{-|g|} by exp_neg, in SIMD lanes. */
+void silu_mul_f32(const float *gu, float *out, long F) {
+    _Pragma("omp simd")
+    for (long i = 0; i < F; i++) {
+        float g = gu[i], e = exp_neg(g < 0.0f ? g : -g);          /* e^{-|g|} */
+        float sig = g < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
+        out[i] = (g * sig) * gu[F + i];
+    }
+}
