@@ -277,6 +277,28 @@ class KVCache(State):
             append_rows(self, ("k", "v"), (k_BTHK, v_BTHV))
         return self.k, self.v
 
+    def claim_one(self, G: int, K: int, V: int, dtype: torch.dtype) -> tuple[Tensor, int, int, int] | None:
+        """For the decode step (one token, one sequence, no autograd): where the row buffer has room for one more
+        row of G heads of K key and V value channels in ``dtype``, the views ``k`` and ``v`` are extended over row n
+        (the old length) and (buffer, n, key offset, value offset) is returned: the caller writes the token's key and
+        value into row n (channels from the offsets) before anything reads it. None where ``append`` must run."""
+        names = ("v", "k") if K >= V else ("k", "v")
+        rec = self.__dict__.get("_rows", {}).get(names)
+        view = getattr(self, names[0])
+        if rec is None or view is None or torch.is_grad_enabled():
+            return None
+        buf, n = rec["buf"], rec["filled"]
+        widths = [V, K] if K >= V else [K, V]
+        if (buf.dim() != 4 or n != view.shape[1] or n >= buf.shape[1] or buf.shape[0] != 1 or buf.shape[2] != G
+                or rec["widths"] != widths or buf.dtype != dtype or view.data_ptr() != buf.data_ptr()):
+            return None
+        rec["filled"] = n + 1
+        size, stride = (1, n + 1, G), buf.stride()
+        k_off, v_off = (V, 0) if K >= V else (0, K)
+        self.k = buf.as_strided(size + (K,), stride, buf.storage_offset() + k_off)
+        self.v = buf.as_strided(size + (V,), stride, buf.storage_offset() + v_off)
+        return buf, n, k_off, v_off
+
     def same_width(self) -> tuple[Tensor, Tensor]:
         """Keys and values as views of one width W = max(K, V) (what a fused kernel wants).
 
@@ -345,6 +367,12 @@ class WindowCache(State):
             self.k.copy_(k_BTHK[:, T - W:])
             self.v.copy_(v_BTHV[:, T - W:])
             self.head, self.filled = 0, W
+            return
+        if T == 1 and not torch.is_grad_enabled():   # a decode step: the slot at the head, no index tensor
+            self.k[:, self.head] = k_BTHK[:, 0]
+            self.v[:, self.head] = v_BTHV[:, 0]
+            self.head = (self.head + 1) % W
+            self.filled = min(W, self.filled + 1)
             return
         pos = (torch.arange(T, device=self.k.device) + self.head) % W
         self.k[:, pos] = k_BTHK

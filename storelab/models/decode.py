@@ -107,7 +107,7 @@ class _Angles:
 _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 _BLOCK = 64  # key rows per block in attend_one_f32 (its BLOCK): the scratch it needs is H * (2 + _BLOCK)
 _SIGNATURES = {"rms_norm_f32": ([_P, _P, _P, _L, _F], None),
-               "attend_one_f32": ([_P] * 8 + [_L] * 9 + [_F], None),
+               "attend_one_f32": ([_P] * 10 + [_L] * 9 + [_F], None),
                "qk_prepare_f32": ([_P, _L, _L, _L, _P, _P, _F, _L, _P, _P], None),
                "silu_mul_f32": ([_P, _P, _L], None)}
 
@@ -160,17 +160,28 @@ class _AttendOne:
 
     def __call__(self, q: Tensor, k_rows: Tensor, v_rows: Tensor, k_new: Tensor | None = None,
                  v_new: Tensor | None = None) -> Tensor:
-        H, G, K, V = self.H, self.G, self.K, self.V
-        L = k_rows.shape[1]
+        """Over the rows of the views ``k_rows`` / ``v_rows`` and the new entry, if any."""
+        kn, vn = (None, None) if k_new is None else (k_new.contiguous().data_ptr(), v_new.contiguous().data_ptr())
+        return self._run(q, k_rows.data_ptr(), v_rows.data_ptr(), k_rows.shape[1], k_rows.stride(1), k_rows.stride(2),
+                         v_rows.stride(1), v_rows.stride(2), kn, vn, None, None)
+
+    def into_row(self, q: Tensor, k_new: Tensor, v_new: Tensor, buf: Tensor, n: int, k_off: int, v_off: int) -> Tensor:
+        """Over rows 0..n-1 of a cache's row buffer [1, cap, G, W] (keys from channel ``k_off``, values from
+        ``v_off``) and the new entry, which is then written into row n (``KVCache.claim_one``)."""
+        base, e = buf.data_ptr(), buf.element_size()
+        row, head = buf.stride(1), buf.stride(2)
+        k0, v0 = base + k_off * e, base + v_off * e
+        return self._run(q, k0, v0, n, row, head, row, head, k_new.contiguous().data_ptr(),
+                         v_new.contiguous().data_ptr(), k0 + n * row * e, v0 + n * row * e)
+
+    def _run(self, q, kp, vp, L, k_row, k_head, v_row, v_head, kn, vn, k_dst, v_dst) -> Tensor:
+        H, V = self.H, self.V
         if self.work.numel() < H * (2 + _BLOCK):
             self.work = torch.empty(H * (2 + _BLOCK))
         q = q.contiguous()
         out = torch.empty(H * V)
-        kn, vn = (None, None) if k_new is None else (k_new.contiguous(), v_new.contiguous())
-        self.fn(q.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(), None if kn is None else kn.data_ptr(),
-                None if vn is None else vn.data_ptr(), None if self.sinks is None else self.sinks.data_ptr(),
-                self.work.data_ptr(), out.data_ptr(), H, G, K, V, L, k_rows.stride(1), k_rows.stride(2),
-                v_rows.stride(1), v_rows.stride(2), self.scale)
+        self.fn(q.data_ptr(), kp, vp, kn, vn, k_dst, v_dst, None if self.sinks is None else self.sinks.data_ptr(),
+                self.work.data_ptr(), out.data_ptr(), H, self.G, self.K, V, L, k_row, k_head, v_row, v_head, self.scale)
         return out
 
 
@@ -249,6 +260,12 @@ class _AttentionStep:
     def __call__(self, u_D: Tensor, state: KVCache | None, ids_BT: Tensor) -> tuple[Tensor, KVCache]:
         state = KVCache() if state is None else state
         q, k, v = self.project(u_D, state.seen)
+        fast = self.attend_one is not None and self.attend_one.takes(k, v)
+        slot = state.claim_one(self.G, self.K, self.V, k.dtype) if fast else None
+        if slot is not None:   # read rows 0..n-1 and the new entry, then write it into row n
+            o = self.attend_one.into_row(q, k, v, *slot)
+            state.seen += 1
+            return self.o(o), state
         state.append(k, v)
         if self.attend_one is not None and self.attend_one.takes(state.k, state.v):
             o = self.attend_one(q, state.k, state.v)

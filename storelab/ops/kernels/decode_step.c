@@ -11,7 +11,8 @@
  * rows, then a running softmax (max and denominator per head, the output rescaled where the max grows),
  * then the block's value rows, which lie beside its keys in the cache's row buffer: one pass over the
  * cache, at the memory rate. Keys and values are strided views (a row stride and a head stride each: the
- * cache's shared row buffer, a window's ring), read in place. ``work`` holds H * (2 + BLOCK) floats. The sums run in SIMD lanes (``omp simd``, no fast-math): another order than the fused
+ * cache's shared row buffer, a window's ring), read in place. ``work`` holds H * (2 + BLOCK) floats. With
+ * ``k_dst`` / ``v_dst``, the new entry is then written there (its row of the cache: heads at the same strides). The sums run in SIMD lanes (``omp simd``, no fast-math): another order than the fused
  * kernel's, the same numbers to fp32 rounding (tests/test_decode_fast.py).
  */
 #include <math.h>
@@ -21,7 +22,7 @@
 /* e^x for x <= 0 (a score minus the row's largest), in SIMD lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by
  * Cephes' degree-7 polynomial (within 2 ulp of expf), times 2^n built in the exponent bits; below -87.3
  * (e^x under 1e-38) it gives 2^-126 times e^r's few ulp, as good as zero beside the row's largest term, 1. */
-#define AHEAD 8    /* rows prefetched ahead of the scores (keys and values: the values' pass finds them) */
+#define AHEAD 4    /* rows prefetched ahead of the scores (keys and values: the values' pass finds them) */
 #define BLOCK 64   /* key rows per block of the running softmax: its scores stay in L1 */
 
 #pragma omp declare simd
@@ -52,8 +53,8 @@ void rms_norm_f32(const float *x, const float *w, float *y, long D, float eps) {
 }
 
 void attend_one_f32(const float *q, const float *k, const float *v, const float *k_new, const float *v_new,
-                    const float *sinks, float *work, float *out, long H, long G, long K, long V, long L,
-                    long k_row, long k_head, long v_row, long v_head, float scale) {
+                    float *k_dst, float *v_dst, const float *sinks, float *work, float *out, long H, long G, long K,
+                    long V, long L, long k_row, long k_head, long v_row, long v_head, float scale) {
     long rep = H / G, n = L + (k_new ? 1 : 0);
     float *m = work, *den = work + H, *sc = work + 2 * H;   /* running max and denominator per head, a block's scores */
     for (long h = 0; h < H; h++) { m[h] = -INFINITY; den[h] = 0.0f; }
@@ -120,6 +121,11 @@ void attend_one_f32(const float *q, const float *k, const float *v, const float 
         _Pragma("omp simd")
         for (long c = 0; c < V; c++) o[c] *= inv;
     }
+    if (k_dst)                                       /* the new entry written into its cache row, after every read */
+        for (long g = 0; g < G; g++) {
+            memcpy(k_dst + g * k_head, k_new + g * K, K * sizeof(float));
+            memcpy(v_dst + g * v_head, v_new + g * V, V * sizeof(float));
+        }
 }
 
 /* A step's query and key heads, in place in the products' buffer: rows 0..n_q-1 are the query heads, the next n_k
