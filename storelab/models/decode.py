@@ -105,7 +105,7 @@ class _Angles:
 
 
 _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-_BLOCK = 64  # key rows per block in attend_one_f32 (its BLOCK): the scratch it needs is H * (2 + _BLOCK)
+_BLOCK = 64  # key rows per block in attend_one_f32 (its BLOCK): the scratch it needs is H * (2 + V + _BLOCK)
 _SIGNATURES = {"rms_norm_f32": ([_P, _P, _P, _L, _F], None),
                "attend_one_f32": ([_P] * 10 + [_L] * 9 + [_F], None),
                "qk_prepare_f32": ([_P, _L, _L, _L, _P, _P, _F, _L, _P, _P], None),
@@ -151,7 +151,7 @@ class _AttendOne:
     def __init__(self, fn, H, G, K, V, scale, sinks):
         self.fn, self.H, self.G, self.K, self.V, self.scale = fn, H, G, K, V, float(scale)
         self.sinks = None if sinks is None else sinks.detach().contiguous()
-        self.work = torch.empty(0)
+        self.work = torch.empty(H * (2 + V + _BLOCK))
 
     def takes(self, *rows: Tensor) -> bool:
         """Whether the kernel reads these cache views ([1, L, G, K] fp32 on the CPU, channels contiguous)."""
@@ -175,13 +175,12 @@ class _AttendOne:
                          v_new.contiguous().data_ptr(), k0 + n * row * e, v0 + n * row * e)
 
     def _run(self, q, kp, vp, L, k_row, k_head, v_row, v_head, kn, vn, k_dst, v_dst) -> Tensor:
-        H, V = self.H, self.V
-        if self.work.numel() < H * (2 + _BLOCK):
-            self.work = torch.empty(H * (2 + _BLOCK))
+        H, G, K, V = self.H, self.G, self.K, self.V
         q = q.contiguous()
         out = torch.empty(H * V)
-        self.fn(q.data_ptr(), kp, vp, kn, vn, k_dst, v_dst, None if self.sinks is None else self.sinks.data_ptr(),
-                self.work.data_ptr(), out.data_ptr(), H, self.G, self.K, V, L, k_row, k_head, v_row, v_head, self.scale)
+        qp, sp, wp = q.data_ptr(), None if self.sinks is None else self.sinks.data_ptr(), self.work.data_ptr()
+        self.fn(qp, kp, vp, kn, vn, k_dst, v_dst, sp, wp, out.data_ptr(), H, G, K, V, L, k_row, k_head, v_row, v_head,
+                self.scale)
         return out
 
 

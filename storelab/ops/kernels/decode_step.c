@@ -11,8 +11,11 @@
  * rows, then a running softmax (max and denominator per head, the output rescaled where the max grows),
  * then the block's value rows, which lie beside its keys in the cache's row buffer: one pass over the
  * cache, at the memory rate. Keys and values are strided views (a row stride and a head stride each: the
- * cache's shared row buffer, a window's ring), read in place. ``work`` holds H * (2 + BLOCK) floats. With
- * ``k_dst`` / ``v_dst``, the new entry is then written there (its row of the cache: heads at the same strides). The sums run in SIMD lanes (``omp simd``, no fast-math): another order than the fused
+ * cache's shared row buffer, a window's ring), read in place. ``work`` holds H * (2 + V + BLOCK) floats. With
+ * ``k_dst`` / ``v_dst``, the new entry is then written there (its row of the cache: heads at the same strides).
+ * The rows' work goes into a part (attend_part_f32) that attend_finish_f32 normalises; parts over disjoint rows
+ * merge there too. (Splitting the rows between two threads through a Python pool was slower here: torch's OpenMP
+ * threads spin on the cores between the products.) The sums run in SIMD lanes (``omp simd``, no fast-math): another order than the fused
  * kernel's, the same numbers to fp32 rounding (tests/test_decode_fast.py).
  */
 #include <math.h>
@@ -52,18 +55,20 @@ void rms_norm_f32(const float *x, const float *w, float *y, long D, float eps) {
     for (long i = 0; i < D; i++) y[i] = (x[i] * inv) * w[i];
 }
 
-void attend_one_f32(const float *q, const float *k, const float *v, const float *k_new, const float *v_new,
-                    float *k_dst, float *v_dst, const float *sinks, float *work, float *out, long H, long G, long K,
-                    long V, long L, long k_row, long k_head, long v_row, long v_head, float scale) {
-    long rep = H / G, n = L + (k_new ? 1 : 0);
-    float *m = work, *den = work + H, *sc = work + 2 * H;   /* running max and denominator per head, a block's scores */
+/* Rows r0..r1-1 of the n = L (+1 with k_new) entries into a part: work = [m (H) | den (H) | acc (H*V) | scores
+ * (H*BLOCK)], the running max, denominator and unnormalised output per head (attend_finish_f32 merges the parts). */
+void attend_part_f32(const float *q, const float *k, const float *v, const float *k_new, const float *v_new,
+                     float *work, long H, long G, long K, long V, long L, long r0, long r1,
+                     long k_row, long k_head, long v_row, long v_head, float scale) {
+    long rep = H / G;
+    float *m = work, *den = work + H, *out = work + 2 * H, *sc = out + H * V;
     for (long h = 0; h < H; h++) { m[h] = -INFINITY; den[h] = 0.0f; }
     for (long i = 0; i < H * V; i++) out[i] = 0.0f;
-    for (long l0 = 0; l0 < n; l0 += BLOCK) {
-        long nb = n - l0 < BLOCK ? n - l0 : BLOCK;
+    for (long l0 = r0; l0 < r1; l0 += BLOCK) {
+        long nb = r1 - l0 < BLOCK ? r1 - l0 : BLOCK;
         for (long j = 0; j < nb; j++) {              /* the block's scores, each key row read once */
             long l = l0 + j;
-            if (l + AHEAD < L)                        /* the rows a few ahead asked from memory now */
+            if (l + AHEAD < r1 && l + AHEAD < L)      /* the rows a few ahead asked from memory now */
                 for (long g = 0; g < G; g++) {
                     const char *pk = (const char *)(k + (l + AHEAD) * k_row + g * k_head);
                     const char *pv = (const char *)(v + (l + AHEAD) * v_row + g * v_head);
@@ -110,22 +115,44 @@ void attend_one_f32(const float *q, const float *k, const float *v, const float 
             }
         }
     }
+}
+
+/* The parts (``n_parts`` works, ``stride`` floats apart) merged into one softmax, the sinks added to its
+ * denominator, normalised into out [H*V]; then, with ``k_dst`` / ``v_dst``, the new entry written into its cache
+ * row (heads at k_head / v_head), after every read. */
+void attend_finish_f32(const float *works, long n_parts, long stride, const float *sinks, float *out, long H, long V,
+                       long G, long K, const float *k_new, const float *v_new, float *k_dst, float *v_dst,
+                       long k_head, long v_head) {
     for (long h = 0; h < H; h++) {
-        float d = den[h];
-        if (sinks) {                                 /* a sink adds exp(sink_h) to the denominator only */
-            if (sinks[h] > m[h]) { float f = exp_neg(m[h] - sinks[h]); d *= f; m[h] = sinks[h];
-                                   for (long c = 0; c < V; c++) out[h * V + c] *= f; }
-            d += exp_neg(sinks[h] - m[h]);
+        float m = sinks ? sinks[h] : -INFINITY, d = 0.0f, *o = out + h * V;
+        for (long p = 0; p < n_parts; p++) m = works[p * stride + h] > m ? works[p * stride + h] : m;
+        for (long c = 0; c < V; c++) o[c] = 0.0f;
+        for (long p = 0; p < n_parts; p++) {
+            const float *w = works + p * stride, *acc = w + 2 * H + h * V;
+            if (w[H + h] == 0.0f) continue;          /* a part with no rows */
+            float f = exp_neg(w[h] - m);
+            d += w[H + h] * f;
+            _Pragma("omp simd")
+            for (long c = 0; c < V; c++) o[c] += acc[c] * f;
         }
-        float inv = 1.0f / d, *o = out + h * V;
+        if (sinks) d += exp_neg(sinks[h] - m);     /* a sink adds exp(sink_h) to the denominator only */
+        float inv = 1.0f / d;
         _Pragma("omp simd")
         for (long c = 0; c < V; c++) o[c] *= inv;
     }
-    if (k_dst)                                       /* the new entry written into its cache row, after every read */
+    if (k_dst)
         for (long g = 0; g < G; g++) {
             memcpy(k_dst + g * k_head, k_new + g * K, K * sizeof(float));
             memcpy(v_dst + g * v_head, v_new + g * V, V * sizeof(float));
         }
+}
+
+void attend_one_f32(const float *q, const float *k, const float *v, const float *k_new, const float *v_new,
+                    float *k_dst, float *v_dst, const float *sinks, float *work, float *out, long H, long G, long K,
+                    long V, long L, long k_row, long k_head, long v_row, long v_head, float scale) {
+    long n = L + (k_new ? 1 : 0);
+    attend_part_f32(q, k, v, k_new, v_new, work, H, G, K, V, L, 0, n, k_row, k_head, v_row, v_head, scale);
+    attend_finish_f32(work, 1, 0, sinks, out, H, V, G, K, k_new, v_new, k_dst, v_dst, k_head, v_head);
 }
 
 /* A step's query and key heads, in place in the products' buffer: rows 0..n_q-1 are the query heads, the next n_k
