@@ -48,7 +48,7 @@ from storelab.ops.attention import attend_lse, merge_parts
 from storelab.ops.compiled import compiled_library
 from storelab.ops.norm import RMSNorm
 from storelab.ops.matvec import PackedWeight, RowSplit, bind, pack
-from storelab.ops.rope import rope_angles, rotate
+from storelab.ops.rope import rope_frequencies, rotate
 from storelab.state import EmptyState, KVCache, WindowCache
 from storelab.stores.attention import Attention, WindowAttention
 from storelab.stores.depth import ResidualHead, ResidualMixer, ResidualState
@@ -88,15 +88,32 @@ class _Angles:
 
     def __init__(self):
         self._memo: dict[tuple, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+        self._pairs: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._freqs: dict[tuple, tuple[Tensor, float]] = {}   # kept across steps: they do not depend on the position
 
     def reset(self) -> None:
         self._memo.clear()
+        self._pairs.clear()
+
+    def pair(self, cfg, position: int) -> tuple[Tensor, Tensor]:
+        """``rope_angles``' cos, sin [1, R/2] at ``position``, the frequencies computed once per (width, base, scaling)."""
+        key = (cfg.rotary_dim, cfg.rope_theta, repr(cfg.rope_scaling))
+        got = self._pairs.get(key + (position,))
+        if got is None:
+            freqs = self._freqs.get(key)
+            if freqs is None:
+                freqs = self._freqs[key] = rope_frequencies(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
+            inv_freq, att = freqs
+            ang = torch.tensor([[float(position)]]) * inv_freq[None, :]   # rope_angles' formula, the same rounding
+            got = (ang.cos() * att, ang.sin() * att) if att != 1.0 else (ang.cos(), ang.sin())
+            self._pairs[key + (position,)] = got
+        return got
 
     def __call__(self, cfg, position: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         key = (cfg.rotary_dim, cfg.rope_theta, repr(cfg.rope_scaling), cfg.head_dim, position)
         got = self._memo.get(key)
         if got is None:
-            cos, sin = rope_angles(torch.tensor([position]), cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
+            cos, sin = self.pair(cfg, position)
             rest = cfg.head_dim - cfg.rotary_dim
             cos_K = torch.cat([cos[0], cos[0], cos.new_ones(rest)])
             sin_K = torch.cat([sin[0], sin[0], sin.new_zeros(rest)])
@@ -235,7 +252,7 @@ class _AttentionStep:
         if self.prepare is not None:   # norms and rotation in place in the products' buffer, one call
             cos = sin = None
             if self.R:
-                cos, sin, _, _ = self.angles(c, seen)
+                cos, sin = self.angles.pair(c, seen)
             self.prepare(qkv, cos, sin)
             v = qkv[(H + G) * K:].view(1, 1, G, V)
             return (qkv[:H * K].view(1, 1, H, K), qkv[H * K:(H + G) * K].view(1, 1, G, K),
