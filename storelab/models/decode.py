@@ -403,7 +403,11 @@ class _FastLayer:
 
 class Decoder:
     """``step(ids_B1, cache) -> logits [B, N]``: ``model(ids, cache)``'s last logits, by the per-layer steps
-    chosen here (module docstring). ``threads``: the products' threads (default torch's)."""
+    chosen here (module docstring). ``threads``: the threads between which the C kernels of bf16 / int8 weights
+    split their rows (default 1; fp32's ``torch.mv`` uses torch's threads). One by default because a second thread
+    from a Python pool waits for a core that torch's OpenMP threads spin on between products: measured (SmolLM2-135M,
+    ``storelab bench engines``, 2026-12-06) int8 decode at 2 threads with the split 21.9 tokens/s against 26.4 at
+    one thread (docs/bench.md)."""
 
     @staticmethod
     def runs(model: Model) -> bool:
@@ -413,7 +417,7 @@ class Decoder:
 
     def __init__(self, model: Model, *, threads: int | None = None):
         self.model = model
-        self.split = RowSplit(threads or torch.get_num_threads())
+        self.split = RowSplit(threads or 1)
         self.angles = _Angles()
         cfg = model.cfg
         residual = isinstance(model.depth_head, ResidualHead) and all(
