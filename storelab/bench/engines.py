@@ -4,8 +4,9 @@ MODEL is a GGUF file or a real subject's name (``smollm2-135m``, ``gemma3-270m``
 Every engine reads the same file: storelab with ``storelab.checkpoint.load(path, dtype="fp32")``,
 transformers with ``from_pretrained(folder, gguf_file=name, dtype=float32)`` (both dequantize the file's
 weights to fp32), and llama.cpp through ``llama_cpp`` (llama-cpp-python) where it is importable, on the
-file as it is (its own weight format: the row says which). Where it is not, its rows are skipped with a
-message, not failed.
+file as it is (its own weight format: the row says which), its KV cache in f16 (its default); with ``--f32``
+also a row "llama.cpp f32 cache" whose cache is fp32 like storelab's and transformers'. Where llama_cpp is not
+importable, its rows are skipped with a message, not failed.
 
 Per thread count (default 1 and 2): a prompt of ``prompt`` tokens (fixed ids) prefilled in chunks of
 ``chunk`` (only the last position's logits), then ``new_tokens`` greedy tokens decoded one at a time. The
@@ -97,11 +98,15 @@ def _transformers(path: Path) -> tuple[Callable, Callable]:
     return run_prefill, run_decode
 
 
-def _llama_cpp(path: Path, threads: int, n_ctx: int, chunk: int) -> tuple[Callable, Callable]:
+GGML_TYPE_F32 = 0  # ggml's type id of fp32 (llama.cpp's KV cache is f16 unless told)
+
+
+def _llama_cpp(path: Path, threads: int, n_ctx: int, chunk: int, *, f32_cache: bool = False) -> tuple[Callable, Callable]:
     import llama_cpp
 
+    cache = dict(type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32) if f32_cache else {}
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=chunk, n_threads=threads,
-                          n_threads_batch=threads, logits_all=False, verbose=False)
+                          n_threads_batch=threads, logits_all=False, verbose=False, **cache)
 
     import numpy as np
 
@@ -151,6 +156,9 @@ def bench_engines(model: str, *, threads: tuple[int, ...] = (1, 2), prompt: int 
         engines["transformers fp32"] = lambda t: _transformers(path)
         if llama_ok:
             engines["llama.cpp"] = lambda t: _llama_cpp(path, t, prompt + new_tokens + 8, chunk)
+            if f32:   # like for like with storelab's and transformers' fp32 caches (its default cache is f16)
+                engines["llama.cpp f32 cache"] = lambda t: _llama_cpp(path, t, prompt + new_tokens + 8, chunk,
+                                                                       f32_cache=True)
     try:
         for t in threads:
             torch.set_num_threads(t)
@@ -189,7 +197,7 @@ def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (engine, t), r in by.items():
         if not engine.startswith("storelab"):
             continue
-        for peer in ("transformers fp32", "llama.cpp"):
+        for peer in ("transformers fp32", "llama.cpp", "llama.cpp f32 cache"):
             p = by.get((peer, t))
             if p is None:
                 continue

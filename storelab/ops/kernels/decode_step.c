@@ -57,9 +57,9 @@ void rms_norm_f32(const float *x, const float *w, float *y, long D, float eps) {
 
 /* Rows r0..r1-1 of the n = L (+1 with k_new) entries into a part: work = [m (H) | den (H) | acc (H*V) | scores
  * (H*BLOCK)], the running max, denominator and unnormalised output per head (attend_finish_f32 merges the parts). */
-void attend_part_f32(const float *q, const float *k, const float *v, const float *k_new, const float *v_new,
-                     float *work, long H, long G, long K, long V, long L, long r0, long r1,
-                     long k_row, long k_head, long v_row, long v_head, float scale) {
+static inline __attribute__((always_inline)) void attend_part(
+        const float *q, const float *k, const float *v, const float *k_new, const float *v_new, float *work, long H,
+        long G, long K, long V, long L, long r0, long r1, long k_row, long k_head, long v_row, long v_head, float scale) {
     long rep = H / G;
     float *m = work, *den = work + H, *out = work + 2 * H, *sc = out + H * V;
     for (long h = 0; h < H; h++) { m[h] = -INFINITY; den[h] = 0.0f; }
@@ -102,19 +102,32 @@ void attend_part_f32(const float *q, const float *k, const float *v, const float
             for (long j = 0; j < nb; j++) { float e = exp_neg(s[j] - mh); s[j] = e; add += e; }
             den[h] += add;
         }
-        for (long j = 0; j < nb; j++) {              /* the block's values, each row read once */
-            long l = l0 + j;
-            for (long g = 0; g < G; g++) {
-                const float *vl = l < L ? v + l * v_row + g * v_head : v_new + g * V;
-                for (long r = 0; r < rep; r++) {
-                    long h = g * rep + r;
-                    float p = sc[h * BLOCK + j], *o = out + h * V;
-                    _Pragma("omp simd")
-                    for (long c = 0; c < V; c++) o[c] += p * vl[c];
-                }
+        for (long h = 0; h < H; h++) {               /* the block's values (in cache since its scores): each head's */
+            long g = h / rep;                         /* output summed over the block, then stored once */
+            float *restrict o = out + h * V;
+            const float *p = sc + h * BLOCK;
+            for (long j = 0; j < nb; j++) {
+                long l = l0 + j;
+                const float *restrict vl = l < L ? v + l * v_row + g * v_head : v_new + g * V;
+                float pj = p[j];
+                _Pragma("omp simd")
+                for (long c = 0; c < V; c++) o[c] += pj * vl[c];
             }
         }
     }
+}
+
+/* attend_part with the head widths of the common models fixed at compile time (loops of known length, the
+ * output's channels held in registers over a block), any other widths as they come. */
+void attend_part_f32(const float *q, const float *k, const float *v, const float *k_new, const float *v_new,
+                     float *work, long H, long G, long K, long V, long L, long r0, long r1,
+                     long k_row, long k_head, long v_row, long v_head, float scale) {
+#define PART(KK, VV) attend_part(q, k, v, k_new, v_new, work, H, G, KK, VV, L, r0, r1, k_row, k_head, v_row, v_head, scale)
+    if (K == 64 && V == 64) PART(64, 64);
+    else if (K == 128 && V == 128) PART(128, 128);
+    else if (K == 256 && V == 256) PART(256, 256);
+    else PART(K, V);
+#undef PART
 }
 
 /* The parts (``n_parts`` works, ``stride`` floats apart) merged into one softmax, the sinks added to its
