@@ -221,6 +221,39 @@ def test_attend_one_equals_the_reference_softmax(H, G, K, V, L, sinks, new):
     assert_close(got, want, atol=2e-6 * max(1.0, want.abs().max().item()), what="attend_one")
 
 
+def test_attend_parts_over_disjoint_rows_merge_into_one_softmax():
+    """``attend_part_f32`` over three row ranges (one of them empty, one holding the new entry) and
+    ``attend_finish_f32`` merging them, with sinks, equal the reference softmax over all rows; the finish writes the
+    new entry into its cache row."""
+    from storelab.models import decode
+    from storelab.ops.attention import attend_reference
+
+    lib = decode._kernels()
+    if lib is None:
+        pytest.skip("no C compiler here")
+    H, G, K, V, L = 4, 2, 16, 16, 150
+    g = torch.Generator().manual_seed(7)
+    buf = torch.randn(1, L + 1, G, V + K, generator=g) * 3
+    buf[:, L] = 0.0
+    k_rows, v_rows = buf[:, :L, :, V:], buf[:, :L, :, :V]
+    q, s_H = torch.randn(1, 1, H, K, generator=g) * 2, torch.randn(H, generator=g)
+    k_new, v_new = torch.randn(1, 1, G, K, generator=g), torch.randn(1, 1, G, V, generator=g)
+    stride = H * (2 + V + decode._BLOCK)
+    works = torch.empty(3 * stride)
+    e, row, head = 4, buf.stride(1), buf.stride(2)
+    kp, vp = buf.data_ptr() + V * e, buf.data_ptr()
+    for i, (r0, r1) in enumerate([(0, 70), (70, 70), (70, L + 1)]):
+        lib.attend_part_f32(q.data_ptr(), kp, vp, k_new.data_ptr(), v_new.data_ptr(), works.data_ptr() + i * stride * e,
+                            H, G, K, V, L, r0, r1, row, head, row, head, 0.3)
+    out = torch.empty(H * V)
+    lib.attend_finish_f32(works.data_ptr(), 3, stride, s_H.data_ptr(), out.data_ptr(), H, V, G, K, k_new.data_ptr(),
+                          v_new.data_ptr(), kp + L * row * e, vp + L * row * e, head, head)
+    want = attend_reference(q, torch.cat([k_rows, k_new], 1), torch.cat([v_rows, v_new], 1), scale=0.3,
+                            sinks_H=s_H).reshape(-1)
+    assert_close(out, want, atol=2e-6 * max(1.0, want.abs().max().item()), what="merged parts")
+    assert torch.equal(buf[0, L, :, V:], k_new[0, 0]) and torch.equal(buf[0, L, :, :V], v_new[0, 0])
+
+
 def test_the_prepare_and_swiglu_kernels_equal_torch():
     from storelab.models import decode
     from storelab.ops.rope import rope_angles, rotate

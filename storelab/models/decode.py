@@ -125,6 +125,8 @@ _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 _BLOCK = 64  # key rows per block in attend_one_f32 (its BLOCK): the scratch it needs is H * (2 + V + _BLOCK)
 _SIGNATURES = {"rms_norm_f32": ([_P, _P, _P, _L, _F], None),
                "attend_one_f32": ([_P] * 10 + [_L] * 9 + [_F], None),
+               "attend_part_f32": ([_P] * 6 + [_L] * 11 + [_F], None),
+               "attend_finish_f32": ([_P, _L, _L, _P, _P, _L, _L, _L, _L, _P, _P, _P, _P, _L, _L], None),
                "qk_prepare_f32": ([_P, _L, _L, _L, _P, _P, _F, _L, _P, _P], None),
                "silu_mul_f32": ([_P, _P, _L], None)}
 
