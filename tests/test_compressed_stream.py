@@ -39,6 +39,7 @@ def small_budgets(monkeypatch):
     monkeypatch.setattr(compressed, "SCORE_BUDGET", 64)
     monkeypatch.setattr(compressed, "SCORE_BLOCK", 3)
     monkeypatch.setattr(compressed, "READ_BUDGET", 96)
+    monkeypatch.setattr(compressed, "INFER_READ_BUDGET", 96)
 
 
 def _reference_step(store, x_BTD, state):
@@ -109,6 +110,7 @@ def test_streamed_read_equals_the_dense_form(kind, fmt, read_budget, small_budge
     """Chunked calls, T == 1 decode steps and contexts many blocks long (the budgets are tiny:
     one query per chunk, or a few): each call's output and read mask equal the dense form's."""
     monkeypatch.setattr(compressed, "READ_BUDGET", read_budget)
+    monkeypatch.setattr(compressed, "INFER_READ_BUDGET", read_budget)
     cfg, store = _build(kind, cache_format=fmt)
     x = torch.randn(2, 41, cfg.d_model, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
@@ -198,6 +200,7 @@ def test_forward_builds_nothing_of_size_queries_times_entries(kind, fmt, small_b
     monkeypatch.setattr(compressed, "SCORE_BUDGET", 512)
     monkeypatch.setattr(compressed, "SCORE_BLOCK", 64)
     monkeypatch.setattr(compressed, "READ_BUDGET", 512)
+    monkeypatch.setattr(compressed, "INFER_READ_BUDGET", 512)
     cfg, store = _build(kind, cache_format=fmt)
     L, T = 4096, 64
     x = torch.randn(1, L + T, cfg.d_model)

@@ -91,6 +91,8 @@ __all__ = ["CSAConfig", "HCAConfig", "CompressedAttention", "CompressedCache", "
 SCORE_BUDGET = 1 << 17  # indexer logits made at once (a few queries by one block of entries)
 SCORE_BLOCK = 1024      # entries per block of the indexer's running top-k (its cost per query row amortised)
 READ_BUDGET = 1 << 17   # numbers of one masked part, one gathered selection or one decoded block
+INFER_READ_BUDGET = 1 << 20  # the same for the query chunks of a read outside training (4 MiB of fp32: at 8 rows of
+                             # 8,192 tokens HCA's chunks held one query at 1 << 17, and the read ran 3.2x longer)
 MIN_TRAIN_READ_QUERIES = 256  # a training read chunk's least queries (HCA's budget alone gives 1 / T: docs/bench.md)
 
 
@@ -367,7 +369,7 @@ class CompressedAttention(nn.Module):
         per_query = B * (H * (cfg.window + k + n_new) + (cfg.window + k) * C)   # logits and gathered numbers
         # training: each chunk's scores are recomputed in backward, not kept (HCA's would be T x T / stride)
         train = torch.is_grad_enabled() and q_BTHK.requires_grad
-        step = max(MIN_TRAIN_READ_QUERIES if train else 1, READ_BUDGET // per_query)
+        step = max(MIN_TRAIN_READ_QUERIES, READ_BUDGET // per_query) if train else max(1, INFER_READ_BUDGET // per_query)
         # HCA: the entries completed inside the call, decoded once (each chunk reads a prefix of them)
         n_all = min(cache.entries, cache.seen // cfg.stride)
         new_kv = None if cfg.indexed or n_all <= n_done else \
