@@ -238,7 +238,7 @@ def test_attend_parts_over_disjoint_rows_merge_into_one_softmax():
     k_rows, v_rows = buf[:, :L, :, V:], buf[:, :L, :, :V]
     q, s_H = torch.randn(1, 1, H, K, generator=g) * 2, torch.randn(H, generator=g)
     k_new, v_new = torch.randn(1, 1, G, K, generator=g), torch.randn(1, 1, G, V, generator=g)
-    stride = H * (2 + V + decode._BLOCK)
+    stride = lib.attend_work_floats(H, V)
     works = torch.empty(3 * stride)
     e, row, head = 4, buf.stride(1), buf.stride(2)
     kp, vp = buf.data_ptr() + V * e, buf.data_ptr()

@@ -122,18 +122,19 @@ class _Angles:
 
 
 _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-_BLOCK = 64  # key rows per block in attend_one_f32 (its BLOCK): the scratch it needs is H * (2 + V + _BLOCK)
 _SIGNATURES = {"rms_norm_f32": ([_P, _P, _P, _L, _F], None),
                "attend_one_f32": ([_P] * 10 + [_L] * 9 + [_F], None),
                "attend_part_f32": ([_P] * 6 + [_L] * 11 + [_F], None),
                "attend_finish_f32": ([_P, _L, _L, _P, _P, _L, _L, _L, _L, _P, _P, _P, _P, _L, _L], None),
                "qk_prepare_f32": ([_P, _L, _L, _L, _P, _P, _F, _L, _P, _P], None),
-               "silu_mul_f32": ([_P, _P, _L], None)}
+               "silu_mul_f32": ([_P, _P, _L], None),
+               "attend_work_floats": ([_L, _L], _L)}
 
 
 def _kernels() -> ctypes.CDLL | None:
-    """``kernels/decode_step.c`` (the norm and the one-query attention in one call each), or None where the C
-    library cannot be built or ``STORELAB_COMPILED=0`` (then torch's ops run: the same formulas)."""
+    """``kernels/decode_step.c`` (a layer's RMSNorm, the q/k norms and rotation, the one-query read and swiglu, one
+    call each), or None where the C library cannot be built or ``STORELAB_COMPILED=0`` (then torch's ops run: the
+    same formulas)."""
     return compiled_library("decode_step", _SIGNATURES)
 
 
@@ -165,12 +166,12 @@ class _AttendOne:
         lib = _kernels()
         if lib is None or (sinks is not None and sinks.dtype != torch.float32):
             return None
-        return cls(lib.attend_one_f32, H, G, K, V, scale, sinks)
+        return cls(lib.attend_one_f32, H, G, K, V, scale, sinks, work=lib.attend_work_floats(H, V))
 
-    def __init__(self, fn, H, G, K, V, scale, sinks):
+    def __init__(self, fn, H, G, K, V, scale, sinks, *, work: int):
         self.fn, self.H, self.G, self.K, self.V, self.scale = fn, H, G, K, V, float(scale)
         self.sinks = None if sinks is None else sinks.detach().contiguous()
-        self.work = torch.empty(H * (2 + V + _BLOCK))
+        self.work = torch.empty(work)   # the kernel's scratch, made once
 
     def takes(self, *rows: Tensor) -> bool:
         """Whether the kernel reads these cache views ([1, L, G, K] fp32 on the CPU, channels contiguous)."""

@@ -374,7 +374,7 @@ class CompressedAttention(nn.Module):
         n_all = min(cache.entries, cache.seen // cfg.stride)
         new_kv = None if cfg.indexed or n_all <= n_done else \
             self._decode(cache.pooled[:, n_done:n_all], C, cfg.rope_dim, q_BTHK.dtype)[:, :, None]
-        outs = []
+        outs, out = [], None
         q_chunks = q_BTHK.split(step, dim=1)  # split, not sliced: a slice's backward zero-fills a whole q
         old_chunks = None if old is None else zip(old[0].split(step, dim=1), old[1].split(step, dim=2))
         for i, a in enumerate(range(0, T, step)):
@@ -394,10 +394,14 @@ class CompressedAttention(nn.Module):
             o_i = chunk(q_chunks[i])
             if step >= T:
                 return o_i
-            if not outs:   # inference: one output, made first and filled, so that nothing the loop keeps sits
-                outs.append(o_i.new_empty(B, T, *o_i.shape[2:]))   # between the later chunks' growing
-            outs[0][:, a:b] = o_i                                    # transients (glibc's heap would grow
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)   # with their sum: storelab.allocator)
+            # inference: one output, made at the first chunk and filled, so that nothing the loop keeps sits between
+            # the later chunks' growing transients (glibc's heap would grow with their sum: storelab.models.peaks)
+            if out is None:
+                out = o_i.new_empty(B, T, *o_i.shape[2:])
+            out[:, a:b] = o_i
+        if out is not None:
+            return out
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
     def _attend_rows(self, q_BTHK: Tensor, rows_BNr: Tensor) -> tuple[Tensor, Tensor]:
         """Unmasked part over stored rows: in place, or decoded ``READ_BUDGET`` numbers at a time and folded."""
