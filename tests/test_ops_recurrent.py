@@ -44,9 +44,26 @@ def _call(kind, x, **kw):
 KINDS = ["linear_attention", "linear_attention_decay", "delta_rule", "gated_delta_rule", "kda"]
 
 
+@pytest.fixture(params=["C kernel", "tensor form, C loop", "tensor form"])
+def chunk_form(request, monkeypatch):
+    """The three evaluations of the chunked form: the whole of it in C (per-head decays; KDA takes the tensor
+    form), the tensor form with its chunk loop in C, the tensor form alone. The C ones assert that they built."""
+    import storelab.ops.delta as delta_mod
+    from storelab.ops.compiled import compiled_library
+
+    if request.param == "C kernel":
+        assert compiled_library("delta_chunk", delta_mod._LOOP_SIGNATURE) is not None, "delta_chunk did not build"
+    else:
+        monkeypatch.setattr(delta_mod, "_chunked_compiled", lambda *a: None)
+        if request.param == "tensor form":
+            monkeypatch.setattr(delta_mod, "_loop_compiled", lambda *a: False)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("T", [7, 16, 17, 33])
 @pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.usefixtures("chunk_form")
 def test_recurrent_chunk_scan_and_steps_agree(kind, T, with_state):
     x = _inputs(T)
     S0 = x["S0"] if with_state else None
@@ -69,6 +86,7 @@ def test_recurrent_chunk_scan_and_steps_agree(kind, T, with_state):
 
 
 @pytest.mark.parametrize("T", [5, 17])
+@pytest.mark.usefixtures("chunk_form")
 def test_grouped_value_heads(T):
     """Qwen3-Next's layout: 2 query/key heads serve 4 value heads (value head h reads h // 2)."""
     x = _inputs(T, HV=4)
@@ -80,6 +98,7 @@ def test_grouped_value_heads(T):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("decay", [20.0, 400.0])
+@pytest.mark.usefixtures("chunk_form")
 def test_kda_chunk_survives_strong_per_channel_decay(dtype, tol, decay):
     """Cumulative decays far beyond exp's range inside one chunk: the sub-chunk factorisation stays exact."""
     x = _inputs(40, dtype=dtype, decay=decay)
@@ -93,6 +112,7 @@ def test_kda_chunk_survives_strong_per_channel_decay(dtype, tol, decay):
 
 
 @pytest.mark.parametrize("kind", ["gated_delta_rule", "kda"])
+@pytest.mark.usefixtures("chunk_form")
 def test_fast_path_at_the_edge_of_exp_range(kind):
     """A chunk decaying by about e^-108: the factored scores overflow above the diagonal, never below."""
     x = _inputs(70, dtype=torch.float64)
@@ -108,6 +128,7 @@ def test_fast_path_at_the_edge_of_exp_range(kind):
 
 @pytest.mark.parametrize("kind", ["gated_delta_rule", "kda"])
 @pytest.mark.parametrize("strong", [False, True])
+@pytest.mark.usefixtures("chunk_form")
 def test_many_groups_with_mixed_decay_regimes(kind, strong, monkeypatch):
     """Two chunks per group over 165 tokens, the decay changing regime along the sequence: mild (the state
     carried as S / P through a group), medium (P beyond exp's range: the state decays chunk by chunk; the
@@ -133,11 +154,50 @@ def test_many_groups_with_mixed_decay_regimes(kind, strong, monkeypatch):
     assert_close(S, S_ref, 2e-5, f"{kind} mixed decays, state")
 
 
+@pytest.mark.usefixtures("chunk_form")
 def test_gdn_chunk_survives_strong_decay():
     x = _inputs(40, dtype=torch.float32, decay=300.0)
     ref, _ = gated_delta_rule(x["q"], x["k"], x["v"], g=x["g_head"], beta=x["beta"], mode="recurrent")
     o, _ = gated_delta_rule(x["q"], x["k"], x["v"], g=x["g_head"], beta=x["beta"], chunk_size=32)
     assert_close(o, ref, 2e-5, "gdn strong decay")
+
+
+@pytest.mark.usefixtures("chunk_form")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.float64, 1e-10)])
+@pytest.mark.parametrize("K_,V_,C_,T", [(64, 64, 32, 100), (64, 128, 16, 41), (128, 64, 64, 130), (32, 40, 32, 64)])
+def test_real_head_widths_against_the_per_token_loop(kind, dtype, tol, K_, V_, C_, T):
+    """The widths real models use (64, 128: the kernels' full panels of registers, one or two of them) and one
+    that fills no panel; B = 2, three heads, a last chunk cut short or not; the inputs strided (q, k and v are
+    slices of wider tensors, as a fused projection leaves them)."""
+    g = torch.Generator().manual_seed(1)
+    Bx, Hx = 2, 3
+    r = lambda *s: torch.randn(*s, generator=g, dtype=dtype)  # noqa: E731
+    x = dict(q=r(Bx, T, Hx + 1, K_)[:, :, 1:], k=F.normalize(r(Bx, T, Hx + 1, K_), dim=-1)[:, :, :Hx],
+             v=r(Bx, T, Hx, 2 * V_)[..., :V_], beta=torch.rand(Bx, T, Hx, generator=g, dtype=dtype),
+             g_head=F.logsigmoid(r(Bx, T, Hx)) * 0.3, g_chan=F.logsigmoid(r(Bx, T, Hx, K_)) * 0.3,
+             S0=r(Bx, Hx, K_, V_))
+    x64 = {n: a.double() for n, a in x.items()}
+    ref, S_ref = _call(kind, x64, initial_state=x64["S0"], output_final_state=True, mode="recurrent")
+    o, S = _call(kind, x, initial_state=x["S0"], output_final_state=True, chunk_size=C_)
+    scale = ref.abs().max().item()
+    assert_close(o.double() / scale, ref / scale, tol, f"{kind} output")
+    assert_close(S.double() / S_ref.abs().max(), S_ref / S_ref.abs().max(), tol, f"{kind} state")
+
+
+@pytest.mark.parametrize("kind", ["delta_rule", "gated_delta_rule", "linear_attention_decay"])
+def test_the_c_kernel_gives_the_same_numbers_on_one_thread_or_two(kind):
+    """Heads are split between threads, each head's sums in one order: the outputs are bit for bit the same."""
+    x = _inputs(70, dtype=torch.float32)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(_call(kind, x, initial_state=x["S0"], output_final_state=True, chunk_size=C))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
 def test_recurrent_step_is_the_one_token_rule():

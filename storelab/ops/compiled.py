@@ -37,6 +37,10 @@ __all__ = ["compiled_library", "compiled_unavailable", "in_threads"]
 KERNELS = Path(__file__).parent / "kernels"
 FLAGS = ("-O3", "-fopenmp-simd", "-shared", "-fPIC", "-std=c11")
 ARCH_FLAGS = ("-march=native",)  # dropped (and the build retried) where the compiler does not know it
+# Kernels that split their work between threads with OpenMP. Built with -fopenmp, they name libgomp.so.1, which
+# binds to the copy torch loaded before them (the same runtime, so the threads that run torch's operations run
+# theirs too, and none spins against another); where -fopenmp fails, they build without it and run on one thread.
+OPENMP = ("delta_chunk",)
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -83,7 +87,8 @@ def _build(name: str) -> ctypes.CDLL:
     key = hashlib.sha256()
     for p in _sources(name):
         key.update(p.name.encode() + p.read_bytes())
-    key.update(repr((cc, version, FLAGS, ARCH_FLAGS, platform.machine(), platform.node())).encode())
+    extra = ("-fopenmp",) if name in OPENMP else ()
+    key.update(repr((cc, version, FLAGS, extra, ARCH_FLAGS, platform.machine(), platform.node())).encode())
     out_dir = _writable(cache_dir())
     target = out_dir / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.exists():
@@ -91,8 +96,8 @@ def _build(name: str) -> ctypes.CDLL:
         os.close(fd)
         try:
             errors = ""
-            for arch in (ARCH_FLAGS, ()):
-                run = subprocess.run([cc, *FLAGS, *arch, "-o", tmp, str(source), "-lm"], capture_output=True,
+            for flags in ((*extra, *ARCH_FLAGS), ARCH_FLAGS, extra, ()) if extra else (ARCH_FLAGS, ()):
+                run = subprocess.run([cc, *FLAGS, *flags, "-o", tmp, str(source), "-lm"], capture_output=True,
                                      text=True)
                 if run.returncode == 0:
                     break
@@ -133,11 +138,28 @@ def compiled_unavailable(name: str) -> str | None:
 
 def in_threads(fn: Callable[[int, int], object], n_items: int, threads: int) -> None:
     """fn(start, stop) over [0, n_items) cut into ``threads`` ranges run at once (a kernel's ctypes call lets
-    go of the GIL, so the ranges run in parallel); one thread calls fn(0, n_items) itself."""
+    go of the GIL, so the ranges run in parallel), the first in the calling thread and the others in a pool kept
+    for the process; one thread calls fn(0, n_items) itself."""
     n = max(1, min(threads, n_items))
     if n == 1:
         fn(0, n_items)
         return
     cuts = [n_items * i // n for i in range(n + 1)]
-    with ThreadPoolExecutor(n) as pool:
-        list(pool.map(lambda i: fn(cuts[i], cuts[i + 1]), range(n)))
+    pool = _pool(n - 1)
+    parts = [pool.submit(fn, cuts[i], cuts[i + 1]) for i in range(1, n)]
+    fn(cuts[0], cuts[1])
+    for part in parts:
+        part.result()
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """A pool of ``workers`` threads kept for the process (making threads for every call cost more than
+    the work of a call: 0.95 against 0.55 ms for one group of the chunked delta rule here)."""
+    with _lock:
+        pool = _pools.get(workers)
+        if pool is None:
+            pool = _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="storelab-kernel")
+        return pool

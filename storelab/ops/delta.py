@@ -29,6 +29,7 @@ the per-token rule in C for small states (``delta_step``), else this algorithm w
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import NamedTuple
 
@@ -36,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from storelab.ops.compiled import compiled_library
 from storelab.ops.delta_reference import (_from_chunks, _recurrent, _to_chunks, check_delta_shapes,  # noqa: F401
                                          chunk_reference, prepare_delta_inputs, records_grad, recurrent_step)
 from storelab.ops.delta_train import neumann_doubling, train
@@ -410,7 +412,8 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     if delta:
         # UT transform, T = (I + strict_tril(A_kk))^-1 kept whole and applied in the loop:
         #     V_new = T (beta V - beta K exp(G) S)  [= U - W S with U = T beta V, W = T beta K exp(G)]
-        T_i = _unit_lower_inverse(A_kk, cz, tame=tame).view(N, BH, C, C).unbind(0)
+        T_all = _unit_lower_inverse(A_kk, cz, tame=tame).view(N, BH, C, C)
+        T_i = T_all.unbind(0)
         bV = cz.put(v_src, b_N, "bV")
         if half is not None:
             bK = rows[:, :, C:].mul_(r)                                               # beta k exp(G) [P_i]
@@ -421,6 +424,11 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     else:  # linear attention: V_new = V
         V_new = cz.put(v_src, 1.0, "V_new")
         writes = [None] * N
+    if _loop_compiled(q_N, k_N, bK if delta else None, bV if delta else V_new, T_all if delta else None, A_qk,
+                      S_decay, o, S):
+        if rescale is not None:
+            S.mul_(P_end)
+        return o
     for w, q_i, o_i, kT, Vn, d in zip(writes, q_N.unbind(0), o.unbind(0), kT_i, V_new.unbind(0), dec_i):
         if w is not None:
             T, bV_i, bK_i = w
@@ -434,6 +442,70 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
         S.mul_(P_end)
     o.view(N * BH, C, V).baddbmm_(A_qk.reshape(N * BH, C, C), V_new.view(N * BH, C, V))
     return o  # the caller applies the query scale as it moves o into place
+
+
+_LOOP_SIGNATURE = {f"delta_chunk_loop_threads_{suf}": (
+    [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_long, ctypes.c_long] * 7
+    + [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+    + [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p], None) for suf in ("f32", "f64")}
+for _suf, _real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
+    _LOOP_SIGNATURE[f"delta_chunked_{_suf}"] = ([ctypes.c_int] * 6 + [ctypes.c_void_p] * 6 + [_real, _real]
+                                               + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
+
+
+def _chunked_compiled(q, k, v, g, beta, scale, S0, C):
+    """The whole chunked form in C (kernels/delta_chunk.c), per head decays or none: (o, S), or None where the
+    library is not built or the inputs are not float32 / float64 on a CPU."""
+    if q.dtype not in (torch.float32, torch.float64) or q.device.type != "cpu" or (g is not None and g.dim() != 3):
+        return None
+    lib = compiled_library("delta_chunk", _LOOP_SIGNATURE)
+    if lib is None:
+        return None
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    S = q.new_zeros(B * H, K, V) if S0 is None else S0.reshape(B * H, K, V).clone()
+    o = q.new_empty(B, T, H, V)
+    strides = []
+    for x in (q, k, v, g, beta, o):
+        strides += [0, 0, 0] if x is None else list(x.stride()[:3])
+    st = (ctypes.c_long * 18)(*strides)
+    fn = getattr(lib, "delta_chunked_" + ("f32" if q.dtype == torch.float32 else "f64"))
+    ptr = (lambda x: None if x is None else x.data_ptr())
+    if fn(B, T, H, K, V, C, ptr(q), ptr(k), ptr(v), ptr(g), ptr(beta), st, scale, _exp_limit(q.dtype),
+          o.data_ptr(), S.data_ptr(), torch.get_num_threads()) != 0:
+        raise MemoryError("delta_chunk: the kernel could not allocate its per-thread buffers")
+    return o, S.view(B, H, K, V)
+
+
+def _loop_compiled(q_N, k_N, bK, bV, T, A_qk, d, o, S) -> bool:
+    """The chunk loop of ``_chunk_group`` (the docstring of kernels/delta_chunk.c) in C, the heads split
+    between torch's threads; False (nothing done) where the library is not built or the dtype is not
+    float32 / float64. All tensors [N, B*H, rows, D] with contiguous rows; d [N, B*H, 1|K, 1] or None."""
+    if q_N.dtype not in (torch.float32, torch.float64) or q_N.device.type != "cpu":
+        return False
+    lib = compiled_library("delta_chunk", _LOOP_SIGNATURE)
+    if lib is None:
+        return False
+    N, BH, C, K = q_N.shape
+    V = o.shape[-1]
+    fn = getattr(lib, "delta_chunk_loop_threads_" + ("f32" if q_N.dtype == torch.float32 else "f64"))
+
+    def rows_ok(x):  # rows one after another, each contiguous
+        return x is None or (x.stride(-1) == 1 and (x.shape[-2] == 1 or x.stride(-2) == x.shape[-1]))
+
+    if not all(rows_ok(x) for x in (q_N, k_N, bK, bV, T, A_qk, o)) or not S.is_contiguous() \
+            or (d is not None and d.shape[-2] > 1 and d.stride(-2) != 1):
+        return False
+
+    def arg(x):
+        return (None, 0, 0) if x is None else (x.data_ptr(), x.stride(0), x.stride(1))
+
+    threads = max(1, min(torch.get_num_threads(), BH))
+    work = q_N.new_empty(threads, 2 * C * V)  # X and V_new of one chunk and head, per thread
+    fn(N, C, K, V, *arg(q_N), *arg(k_N), *arg(bK), *arg(bV), *arg(T), *arg(A_qk), *arg(d),
+       int(d is not None and d.shape[-2] > 1), *arg(o), S.data_ptr(), BH, threads, work.data_ptr())
+    return True
 
 
 # ---------------------------------------------------------------------------- public ops
@@ -450,7 +522,9 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     elif mode == "chunk" and records_grad(q, k, v, g, beta, S0):  # training (``delta_train.train``)
         o, S = train(q, k, v, g, beta, S0, scale=scale, chunk_size=chunk_size)
     elif mode == "chunk":
-        o, S = _chunked(q, k, v, g, beta, scale, S0, min(chunk_size, max(T, 1)))  # no padding below a chunk
+        C = min(chunk_size, max(T, 1))  # no padding below a chunk
+        done = _chunked_compiled(q, k, v, g, beta, scale, S0, C) if T > 0 else None
+        o, S = done if done is not None else _chunked(q, k, v, g, beta, scale, S0, C)
     else:
         from storelab.ops.scan import delta_states_by_scan
 
