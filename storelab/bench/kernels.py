@@ -20,11 +20,12 @@ peer's (``wy_delta_flops``, the textbook form):
     across chunks V_new = U - W S, O += Q S         2 C K V  +  2 C K V
                   O += A V_new, S += K^T V_new      2 C^2 V  +  2 C K V
 
-i.e. ``2 C^2 (3K + 2V) + C^3 / 3 + 6 C K V``. Ours (``chunk_delta_flops``) keeps T and applies it
-in the loop, V_new = T (V - K S) (beta and decays folded in): ``2 C K V + 2 C^2 V`` there in place
-of W = T K and W S, so ``2 C^2 (2K + 2V) + C^3 / 3 + 6 C K V``. Each side is counted at the
-chunk size it runs: ours at the ops' default (``OURS_CHUNK``, 32), the peer at its default of
-64. "Fraction of matmul" is our count over our time, over the matmul rate. Elementwise work
+i.e. ``2 C^2 (3K + 2V) + C^3 / 3 + 6 C K V``. Ours (``chunk_delta_flops``) never forms U and W:
+V_new = T (V - K S) (beta and decays folded in), T applied in the loop (the tensor form) or V_new
+found by forward substitution (the C kernel, per-head decays: no inverse at all, C^2 V multiply-adds
+counted as the dense C x C x V product), so ``2 C^2 (2K + 2V) + C^3 / 3 + 6 C K V``. Each side is
+counted at the chunk size it runs: ours at the one ``chunk_size=None`` picks on this CPU
+(``storelab.ops.tuning``, printed), the peer at its default of 64. "Fraction of matmul" is our count over our time, over the matmul rate. Elementwise work
 (decays, masks) is not counted, the inverse is counted at its minimum C^3 / 3 (ours sums a
 Neumann series by doubling, several times that), and KDA is counted like Gated DeltaNet (its
 per-channel decay is elementwise work around the same products), so the rates printed are
@@ -33,7 +34,6 @@ conservative.
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any, Callable
 
@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from storelab.bench.timing import compare, matmul_fn
+from storelab.ops.tuning import DEFAULT_CHUNK, ChunkPlan, chunk_plan
 
 CHUNK = 64  # the peer's chunk size (its default)
 GDN_SPEEDUP_TARGET = 3.0
@@ -49,13 +50,16 @@ KDA_SPEEDUP_TARGET = 10.0
 KDA_OVER_GDN_TARGET = 1.5
 
 
-def _default_chunk() -> int:
-    from storelab import ops
-
-    return inspect.signature(ops.gated_delta_rule).parameters["chunk_size"].default
+OURS_CHUNK = DEFAULT_CHUNK  # the chunk training takes (the forward's is chosen per CPU: ``storelab.ops.tuning``)
 
 
-OURS_CHUNK = _default_chunk()
+def ours_plan(name: str, x: dict[str, torch.Tensor]) -> ChunkPlan:
+    """The chunk (and group) our op runs at on this CPU for these inputs, as ``chunk_size=None`` picks it."""
+    from storelab.ops import delta
+
+    K, V = x["q"].shape[-1], x["v"].shape[-1]
+    form = "kernel" if delta._kernel_takes(x["q"], x["g"]) else "tensor"
+    return chunk_plan(form, K, V, x["q"].dtype, name == "kda")
 
 
 def chunk_delta_flops(B: int, T: int, H: int, K: int, V: int, C: int = OURS_CHUNK) -> int:
@@ -112,7 +116,7 @@ def _ours(name: str) -> Callable:
 
 
 def _call_ours(fn: Callable, x: dict[str, torch.Tensor]):
-    return fn(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], output_final_state=True, chunk_size=OURS_CHUNK)
+    return fn(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], output_final_state=True)
 
 
 def _call_peer(fn: Callable, x: dict[str, torch.Tensor]):
@@ -132,6 +136,7 @@ def bench_delta(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int = 1
     if name not in ("gdn", "kda"):
         raise ValueError(f"name: must be 'gdn' or 'kda', got {name!r}")
     x = delta_inputs(B, T, H, K, per_channel=(name == "kda"))
+    plan = ours_plan(name, x)  # calibrated here where this CPU has no plan yet, not in the timed rounds
     ours = _ours(name)
     peer, peer_name = _peer(name)
     mm, mm_flops = matmul_fn(matmul_n)
@@ -148,7 +153,7 @@ def bench_delta(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int = 1
         diff = _max_abs_diff(_call_ours(ours, x), _call_peer(peer, x)) if peer is not None else None
     t = compare(fns, repeats=repeats, warmup=1, budget_s=budget_s)
 
-    flops = chunk_delta_flops(B, T, H, K, K, OURS_CHUNK)
+    flops = chunk_delta_flops(B, T, H, K, K, plan.chunk)
     peer_flops = wy_delta_flops(B, T, H, K, K, CHUNK)
     rate = mm_flops / t["matmul"].best
     ours_s = t["ours"].best
@@ -157,7 +162,8 @@ def bench_delta(name: str, *, T: int = 4096, H: int = 8, K: int = 64, B: int = 1
     out: dict[str, Any] = {
         "bench": name,
         "shape": {"B": B, "T": T, "H": H, "K": K, "V": K, "dtype": "fp32"},
-        "chunk": {"ours": OURS_CHUNK, "peer": CHUNK},
+        "chunk": {"ours": plan.chunk, "peer": CHUNK},
+        "ours_group_floats": plan.group_floats,
         "threads": torch.get_num_threads(),
         "statistic": "best of interleaved rounds",
         "ours": "storelab.ops." + ("gated_delta_rule" if name == "gdn" else "kda") + " (chunk)",

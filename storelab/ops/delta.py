@@ -41,6 +41,7 @@ from storelab.ops.compiled import compiled_library
 from storelab.ops.delta_reference import (_from_chunks, _recurrent, _to_chunks, check_delta_shapes,  # noqa: F401
                                          chunk_reference, prepare_delta_inputs, records_grad, recurrent_step)
 from storelab.ops.delta_train import neumann_doubling, train
+from storelab.ops.tuning import DEFAULT_CHUNK, chunk_plan
 
 __all__ = ["linear_attention", "delta_rule", "gated_delta_rule", "kda", "recurrent_step"]
 
@@ -209,10 +210,10 @@ def _rescales(G_last: Tensor, per_group: int) -> tuple[Tensor, Tensor, list[bool
     return rescale, L[:, -1].exp().transpose(-1, -2), ok
 
 
-def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
+def _chunked(q, k, v, g, beta, scale, S_BHKV, C, group_floats=None):
     """Chunkwise-parallel form of all four rules (see the module docstring).
 
-    The chunks are processed in groups of about ``GROUP_FLOATS`` numbers per tensor, carrying
+    The chunks are processed in groups of about ``group_floats`` (else ``GROUP_FLOATS``) numbers per tensor, carrying
     the state from group to group: the same arithmetic, but the intermediates live in one
     workspace reused by every group and small enough to stay in cache (fresh large buffers
     cost page faults, which on a small machine cost as much as the arithmetic).
@@ -220,7 +221,7 @@ def _chunked(q, k, v, g, beta, scale, S_BHKV, C):
     B, T, H, K = q.shape
     V = v.shape[-1]
     per_chunk = B * H * C * max(K, V, C)
-    Tg = C * max(1, GROUP_FLOATS // per_chunk)
+    Tg = C * max(1, (group_floats or GROUP_FLOATS) // per_chunk)
     S = q.new_zeros(B * H, K, V) if S_BHKV is None else S_BHKV.reshape(B * H, K, V).clone()
     o = q.new_empty(B, T, H, V)
     ws = _Chunked(B, H, C)
@@ -453,14 +454,19 @@ for _suf, _real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
                                                + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
 
 
+def _kernel_takes(q, g) -> bool:
+    """Whether the whole chunked form runs in C: float32 / float64 on a CPU, per-head decays or none, the
+    library built."""
+    return (q.dtype in (torch.float32, torch.float64) and q.device.type == "cpu" and (g is None or g.dim() == 3)
+            and compiled_library("delta_chunk", _LOOP_SIGNATURE) is not None)
+
+
 def _chunked_compiled(q, k, v, g, beta, scale, S0, C):
-    """The whole chunked form in C (kernels/delta_chunk.c), per head decays or none: (o, S), or None where the
-    library is not built or the inputs are not float32 / float64 on a CPU."""
-    if q.dtype not in (torch.float32, torch.float64) or q.device.type != "cpu" or (g is not None and g.dim() != 3):
+    """The whole chunked form in C (kernels/delta_chunk.c), per head decays or none: (o, S), or None where it
+    does not take the inputs (``_kernel_takes``)."""
+    if not _kernel_takes(q, g):
         return None
     lib = compiled_library("delta_chunk", _LOOP_SIGNATURE)
-    if lib is None:
-        return None
     B, T, H, K = q.shape
     V = v.shape[-1]
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
@@ -520,11 +526,15 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     if mode == "recurrent" or (mode == "chunk" and T == 1):  # one token: the step is the whole algorithm
         o, S = _recurrent(q, k, v, g, beta, scale, q.new_zeros(B, HV, K, V) if S0 is None else S0)
     elif mode == "chunk" and records_grad(q, k, v, g, beta, S0):  # training (``delta_train.train``)
-        o, S = train(q, k, v, g, beta, S0, scale=scale, chunk_size=chunk_size)
+        o, S = train(q, k, v, g, beta, S0, scale=scale, chunk_size=chunk_size or DEFAULT_CHUNK)
     elif mode == "chunk":
+        kernel = T > 0 and _kernel_takes(q, g)
+        group_floats = None
+        if chunk_size is None:  # chosen for this CPU (``storelab.ops.tuning``)
+            chunk_size, group_floats = chunk_plan("kernel" if kernel else "tensor", K, V, q.dtype, g_per_channel)
         C = min(chunk_size, max(T, 1))  # no padding below a chunk
-        done = _chunked_compiled(q, k, v, g, beta, scale, S0, C) if T > 0 else None
-        o, S = done if done is not None else _chunked(q, k, v, g, beta, scale, S0, C)
+        done = _chunked_compiled(q, k, v, g, beta, scale, S0, C) if kernel else None
+        o, S = done if done is not None else _chunked(q, k, v, g, beta, scale, S0, C, group_floats)
     else:
         from storelab.ops.scan import delta_states_by_scan
 
@@ -535,7 +545,7 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, scale: float | None = None,
-                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 32,
+                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int | None = None,
                      mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """Additive outer-product writes, S_t = exp(g_t) S_{t-1} + k_t v_t^T; g [B,T,HV] or None.
 
@@ -547,14 +557,14 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None
 
 
 def delta_rule(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor, scale: float | None = None,
-               initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 32,
+               initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int | None = None,
                mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """DeltaNet: S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T; beta [B,T,HV]."""
     return _run("delta_rule", q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size, mode, False)
 
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor, beta: Tensor, scale: float | None = None,
-                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 32,
+                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int | None = None,
                      mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """Gated DeltaNet: decay by exp(g_t) per head (g [B,T,HV], <= 0), then the delta write."""
     return _run("gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode,
@@ -562,7 +572,7 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor, beta: Tensor
 
 
 def kda(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor, beta: Tensor, scale: float | None = None,
-        initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 32,
+        initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int | None = None,
         mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """Kimi Delta Attention: decay by exp(g_t) per key channel (g [B,T,HV,K], <= 0), then the delta write."""
     return _run("kda", q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode, True)

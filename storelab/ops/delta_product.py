@@ -94,13 +94,13 @@ def _interleaved(q, k, v, g, beta):
 
 def gated_delta_product(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, beta: Tensor,
                         scale: float | None = None, initial_state: Tensor | None = None,
-                        output_final_state: bool = False, chunk_size: int = 32,
+                        output_final_state: bool = False, chunk_size: int | None = None,
                         mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """Gated DeltaProduct: per token, decay by exp(g_t) (g [B,T,HV] or None), then n delta writes
     (k [B,T,n,H,K], v [B,T,n,HV,V], beta [B,T,n,HV]) in order, then the read of q [B,T,H,K]."""
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
-    if chunk_size < 1:
+    if chunk_size is not None and chunk_size < 1:  # None: chosen for this CPU (storelab.ops.tuning)
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
     B, T, n, H, K, HV, V = _check_shapes(q, k, v, g, beta, initial_state)
     scale = K ** -0.5 if scale is None else scale

@@ -91,7 +91,7 @@ def prepare_delta_inputs(name, q, k, v, g, beta, scale, initial_state, chunk_siz
     scale defaulted to K ** -0.5. Returns (q, k, v, g, beta, scale, S0), q and k [B, T, HV, K]."""
     float_tensors(name, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     B, T, H, K, HV, V = check_delta_shapes(name, q, k, v, g, beta, initial_state, g_per_channel)
-    if chunk_size < 1:
+    if chunk_size is not None and chunk_size < 1:  # None: chosen for this CPU (``storelab.ops.tuning``)
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v = q.to(dt), k.to(dt), v.to(dt)

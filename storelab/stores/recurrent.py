@@ -134,7 +134,8 @@ class _RecurrentConfig(StoreConfig):
     head_k_dim: int
     head_v_dim: int | None = None     # None = head_k_dim
     conv_kernel: int = 4              # short causal convolution width; 1 = no mixing across tokens
-    chunk_size: int = 32              # tokens per step of the chunkwise-parallel form
+    chunk_size: int | None = None     # tokens per step of the chunkwise-parallel form; None: chosen for this CPU
+                                      # at first use (storelab.ops.tuning), 32 in training
     norm_eps: float = 1e-6            # output RMSNorm
     mode: str = "chunk"               # "chunk" (fast), "recurrent" (reference loop) or "scan"
 
@@ -144,7 +145,9 @@ class _RecurrentConfig(StoreConfig):
     def __post_init__(self):
         if self.head_v_dim is None:
             self.head_v_dim = self.head_k_dim
-        self.check_positive("d_model", "n_heads", "head_k_dim", "head_v_dim", "conv_kernel", "chunk_size", "norm_eps")
+        self.check_positive("d_model", "n_heads", "head_k_dim", "head_v_dim", "conv_kernel", "norm_eps")
+        if self.chunk_size is not None:
+            self.check_positive("chunk_size")
         self.check(self.mode in MODES, "mode", f"must be one of {MODES}, got {self.mode!r}")
         if self.DELTA:
             self.check(0.0 < self.beta_max <= 2.0, "beta_max", f"must be in (0, 2], got {self.beta_max}")
