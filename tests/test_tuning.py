@@ -41,7 +41,7 @@ def test_a_plan_is_calibrated_once_then_read_from_the_cpus_file(fresh, monkeypat
     path = tuning.tuning_file()
     assert path.parent.parent == fresh and path.exists()
     data = json.loads(path.read_text())
-    assert data["plans"] == {f"kernel|K=64|V=64|float32|threads={torch.get_num_threads()}":
+    assert data["plans"] == {f"kernel|decay=head|K=64|V=64|float32|threads={torch.get_num_threads()}":
                              {"chunk": 16, "group_floats": None}}
     # another process (the process cache emptied): the file answers, nothing is timed
     monkeypatch.setattr(tuning, "_plans", {})
@@ -53,7 +53,7 @@ def test_a_plan_is_calibrated_once_then_read_from_the_cpus_file(fresh, monkeypat
     assert len(calls) == 2 and len(json.loads(path.read_text())["plans"]) == 2
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"plans": {"kernel|K=64|V=64|float32|threads=1": {"chunk": -3, '
+@pytest.mark.parametrize("text", ["{not json", '{"plans": {"kernel|decay=head|K=64|V=64|float32|threads=1": {"chunk": -3, '
                                   '"group_floats": null}}}', '{"plans": 7}', ""])
 def test_a_damaged_file_is_calibrated_again_and_rewritten(fresh, monkeypatch, text):
     calls = _counting(monkeypatch)
@@ -67,7 +67,7 @@ def test_a_damaged_file_is_calibrated_again_and_rewritten(fresh, monkeypatch, te
     finally:
         torch.set_num_threads(before)
     assert len(calls) == 1
-    assert json.loads(path.read_text())["plans"]["kernel|K=64|V=64|float32|threads=1"]["chunk"] == 16
+    assert json.loads(path.read_text())["plans"]["kernel|decay=head|K=64|V=64|float32|threads=1"]["chunk"] == 16
 
 
 def test_an_unwritable_cache_keeps_the_plan_in_the_process(fresh, monkeypatch):
@@ -96,18 +96,21 @@ def _inputs(T=150, H=3, K=64, V=48, per_channel=False, seed=0):
     return q, k, v, gate, beta
 
 
+@pytest.mark.parametrize("form", ["kernel", "tensor"])
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_the_ops_default_runs_the_plan(fresh, monkeypatch, per_channel):
+def test_the_ops_default_runs_the_plan(fresh, monkeypatch, per_channel, form):
     """chunk_size=None runs the planned chunk (and group): the same numbers as passing them, bit for bit."""
     import storelab.ops.delta as delta
 
-    plan = tuning.ChunkPlan(16, None if not per_channel else 2 * 6 * 16 * 64)
+    if form == "tensor":  # as where the kernel does not build
+        monkeypatch.setattr(delta, "_kernel_takes", lambda q, g: False)
+    plan = tuning.ChunkPlan(16, None if form == "kernel" else 2 * 6 * 16 * 64)
     calls = _counting(monkeypatch, plan)
     q, k, v, gate, beta = _inputs(per_channel=per_channel)
     op = kda if per_channel else gated_delta_rule
     o, S = op(q, k, v, g=gate, beta=beta, output_final_state=True)
-    assert calls and calls[0][0] == ("tensor" if per_channel else "kernel")
-    if per_channel:  # the tensor form at that chunk and group size
+    assert calls == [(form, 64, 48, torch.float32, per_channel)]
+    if form == "tensor":  # the tensor form at that chunk and group size
         o2, S2 = delta._chunked(q, k, v, gate, beta, 64 ** -0.5, None, 16, plan.group_floats)
     else:
         o2, S2 = op(q, k, v, g=gate, beta=beta, output_final_state=True, chunk_size=16)
@@ -116,7 +119,7 @@ def test_the_ops_default_runs_the_plan(fresh, monkeypatch, per_channel):
     assert not torch.equal(o, o3)  # another chunk sums in another order: the plan was not ignored
 
 
-@pytest.mark.parametrize("form,per_channel", [("kernel", False), ("tensor", True), ("tensor", False)])
+@pytest.mark.parametrize("form,per_channel", [("kernel", False), ("kernel", True), ("tensor", True), ("tensor", False)])
 def test_calibration_times_every_candidate_and_returns_one(fresh, monkeypatch, form, per_channel):
     import storelab.ops.delta as delta
 

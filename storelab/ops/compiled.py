@@ -15,7 +15,9 @@ place, so two processes building at once never load half a file.
 
 Flags: ``-O3 -march=native`` (the file is built where it runs) and ``-fopenmp-simd`` (the kernels'
 ``omp simd`` loops, no OpenMP runtime); no fast-math, so the arithmetic is IEEE's. ``$CC`` names
-another compiler.
+another compiler. The kernels in ``OPENMP`` also take ``-fopenmp`` and split their work between the
+threads of the OpenMP runtime torch loaded (see ``OPENMP``); the others are split between threads by
+their callers (``in_threads``).
 """
 
 from __future__ import annotations

@@ -24,8 +24,21 @@ the loop: a C x C product per chunk is cheaper than two C x (K + V) ones. Within
 state is carried as S / P, P the decay since the group's start (``_rescales``). Gamma is never formed
 while the chunk's decay is within exp's range (exp(G_i - G_j) = exp(G_i - m) exp(m - G_j)); beyond it
 GDN forms Gamma pairwise and KDA factors through sub-chunk reference points as in GLA (arXiv 2312.06635).
-Why C = 32: docs/bench.md. Training (inputs needing gradients, ``records_grad``): ``delta_train.train``,
-the per-token rule in C for small states (``delta_step``), else this algorithm with a hand-written backward. B batch, T tokens, H heads, K, V widths, C chunk."""
+
+Two evaluations of the chunked form (tests run both):
+- the C kernel (``kernels/delta_chunk.c``, ``_chunked_compiled``), all four rules on float32 / float64:
+  per head, chunk by chunk, the chunk's rows read into buffers in the first-level cache, its scores,
+  decays and writes made there, V_new = (I + strict_tril(...))^-1 (...) by forward substitution (no T),
+  heads split over torch's OpenMP threads. The decays factor through m = G_C / 2 as above while the
+  chunk's decay is within range, else pairwise (per channel too). The products of thousands of small
+  tensor calls were mostly cost per call here.
+- the tensor form (``_chunked``, this file), batched over groups of chunks as above: where the kernel
+  does not build (no C compiler).
+The chunk (``chunk_size=None``, the default) and the tensor form's group size are chosen per CPU by a
+short calibration at first use (``storelab.ops.tuning``); measurements: docs/bench.md. Training (inputs
+needing gradients, ``records_grad``): ``delta_train.train``, the per-token rule in C for small states
+(``delta_step``), else this algorithm with a hand-written backward, at chunks of 32 unless told.
+B batch, T tokens, H heads, K, V widths, C chunk."""
 
 from __future__ import annotations
 
@@ -413,8 +426,7 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     if delta:
         # UT transform, T = (I + strict_tril(A_kk))^-1 kept whole and applied in the loop:
         #     V_new = T (beta V - beta K exp(G) S)  [= U - W S with U = T beta V, W = T beta K exp(G)]
-        T_all = _unit_lower_inverse(A_kk, cz, tame=tame).view(N, BH, C, C)
-        T_i = T_all.unbind(0)
+        T_i = _unit_lower_inverse(A_kk, cz, tame=tame).view(N, BH, C, C).unbind(0)
         bV = cz.put(v_src, b_N, "bV")
         if half is not None:
             bK = rows[:, :, C:].mul_(r)                                               # beta k exp(G) [P_i]
@@ -425,11 +437,6 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     else:  # linear attention: V_new = V
         V_new = cz.put(v_src, 1.0, "V_new")
         writes = [None] * N
-    if _loop_compiled(q_N, k_N, bK if delta else None, bV if delta else V_new, T_all if delta else None, A_qk,
-                      S_decay, o, S):
-        if rescale is not None:
-            S.mul_(P_end)
-        return o
     for w, q_i, o_i, kT, Vn, d in zip(writes, q_N.unbind(0), o.unbind(0), kT_i, V_new.unbind(0), dec_i):
         if w is not None:
             T, bV_i, bK_i = w
@@ -445,31 +452,31 @@ def _chunk_group(cz, q, k, v, g, beta, S_BKV, dec=None):
     return o  # the caller applies the query scale as it moves o into place
 
 
-_LOOP_SIGNATURE = {f"delta_chunk_loop_threads_{suf}": (
-    [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_long, ctypes.c_long] * 7
-    + [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
-    + [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p], None) for suf in ("f32", "f64")}
+_KERNEL_SIGNATURE: dict = {}
 for _suf, _real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
-    _LOOP_SIGNATURE[f"delta_chunked_{_suf}"] = ([ctypes.c_int] * 6 + [ctypes.c_void_p] * 6 + [_real, _real]
+    _KERNEL_SIGNATURE[f"delta_chunked_{_suf}"] = ([ctypes.c_int] * 6 + [ctypes.c_void_p] * 4 + [ctypes.c_int]
+                                               + [ctypes.c_void_p] * 2 + [_real, _real]
                                                + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
 
 
 def _kernel_takes(q, g) -> bool:
-    """Whether the whole chunked form runs in C: float32 / float64 on a CPU, per-head decays or none, the
-    library built."""
-    return (q.dtype in (torch.float32, torch.float64) and q.device.type == "cpu" and (g is None or g.dim() == 3)
-            and compiled_library("delta_chunk", _LOOP_SIGNATURE) is not None)
+    """Whether the whole chunked form runs in C: float32 / float64 on a CPU, the library built."""
+    return (q.dtype in (torch.float32, torch.float64) and q.device.type == "cpu"
+            and compiled_library("delta_chunk", _KERNEL_SIGNATURE) is not None)
 
 
 def _chunked_compiled(q, k, v, g, beta, scale, S0, C):
-    """The whole chunked form in C (kernels/delta_chunk.c), per head decays or none: (o, S), or None where it
-    does not take the inputs (``_kernel_takes``)."""
+    """The whole chunked form in C (kernels/delta_chunk.c): (o, S), or None where it does not take the inputs
+    (``_kernel_takes``)."""
     if not _kernel_takes(q, g):
         return None
-    lib = compiled_library("delta_chunk", _LOOP_SIGNATURE)
+    lib = compiled_library("delta_chunk", _KERNEL_SIGNATURE)
     B, T, H, K = q.shape
     V = v.shape[-1]
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    per_channel = g is not None and g.dim() == 4
+    if per_channel and g.stride(-1) != 1:
+        g = g.contiguous()
     S = q.new_zeros(B * H, K, V) if S0 is None else S0.reshape(B * H, K, V).clone()
     o = q.new_empty(B, T, H, V)
     strides = []
@@ -478,40 +485,10 @@ def _chunked_compiled(q, k, v, g, beta, scale, S0, C):
     st = (ctypes.c_long * 18)(*strides)
     fn = getattr(lib, "delta_chunked_" + ("f32" if q.dtype == torch.float32 else "f64"))
     ptr = (lambda x: None if x is None else x.data_ptr())
-    if fn(B, T, H, K, V, C, ptr(q), ptr(k), ptr(v), ptr(g), ptr(beta), st, scale, _exp_limit(q.dtype),
-          o.data_ptr(), S.data_ptr(), torch.get_num_threads()) != 0:
+    if fn(B, T, H, K, V, C, ptr(q), ptr(k), ptr(v), ptr(g), int(per_channel), ptr(beta), st, scale,
+          _exp_limit(q.dtype), o.data_ptr(), S.data_ptr(), torch.get_num_threads()) != 0:
         raise MemoryError("delta_chunk: the kernel could not allocate its per-thread buffers")
     return o, S.view(B, H, K, V)
-
-
-def _loop_compiled(q_N, k_N, bK, bV, T, A_qk, d, o, S) -> bool:
-    """The chunk loop of ``_chunk_group`` (the docstring of kernels/delta_chunk.c) in C, the heads split
-    between torch's threads; False (nothing done) where the library is not built or the dtype is not
-    float32 / float64. All tensors [N, B*H, rows, D] with contiguous rows; d [N, B*H, 1|K, 1] or None."""
-    if q_N.dtype not in (torch.float32, torch.float64) or q_N.device.type != "cpu":
-        return False
-    lib = compiled_library("delta_chunk", _LOOP_SIGNATURE)
-    if lib is None:
-        return False
-    N, BH, C, K = q_N.shape
-    V = o.shape[-1]
-    fn = getattr(lib, "delta_chunk_loop_threads_" + ("f32" if q_N.dtype == torch.float32 else "f64"))
-
-    def rows_ok(x):  # rows one after another, each contiguous
-        return x is None or (x.stride(-1) == 1 and (x.shape[-2] == 1 or x.stride(-2) == x.shape[-1]))
-
-    if not all(rows_ok(x) for x in (q_N, k_N, bK, bV, T, A_qk, o)) or not S.is_contiguous() \
-            or (d is not None and d.shape[-2] > 1 and d.stride(-2) != 1):
-        return False
-
-    def arg(x):
-        return (None, 0, 0) if x is None else (x.data_ptr(), x.stride(0), x.stride(1))
-
-    threads = max(1, min(torch.get_num_threads(), BH))
-    work = q_N.new_empty(threads, 2 * C * V)  # X and V_new of one chunk and head, per thread
-    fn(N, C, K, V, *arg(q_N), *arg(k_N), *arg(bK), *arg(bV), *arg(T), *arg(A_qk), *arg(d),
-       int(d is not None and d.shape[-2] > 1), *arg(o), S.data_ptr(), BH, threads, work.data_ptr())
-    return True
 
 
 # ---------------------------------------------------------------------------- public ops

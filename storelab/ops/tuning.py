@@ -4,14 +4,15 @@ The best chunk of the chunked form depends on the machine: on one CPU C = 32 ran
 64, on the next (AVX-512, a larger cache) the tensor form's best group of chunks moved by 4x. So the ops'
 ``chunk_size=None`` (their default) asks ``chunk_plan`` here, which, the first time a form meets a
 head shape, times the candidates on inputs of that shape and keeps the fastest:
-    the C kernel (per-head decays or none, ``kernels/delta_chunk.c``): C in ``CHUNKS``;
-    the tensor form (per-channel decays, or where the kernel is not built): C in ``CHUNKS`` x the size of
-    its groups of chunks in ``GROUPS`` (numbers per q-sized tensor of a group, ``delta.GROUP_FLOATS``).
+    the C kernel (``kernels/delta_chunk.c``): C in ``CHUNKS``;
+    the tensor form (where the kernel is not built): C in ``CHUNKS`` x the size of its groups of chunks in
+    ``GROUPS`` (numbers per q-sized tensor of a group, ``delta.GROUP_FLOATS``).
 A calibration is ``ROUNDS`` interleaved rounds over ``CAL_TOKENS`` tokens and 2 x threads heads, the best
 round of each candidate compared (about 0.1 s for heads of 64, under a second for 256). The choices are
 kept for the process and in a file per CPU (``$STORELAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/storelab``,
 else ``~/.cache/storelab``; ``tuning/<cpu>.json``, the CPU named by its model, its caches, its core
-count and torch's version), so a machine calibrates once. Keys: the form, K, V, dtype and threads.
+count and torch's version), so a machine calibrates once. Keys: the form, the decay (per head or none,
+or per channel), K, V, dtype and threads.
 A file that cannot be read or parsed is calibrated again and rewritten (it holds nothing but these
 choices); one that cannot be written leaves the choices in the process only.
 
@@ -116,8 +117,9 @@ def _save(path: Path, plans: dict[str, ChunkPlan]) -> None:
         pass  # the choices stay in this process
 
 
-def _key(form: str, K: int, V: int, dtype: torch.dtype, threads: int) -> str:
-    return f"{form}|K={K}|V={V}|{str(dtype).removeprefix('torch.')}|threads={threads}"
+def _key(form: str, K: int, V: int, dtype: torch.dtype, threads: int, per_channel: bool) -> str:
+    decay = "channel" if per_channel else "head"
+    return f"{form}|decay={decay}|K={K}|V={V}|{str(dtype).removeprefix('torch.')}|threads={threads}"
 
 
 def chunk_plan(form: str, K: int, V: int, dtype: torch.dtype, per_channel: bool) -> ChunkPlan:
@@ -127,7 +129,7 @@ def chunk_plan(form: str, K: int, V: int, dtype: torch.dtype, per_channel: bool)
         return ChunkPlan(DEFAULT_CHUNK, None)
     global _loaded_from
     threads = torch.get_num_threads()
-    key = _key(form, K, V, dtype, threads)
+    key = _key(form, K, V, dtype, threads, per_channel)
     with _lock:
         path = tuning_file()
         if _loaded_from != path:

@@ -1,16 +1,19 @@
-/* The sequential part of the chunked delta rules (storelab.ops.delta, ``_chunk_group``).
+/* The chunked delta rules in C (storelab.ops.delta, ``_chunked_compiled``).
  *
- * Chunk by chunk, per head, the state S (K x V) is read and written: four small products per chunk whose
- * cost as tensor calls is mostly per call (a few microseconds each, 512 calls for 4,096 tokens in chunks
- * of 32). Here a head's whole loop runs in one call with its state in the first-level cache; the heads
- * [h0, h1) of a call are independent, so callers split them between threads.
+ * delta_chunked_*: per head, chunk by chunk, everything of a chunk made in buffers that stay in the first
+ * levels of cache: its rows of q, k, v, its cumulative decays and their factors (per head, or per key
+ * channel for KDA), the scores [q; k] k^T, the writes V_new by forward substitution through
+ * I + strict_tril(beta (k k^T * decay)) (no inverse), then the state's products. Heads are independent:
+ * each thread of the OpenMP runtime (torch's, see storelab.ops.compiled) takes a range of them, chunk by
+ * chunk, the next head's rows asked for (prefetched) while one is computed. As tensor calls, the same work
+ * was mostly cost per call: thousands of small products and copies per call.
  *
  * Products: blocks of 4 rows x one panel of 256 bytes of columns held in registers, the inner dimension
  * streamed (a broadcast of A times a row of B, fused multiply-adds where the machine has them: rounded
- * once, where torch's products may round twice; tests hold both forms to the reference). Triangular
- * factors (T, the masked scores) are read up to each block's last row only.
+ * once, where torch's products may round twice; tests hold every form to the per-token rule). Triangular
+ * factors (the masked scores) are read up to each block's last row only.
  * The algorithm, its equations and its papers (WY/UT, arXiv 2406.06484; Gated DeltaNet, arXiv 2412.06464;
- * KDA, arXiv 2510.26692) head storelab/ops/delta.py.
+ * KDA, arXiv 2510.26692; the factored decays, GLA, arXiv 2312.06635) head storelab/ops/delta.py.
  */
 #if defined(__GNUC__) && !defined(__clang__)
 /* the accumulators' copy loops stay loops (as calls to memmove they left the registers: 20 % of the time) */
@@ -18,7 +21,9 @@
 #endif
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #else
@@ -26,8 +31,32 @@ static int omp_get_thread_num(void) { return 0; }
 static int omp_get_num_threads(void) { return 1; }
 #endif
 
+/* e^x in SIMD lanes for float, x clamped to [-87.3, 88]: x = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes'
+ * degree-7 polynomial, times 2^n built in the exponent bits (as decode_step.c's exp_neg, on both signs; the
+ * per-channel decays' factors take exponents in [-60, 60]). Within 2 ulp of e^x there (tests hold the
+ * kernel to the per-token rule). */
+#pragma omp declare simd
+static inline float expv_f32(float x)
+{
+    x = x < -87.3f ? -87.3f : x > 88.0f ? 88.0f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+    float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    return p * two_n;
+}
+
 #define REAL float
 #define SUF f32
+#define EXPV(x) expv_f32(x)
 #ifdef __FMA__
 #define FMA(a, b, c) __builtin_fmaf(a, b, c)
 #else
@@ -36,6 +65,7 @@ static int omp_get_num_threads(void) { return 1; }
 #define EXP(x) expf(x)
 #include "delta_chunk_body.h"
 #undef EXP
+#undef EXPV
 #undef FMA
 #undef REAL
 #undef SUF
@@ -48,8 +78,10 @@ static int omp_get_num_threads(void) { return 1; }
 #define FMA(a, b, c) ((a) * (b) + (c))
 #endif
 #define EXP(x) exp(x)
+#define EXPV(x) exp(x)
 #include "delta_chunk_body.h"
 #undef EXP
+#undef EXPV
 #undef FMA
 #undef REAL
 #undef SUF

@@ -59,76 +59,16 @@ static void NAME(gemm_, SUF)(int M, int Kd, int W, REAL alpha, const REAL *A, lo
     }
 }
 
-/* The loop over the N chunks of one group for the heads [h0, h1) (see delta_chunk.c). Per head h and chunk i
- * (x_i below is x + i * xs_n + h * xs_h, rows of D numbers one after another):
- *     delta (T given):  X = bV_i - bK_i S,  Vn = T_i X          else  Vn = bV_i
- *     o_i = q_i S + A_i Vn                  (A_i lower triangular, its diagonal included)
- *     S = diag(d_i) S + kd_i^T Vn           (d NULL: no decay; d_per_channel: K numbers, else one)
- * S [heads, K, V] in place; work: 2 C V numbers for this thread. */
-void NAME(delta_chunk_loop_, SUF)(
-    int N, int C, int K, int V, const REAL *q, long qs_n, long qs_h, const REAL *kd, long ks_n, long ks_h,
-    const REAL *bK, long bks_n, long bks_h, const REAL *bV, long bvs_n, long bvs_h, const REAL *T, long ts_n,
-    long ts_h, const REAL *A, long as_n, long as_h, const REAL *d, long ds_n, long ds_h, int d_per_channel,
-    REAL *o, long os_n, long os_h, REAL *S, long h0, long h1, REAL *work)
-{
-    REAL *X = work, *Vn = work + (long)C * V;
-    for (long h = h0; h < h1; h++) {
-        REAL *Sh = S + h * K * V;
-        for (int i = 0; i < N; i++) {
-            const REAL *vn;
-            if (T) {
-                NAME(gemm_, SUF)(C, K, V, -1, bK + i * bks_n + h * bks_h, K, 1, Sh, V, bV + i * bvs_n + h * bvs_h,
-                                 V, X, V, 0);
-                NAME(gemm_, SUF)(C, C, V, 1, T + i * ts_n + h * ts_h, C, 1, X, V, NULL, 0, Vn, V, 1);
-                vn = Vn;
-            } else {
-                vn = bV + i * bvs_n + h * bvs_h;
-            }
-            REAL *oi = o + i * os_n + h * os_h;
-            NAME(gemm_, SUF)(C, K, V, 1, q + i * qs_n + h * qs_h, K, 1, Sh, V, NULL, 0, oi, V, 0);
-            NAME(gemm_, SUF)(C, C, V, 1, A + i * as_n + h * as_h, C, 1, vn, V, oi, V, oi, V, 1);
-            if (d) {
-                const REAL *di = d + i * ds_n + h * ds_h;
-                for (int r = 0; r < K; r++) {
-                    const REAL f = d_per_channel ? di[r] : di[0];
-                    _Pragma("omp simd")
-                    for (int j = 0; j < V; j++) Sh[(long)r * V + j] *= f;
-                }
-            }
-            const REAL *ki = kd + i * ks_n + h * ks_h;  /* kd_i^T: row r of it is column r of kd_i */
-            NAME(gemm_, SUF)(K, C, V, 1, ki, 1, K, vn, V, Sh, V, Sh, V, 0);
-        }
-    }
-}
-
-/* The same over all heads, split between ``threads`` threads of the OpenMP runtime (torch's own, where it is
- * loaded first: the threads that run torch's operations take these heads too). ``work``: 2 C V numbers per thread. */
-void NAME(delta_chunk_loop_threads_, SUF)(
-    int N, int C, int K, int V, const REAL *q, long qs_n, long qs_h, const REAL *kd, long ks_n, long ks_h,
-    const REAL *bK, long bks_n, long bks_h, const REAL *bV, long bvs_n, long bvs_h, const REAL *T, long ts_n,
-    long ts_h, const REAL *A, long as_n, long as_h, const REAL *d, long ds_n, long ds_h, int d_per_channel,
-    REAL *o, long os_n, long os_h, REAL *S, long heads, int threads, REAL *work)
-{
-    if (threads > heads) threads = (int)heads;
-    if (threads < 1) threads = 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < threads; t++)
-        NAME(delta_chunk_loop_, SUF)(N, C, K, V, q, qs_n, qs_h, kd, ks_n, ks_h, bK, bks_n, bks_h, bV, bvs_n,
-                                     bvs_h, T, ts_n, ts_h, A, as_n, as_h, d, ds_n, ds_h, d_per_channel, o, os_n,
-                                     os_h, S, heads * t / threads, heads * (t + 1) / threads,
-                                     work + (long)t * 2 * C * V);
-}
-
-/* The whole chunked form for the heads of one call, per head decays only (see delta_chunk.c): per head, chunk
- * by chunk, the chunk's inputs are read into small buffers, its scores, decays and T made there, then the
+/* The whole chunked form for the heads of one call (see delta_chunk.c): per head, chunk
+ * by chunk, the chunk's inputs are read into small buffers, its scores, decays and A_kk made there, then the
  * loop's four products; nothing of a chunk leaves the cache but its output rows. */
 typedef struct {
-    REAL *QK, *KT, *bK, *bV, *P, *Aqk, *Akk, *X, *Vn, *Ot, *G, *eG, *kd, *b, *f, *inv_f;
+    REAL *QK, *KT, *bK, *bV, *P, *Aqk, *Akk, *X, *Vn, *Ot, *G, *eG, *kd, *b, *f, *inv_f, *F, *em, *eC;
 } NAME(bufs_, SUF);
 
 static void NAME(chunk_, SUF)(int n, int C, int K, int V, const REAL *q, const REAL *k, const REAL *v,
-                              const REAL *g, const REAL *beta, const long *st, REAL scale, REAL limit, REAL *o,
-                              REAL *Sh, NAME(bufs_, SUF) *w)
+                              const REAL *g, int per_channel, const REAL *beta, const long *st, REAL scale,
+                              REAL limit, REAL *o, REAL *Sh, NAME(bufs_, SUF) *w)
 {
     /* st: q (t, h) strides, then k, v, g, beta, o; the caller moved the pointers to (b, t0, h) */
     REAL *Q = w->QK, *Kc = w->QK + (long)C * K;
@@ -137,28 +77,75 @@ static void NAME(chunk_, SUF)(int n, int C, int K, int V, const REAL *q, const R
         _Pragma("omp simd")
         for (int d = 0; d < K; d++) { Q[(long)i * K + d] = qi[d]; Kc[(long)i * K + d] = ki[d]; }
         for (int d = 0; d < K; d++) w->KT[(long)d * C + i] = ki[d];
-    }
-    /* cumulative log decay (each step clamped at -limit, as the tensor form does), its factors */
-    REAL acc = 0;
-    for (int i = 0; i < n; i++) {
-        REAL gi = g ? g[i * st[6]] : 0;
-        acc += gi < -limit ? -limit : gi;
-        w->G[i] = acc;
         w->b[i] = beta ? beta[i * st[8]] : 1;
     }
-    /* exp(G_i - G_j) = exp(G_i - m) exp(m - G_j), m the mid decay, both factors within exp(+-span / 2): 2 n
-     * exponentials in place of n^2 / 2, while the span is within twice the limit (else pairwise, as the tensor
-     * form does beyond its fast range) */
-    const REAL m = acc / 2;
-    const int fast = -acc <= 2 * limit;
-    for (int i = 0; i < n; i++) {
-        w->eG[i] = EXP(w->G[i]);
-        w->kd[i] = EXP(acc - w->G[i]);
-        w->f[i] = EXP(w->G[i] - m);
-        w->inv_f[i] = EXP(m - w->G[i]);
+    /* cumulative log decay within the chunk, each step clamped at -limit as the tensor form does: G [n] per
+     * head, [n][K] per channel. exp(G_i - G_j) = exp(G_i - m) exp(m - G_j), m = G_C / 2, both factors within
+     * exp(+-span / 2) while the chunk decays by at most twice the limit ("fast"): 2 n (per channel 2 n K)
+     * exponentials in place of n^2 / 2 (n^2 K / 2). Beyond, the decays are taken pairwise. */
+    REAL *G = w->G;
+    int fast = 1;
+    REAL acc = 0;  /* per head: G_C */
+    if (!per_channel) {
+        for (int i = 0; i < n; i++) {
+            const REAL gi = g ? g[i * st[6]] : 0;
+            acc += gi < -limit ? -limit : gi;
+            G[i] = acc;
+        }
+        const REAL m = acc / 2;
+        fast = -acc <= 2 * limit;
+        for (int i = 0; i < n; i++) {
+            w->eG[i] = EXP(G[i]);
+            w->kd[i] = EXP(acc - G[i]);
+            w->f[i] = EXP(G[i] - m);
+            w->inv_f[i] = EXP(m - G[i]);
+        }
+    } else {
+        for (int i = 0; i < n; i++) {
+            const REAL *gi = g + i * st[6];
+            REAL *Gi = G + (long)i * K;
+            _Pragma("omp simd")
+            for (int c = 0; c < K; c++) {
+                const REAL step = gi[c] < -limit ? -limit : gi[c];
+                Gi[c] = (i ? Gi[c - K] : 0) + step;
+            }
+        }
+        const REAL *GC = G + (long)(n - 1) * K;
+        for (int c = 0; c < K; c++) fast &= -GC[c] <= 2 * limit;
+        if (fast) {  /* the factors ride on the rows: [q f; k f] (k / f)^T, f = exp(G - m) */
+            _Pragma("omp simd")
+            for (int c = 0; c < K; c++) { w->em[c] = EXPV(GC[c] / 2); w->eC[c] = EXPV(GC[c]); }
+            for (int i = 0; i < n; i++) {
+                REAL *Fi = w->F + (long)i * K;
+                _Pragma("omp simd")
+                for (int c = 0; c < K; c++) {
+                    Fi[c] = EXPV(G[(long)i * K + c] - GC[c] / 2);
+                    Q[(long)i * K + c] *= Fi[c];
+                    Kc[(long)i * K + c] *= Fi[c];
+                }
+                for (int c = 0; c < K; c++) w->KT[(long)c * C + i] /= Fi[c];
+            }
+        } else {
+            _Pragma("omp simd")
+            for (int c = 0; c < K; c++) w->eC[c] = EXPV(GC[c]);
+        }
     }
-    /* the scores: [Q; K] K^T (2n x n), decayed pairwise (exp(G_i - G_j) <= 1 for j <= i), the upper part cleared */
-    if (n == C) {
+    /* the scores: [Q; K] K^T (2n x n), decayed (exp(G_i - G_j) <= 1 for j <= i), the upper part cleared */
+    if (per_channel && !fast) {  /* pairwise, channel by channel (a chunk decaying beyond exp's range: rare) */
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j <= i; j++) {
+                REAL sq = 0, sk = 0;
+                const REAL *Gi = G + (long)i * K, *Gj = G + (long)j * K;
+                _Pragma("omp simd reduction(+:sq, sk)")
+                for (int c = 0; c < K; c++) {
+                    const REAL kj = Kc[(long)j * K + c] * EXPV(Gi[c] - Gj[c]);
+                    sq += Q[(long)i * K + c] * kj;
+                    sk += Kc[(long)i * K + c] * kj;
+                }
+                w->P[(long)i * C + j] = sq;
+                w->P[(long)(C + i) * C + j] = sk;
+            }
+    } else if (n == C) {
         NAME(gemm_, SUF)(2 * n, K, n, 1, w->QK, K, 1, w->KT, C, NULL, 0, w->P, C, 0);
     } else {  /* rows of Q and K are C apart in QK: two calls */
         NAME(gemm_, SUF)(n, K, n, 1, Q, K, 1, w->KT, C, NULL, 0, w->P, C, 0);
@@ -167,21 +154,60 @@ static void NAME(chunk_, SUF)(int n, int C, int K, int V, const REAL *q, const R
     const REAL *KK = w->P + (long)C * C;
     for (int i = 0; i < n; i++) {
         for (int j = 0; j <= i; j++) {
-            const REAL gam = fast ? w->f[i] * w->inv_f[j] : EXP(w->G[i] - w->G[j]);
+            const REAL gam = per_channel ? 1 : fast ? w->f[i] * w->inv_f[j] : EXP(G[i] - G[j]);
             w->Aqk[(long)i * C + j] = w->P[(long)i * C + j] * gam;
             w->Akk[(long)i * C + j] = j < i ? w->b[i] * KK[(long)i * C + j] * gam : 0;  /* A_kk, strictly lower */
         }
         for (int j = i + 1; j < n; j++) w->Aqk[(long)i * C + j] = 0;
     }
+    /* q exp(G) (the queries read the state), beta k exp(G) (what the state predicts), and the keys' decay to
+     * the chunk's end exp(G_C - G) (they write the state): kept in Q, bK, and Kc (per head) or KT (per
+     * channel, whose rows the state's update reads) */
+    if (!per_channel) {
+        for (int i = 0; i < n; i++) {
+            const REAL e = w->eG[i], kdi = w->kd[i], bki = w->b[i] * e;
+            _Pragma("omp simd")
+            for (int d = 0; d < K; d++) {
+                w->bK[(long)i * K + d] = bki * Kc[(long)i * K + d];
+                Q[(long)i * K + d] *= e;
+                Kc[(long)i * K + d] *= kdi;
+            }
+        }
+    } else if (fast) {  /* Q, Kc hold q f, k f; KT holds k / f: times exp(m) they are q exp(G), k exp(G), k exp(G_C - G) */
+        for (int i = 0; i < n; i++) {
+            const REAL bi = w->b[i];
+            _Pragma("omp simd")
+            for (int c = 0; c < K; c++) {
+                w->bK[(long)i * K + c] = bi * Kc[(long)i * K + c] * w->em[c];
+                Q[(long)i * K + c] *= w->em[c];
+            }
+        }
+        for (int c = 0; c < K; c++) {
+            const REAL e = w->em[c];
+            _Pragma("omp simd")
+            for (int i = 0; i < n; i++) w->KT[(long)c * C + i] *= e;
+        }
+    } else {
+        const REAL *GC = G + (long)(n - 1) * K;
+        for (int i = 0; i < n; i++) {
+            const REAL bi = w->b[i];
+            const REAL *Gi = G + (long)i * K;
+            _Pragma("omp simd")
+            for (int c = 0; c < K; c++) {
+                const REAL e = EXPV(Gi[c]);
+                w->bK[(long)i * K + c] = bi * Kc[(long)i * K + c] * e;
+                Q[(long)i * K + c] *= e;
+            }
+            for (int c = 0; c < K; c++) w->KT[(long)c * C + i] *= EXPV(GC[c] - Gi[c]);
+        }
+    }
     const REAL *vn;
     if (beta) {
         for (int i = 0; i < n; i++) {
             const REAL *vi = v + i * st[4];
-            const REAL bi = w->b[i], bki = w->b[i] * w->eG[i];
+            const REAL bi = w->b[i];
             _Pragma("omp simd")
             for (int d = 0; d < V; d++) w->bV[(long)i * V + d] = bi * vi[d];
-            _Pragma("omp simd")
-            for (int d = 0; d < K; d++) w->bK[(long)i * K + d] = bki * Kc[(long)i * K + d];
         }
         NAME(gemm_, SUF)(n, K, V, -1, w->bK, K, 1, Sh, V, w->bV, V, w->X, V, 0);   /* X = bV - bK S */
         /* Vn = (I + A_kk)^-1 X by forward substitution, row by row: Vn_i = X_i - sum_{m < i} A_kk[i, m] Vn_m */
@@ -197,28 +223,31 @@ static void NAME(chunk_, SUF)(int n, int C, int K, int V, const REAL *q, const R
                 for (int j = 0; j < V; j++) Vi[j] = FMA(f, Vm[j], Vi[j]);
             }
         }
-        vn = w->Vn;
     } else {
         for (int i = 0; i < n; i++) {
             const REAL *vi = v + i * st[4];
             _Pragma("omp simd")
             for (int d = 0; d < V; d++) w->Vn[(long)i * V + d] = vi[d];
         }
-        vn = w->Vn;
     }
-    for (int i = 0; i < n; i++) {  /* q exp(G), k exp(G_C - G): the queries read the state, the keys write it */
-        const REAL e = w->eG[i], kdi = w->kd[i];
-        _Pragma("omp simd")
-        for (int d = 0; d < K; d++) { Q[(long)i * K + d] *= e; Kc[(long)i * K + d] *= kdi; }
-    }
+    vn = w->Vn;
     NAME(gemm_, SUF)(n, K, V, 1, Q, K, 1, Sh, V, NULL, 0, w->Ot, V, 0);           /* O = q exp(G) S */
     NAME(gemm_, SUF)(n, n, V, 1, w->Aqk, C, 1, vn, V, w->Ot, V, w->Ot, V, 1);    /*   + A_qk Vn */
-    if (g) {
+    if (g && !per_channel) {
         const REAL eC = EXP(acc);
         _Pragma("omp simd")
         for (long j = 0; j < (long)K * V; j++) Sh[j] *= eC;
+    } else if (g) {
+        for (int c = 0; c < K; c++) {
+            const REAL e = w->eC[c];
+            _Pragma("omp simd")
+            for (int j = 0; j < V; j++) Sh[(long)c * V + j] *= e;
+        }
     }
-    NAME(gemm_, SUF)(K, n, V, 1, Kc, 1, K, vn, V, Sh, V, Sh, V, 0);              /* S += (k exp(G_C - G))^T Vn */
+    if (!per_channel)
+        NAME(gemm_, SUF)(K, n, V, 1, Kc, 1, K, vn, V, Sh, V, Sh, V, 0);          /* S += (k exp(G_C - G))^T Vn */
+    else
+        NAME(gemm_, SUF)(K, n, V, 1, w->KT, C, 1, vn, V, Sh, V, Sh, V, 0);
     for (int i = 0; i < n; i++) {
         REAL *oi = o + i * st[10];
         _Pragma("omp simd")
@@ -226,10 +255,12 @@ static void NAME(chunk_, SUF)(int n, int C, int K, int V, const REAL *q, const R
     }
 }
 
-/* q, k [B,T,H,K], v, o [B,T,H,V], g, beta [B,T,H] or NULL, rows contiguous; st: the (b, t, h) strides of q, k,
- * v, g, beta, o (18 numbers); S [B*H, K, V] in place (the initial state, or zeros). */
+/* q, k [B,T,H,K], v, o [B,T,H,V], g [B,T,H] (or [B,T,H,K] with per_channel) or NULL, beta [B,T,H] or NULL,
+ * rows contiguous; st: the (b, t, h) strides of q, k, v, g, beta, o (18 numbers); S [B*H, K, V] in place (the
+ * initial state, or zeros). 0, or -1 where a thread's buffers could not be had (nothing is then done). */
 int NAME(delta_chunked_, SUF)(int B, int T, int H, int K, int V, int C, const REAL *q, const REAL *k,
-                              const REAL *v, const REAL *g, const REAL *beta, const long *st, REAL scale,
+                              const REAL *v, const REAL *g, int per_channel, const REAL *beta, const long *st,
+                              REAL scale,
                               REAL limit, REAL *o, REAL *S, int threads)
 {
     const long heads = (long)B * H;
@@ -238,7 +269,7 @@ int NAME(delta_chunked_, SUF)(int B, int T, int H, int K, int V, int C, const RE
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads)
     {
-        const long floats = 4L * C * K + 4L * C * C + 3L * C * V + (long)C * (V > C ? V : C) + 6L * C;
+        const long floats = 6L * C * K + 4L * C * C + 3L * C * V + (long)C * (V > C ? V : C) + 6L * C + 2L * K;
         REAL *mem = (REAL *)malloc(sizeof(REAL) * floats);
         if (!mem) {
 #pragma omp atomic write
@@ -254,8 +285,8 @@ int NAME(delta_chunked_, SUF)(int B, int T, int H, int K, int V, int C, const RE
         w.QK = p; p += 2L * C * K;  w.KT = p; p += (long)K * C;  w.bK = p; p += (long)C * K;
         w.bV = p; p += (long)C * V;  w.P = p; p += 2L * C * C;  w.Aqk = p; p += (long)C * C;
         w.Akk = p; p += (long)C * C;  w.X = p; p += (long)C * (V > C ? V : C);  w.Vn = p; p += (long)C * V;
-        w.Ot = p; p += (long)C * V;  w.G = p; p += C;  w.eG = p; p += C;  w.kd = p; p += C;  w.b = p; p += C;
-        w.f = p; p += C;  w.inv_f = p; p += C;
+        w.Ot = p; p += (long)C * V;  w.G = p; p += (long)C * K;  w.eG = p; p += C;  w.kd = p; p += C;  w.b = p; p += C;
+        w.f = p; p += C;  w.inv_f = p; p += C;  w.F = p; p += (long)C * K;  w.em = p; p += K;  w.eC = p; p += K;
         /* each thread its own range of heads, taken chunk by chunk: a chunk's rows of all those heads lie
          * together in memory (and their states, K V numbers each, stay in the second-level cache) */
         const int t_id = omp_get_thread_num(), t_n = omp_get_num_threads();
@@ -283,7 +314,7 @@ int NAME(delta_chunked_, SUF)(int B, int T, int H, int K, int V, int C, const RE
                 const long lst[12] = {st[1], 0, st[4], 0, st[7], 0, st[10], 0, st[13], 0, st[16], 0};
                 NAME(chunk_, SUF)(n, C, K, V, q + b * st[0] + t0 * st[1] + h * st[2],
                                   k + b * st[3] + t0 * st[4] + h * st[5], v + b * st[6] + t0 * st[7] + h * st[8],
-                                  g ? g + b * st[9] + t0 * st[10] + h * st[11] : NULL,
+                                  g ? g + b * st[9] + t0 * st[10] + h * st[11] : NULL, per_channel,
                                   beta ? beta + b * st[12] + t0 * st[13] + h * st[14] : NULL, lst, scale, limit,
                                   o + b * st[15] + t0 * st[16] + h * st[17], Sh, &w);
             }
