@@ -53,8 +53,10 @@ def test_a_plan_is_calibrated_once_then_read_from_the_cpus_file(fresh, monkeypat
     assert len(calls) == 2 and len(json.loads(path.read_text())["plans"]) == 2
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"plans": {"kernel|decay=head|K=64|V=64|float32|threads=1": {"chunk": -3, '
-                                  '"group_floats": null}}}', '{"plans": 7}', ""])
+BAD_PLAN = '{"plans": {"kernel|decay=head|K=64|V=64|float32|threads=1": {"chunk": -3, "group_floats": null}}}'
+
+
+@pytest.mark.parametrize("text", ["{not json", BAD_PLAN, '{"plans": 7}', ""])
 def test_a_damaged_file_is_calibrated_again_and_rewritten(fresh, monkeypatch, text):
     calls = _counting(monkeypatch)
     path = tuning.tuning_file()

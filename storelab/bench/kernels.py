@@ -21,15 +21,15 @@ peer's (``wy_delta_flops``, the textbook form):
                   O += A V_new, S += K^T V_new      2 C^2 V  +  2 C K V
 
 i.e. ``2 C^2 (3K + 2V) + C^3 / 3 + 6 C K V``. Ours (``chunk_delta_flops``) never forms U and W:
-V_new = T (V - K S) (beta and decays folded in), T applied in the loop (the tensor form) or V_new
-found by forward substitution (the C kernel, per-head decays: no inverse at all, C^2 V multiply-adds
-counted as the dense C x C x V product), so ``2 C^2 (2K + 2V) + C^3 / 3 + 6 C K V``. Each side is
-counted at the chunk size it runs: ours at the one ``chunk_size=None`` picks on this CPU
-(``storelab.ops.tuning``, printed), the peer at its default of 64. "Fraction of matmul" is our count over our time, over the matmul rate. Elementwise work
-(decays, masks) is not counted, the inverse is counted at its minimum C^3 / 3 (ours sums a
-Neumann series by doubling, several times that), and KDA is counted like Gated DeltaNet (its
-per-channel decay is elementwise work around the same products), so the rates printed are
-conservative.
+V_new = T (V - K S) with beta and the decays folded in, found by forward substitution in the C kernel
+(C^2 V multiply-adds, counted as the dense C x C x V product T V) or with T applied in the loop (the
+tensor form), so ``2 C^2 (2K + 2V) + C^3 / 3 + 6 C K V``. The C^3 / 3 of an inverse stays in the count
+though the kernel forms none (under 1 % of it at C = 32, K = V = 64). Each side is counted at the
+chunk size it runs: ours at the one ``chunk_size=None`` picks on this CPU (``storelab.ops.tuning``,
+printed), the peer at its default of 64. "Fraction of matmul" is our count over our time, over the
+matmul rate. Elementwise work (decays, masks, exponentials) is not counted, and KDA is counted like
+Gated DeltaNet (its per-channel decay is elementwise work around the same products), so the rates
+printed are conservative.
 """
 
 from __future__ import annotations

@@ -522,7 +522,8 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
 
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, scale: float | None = None,
-                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int | None = None,
+                     initial_state: Tensor | None = None, output_final_state: bool = False,
+                     chunk_size: int | None = None,
                      mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """Additive outer-product writes, S_t = exp(g_t) S_{t-1} + k_t v_t^T; g [B,T,HV] or None.
 
@@ -541,7 +542,8 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor, scale: float | 
 
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor, beta: Tensor, scale: float | None = None,
-                     initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int | None = None,
+                     initial_state: Tensor | None = None, output_final_state: bool = False,
+                     chunk_size: int | None = None,
                      mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """Gated DeltaNet: decay by exp(g_t) per head (g [B,T,HV], <= 0), then the delta write."""
     return _run("gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, mode,

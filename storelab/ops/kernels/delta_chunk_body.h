@@ -173,7 +173,7 @@ static void NAME(chunk_, SUF)(int n, int C, int K, int V, const REAL *q, const R
                 Kc[(long)i * K + d] *= kdi;
             }
         }
-    } else if (fast) {  /* Q, Kc hold q f, k f; KT holds k / f: times exp(m) they are q exp(G), k exp(G), k exp(G_C - G) */
+    } else if (fast) {  /* Q, Kc hold q f, k f; KT k / f: times exp(m), q exp(G), k exp(G), k exp(G_C - G) */
         for (int i = 0; i < n; i++) {
             const REAL bi = w->b[i];
             _Pragma("omp simd")
