@@ -198,11 +198,14 @@ def test_hf_folders_take_the_c_kernels_and_equal_torch_s_forms(hf_folder):
         assert_close(got, want, atol=REL * want.abs().max().item(), what=f"{model_type}: C kernels against torch's")
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("H, G, K, V, L, sinks, new", [(9, 3, 64, 64, 300, False, False), (4, 1, 16, 24, 70, True, True),
-                                                       (6, 6, 8, 8, 1, True, False), (4, 2, 32, 32, 0, False, True)])
-def test_attend_one_equals_the_reference_softmax(H, G, K, V, L, sinks, new):
+                                                       (6, 6, 8, 8, 1, True, False), (4, 2, 32, 32, 0, False, True),
+                                                       (4, 2, 128, 128, 1000, True, True)])
+def test_attend_one_equals_the_reference_softmax(H, G, K, V, L, sinks, new, threads):
     """The C read over strided cache views (a shared row buffer), GQA, K != V, sinks, a new entry not yet written,
-    an empty cache, and scores far apart (the running max rescales): the reference softmax's output to fp32 rounding."""
+    an empty cache, and scores far apart (the running max rescales): the reference softmax's output to fp32 rounding,
+    on one thread or with the rows split between torch's threads (where there are two blocks of rows per thread)."""
     from storelab.models import decode
     from storelab.ops.attention import attend_reference
 
@@ -214,7 +217,12 @@ def test_attend_one_equals_the_reference_softmax(H, G, K, V, L, sinks, new):
     q = torch.randn(1, 1, H, K, generator=g) * 2
     k_new, v_new = (torch.randn(1, 1, G, K, generator=g), torch.randn(1, 1, G, V, generator=g)) if new else (None, None)
     s_H = torch.randn(H, generator=g) if sinks else None
-    got = decode._AttendOne.make(H, G, K, V, 0.3, s_H)(q, k_rows, v_rows, k_new, v_new)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = decode._AttendOne.make(H, G, K, V, 0.3, s_H)(q, k_rows, v_rows, k_new, v_new)
+    finally:
+        torch.set_num_threads(before)
     k_all = k_rows if k_new is None else torch.cat([k_rows, k_new], 1)
     v_all = v_rows if v_new is None else torch.cat([v_rows, v_new], 1)
     want = attend_reference(q, k_all, v_all, scale=0.3, sinks_H=s_H).reshape(-1)

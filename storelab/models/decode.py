@@ -124,6 +124,7 @@ class _Angles:
 _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 _SIGNATURES = {"rms_norm_f32": ([_P, _P, _P, _L, _F], None),
                "attend_one_f32": ([_P] * 10 + [_L] * 9 + [_F], None),
+               "attend_one_threads_f32": ([_P] * 10 + [_L] * 9 + [_F, ctypes.c_int], None),
                "attend_part_f32": ([_P] * 6 + [_L] * 11 + [_F], None),
                "attend_finish_f32": ([_P, _L, _L, _P, _P, _L, _L, _L, _L, _P, _P, _P, _P, _L, _L], None),
                "qk_prepare_f32": ([_P, _L, _L, _L, _P, _P, _F, _L, _P, _P], None),
@@ -159,19 +160,21 @@ def _norm(module: nn.Module, *, vector: bool = False):
 
 class _AttendOne:
     """The query's heads over a cache's rows (strided, read in place) and an optional new entry, with sinks: one
-    call of ``attend_one_f32``, or None from ``make`` where the C library is not there."""
+    call of ``attend_one_threads_f32`` (the rows split between torch's threads where there are enough of them), or
+    None from ``make`` where the C library is not there."""
 
     @classmethod
     def make(cls, H: int, G: int, K: int, V: int, scale: float, sinks: Tensor | None):
         lib = _kernels()
         if lib is None or (sinks is not None and sinks.dtype != torch.float32):
             return None
-        return cls(lib.attend_one_f32, H, G, K, V, scale, sinks, work=lib.attend_work_floats(H, V))
+        return cls(lib.attend_one_threads_f32, H, G, K, V, scale, sinks, work=lib.attend_work_floats(H, V))
 
     def __init__(self, fn, H, G, K, V, scale, sinks, *, work: int):
         self.fn, self.H, self.G, self.K, self.V, self.scale = fn, H, G, K, V, float(scale)
         self.sinks = None if sinks is None else sinks.detach().contiguous()
-        self.work = torch.empty(work)   # the kernel's scratch, made once
+        self.work_floats = work
+        self.work = torch.empty(work)   # the kernel's scratch, one per thread, made again when torch's threads grow
 
     def takes(self, *rows: Tensor) -> bool:
         """Whether the kernel reads these cache views ([1, L, G, K] fp32 on the CPU, channels contiguous)."""
@@ -198,9 +201,12 @@ class _AttendOne:
         H, G, K, V = self.H, self.G, self.K, self.V
         q = q.contiguous()
         out = torch.empty(H * V)
+        threads = torch.get_num_threads()
+        if self.work.numel() < threads * self.work_floats:
+            self.work = torch.empty(threads * self.work_floats)
         qp, sp, wp = q.data_ptr(), None if self.sinks is None else self.sinks.data_ptr(), self.work.data_ptr()
         self.fn(qp, kp, vp, kn, vn, k_dst, v_dst, sp, wp, out.data_ptr(), H, G, K, V, L, k_row, k_head, v_row, v_head,
-                self.scale)
+                self.scale, threads)
         return out
 
 

@@ -172,6 +172,31 @@ void attend_one_f32(const float *q, const float *k, const float *v, const float 
     attend_finish_f32(work, 1, 0, sinks, out, H, V, G, K, k_new, v_new, k_dst, v_dst, k_head, v_head);
 }
 
+/* attend_one_f32 with the rows cut into ``threads`` parts read at once by the threads of the OpenMP runtime (torch's:
+ * see storelab.ops.compiled), each into its own work (``threads`` works of attend_work_floats, one after another),
+ * then merged. Fewer than 2 BLOCKs of rows per part: one thread. */
+void attend_one_threads_f32(const float *q, const float *k, const float *v, const float *k_new, const float *v_new,
+                            float *k_dst, float *v_dst, const float *sinks, float *work, float *out, long H, long G,
+                            long K, long V, long L, long k_row, long k_head, long v_row, long v_head, float scale,
+                            int threads) {
+    long n = L + (k_new ? 1 : 0), stride = attend_work_floats(H, V);
+    if (threads > n / (2 * BLOCK)) threads = (int)(n / (2 * BLOCK));
+    if (threads <= 1) {
+        attend_one_f32(q, k, v, k_new, v_new, k_dst, v_dst, sinks, work, out, H, G, K, V, L, k_row, k_head, v_row,
+                       v_head, scale);
+        return;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; t++) {
+        long r0 = n * t / threads, r1 = n * (t + 1) / threads;
+        r0 -= r0 % BLOCK;                                 /* parts begin on a block, as one thread's would */
+        if (t + 1 < threads) r1 -= r1 % BLOCK;
+        attend_part_f32(q, k, v, k_new, v_new, work + t * stride, H, G, K, V, L, r0, r1, k_row, k_head, v_row,
+                        v_head, scale);
+    }
+    attend_finish_f32(work, threads, stride, sinks, out, H, V, G, K, k_new, v_new, k_dst, v_dst, k_head, v_head);
+}
+
 /* A step's query and key heads, in place in the products' buffer: rows 0..n_q-1 are the query heads, the next n_k
  * the key heads, K channels each. With ``qw`` (``kw``), each query (key) head is RMS-normed over its K channels
  * with those weights, as rms_norm_f32; with R > 0, the first R channels of every head are rotated in halves
