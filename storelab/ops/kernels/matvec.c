@@ -8,6 +8,10 @@
  * pass share each load of x; the sums over k run in SIMD lanes (``omp simd reduction``, no fast-math).
  * Layout: W [rows, K] contiguous (nn.Linear's), x [K], y [rows]; each call runs rows r0..r1, so callers
  * split the rows between threads.
+ * The next four rows are prefetched while four are summed: without it the narrow weights did not reach the
+ * memory rate (one thread, 1536 x 576 weights streamed from memory, 2026-12-07: bf16 6.1 -> 9.9 GB/s, int8
+ * 4.7 -> 6.7 GB/s, fp32 12.7 -> 13.0 GB/s; the same weights per second as fp32 before, the memory's rate
+ * after for bf16).
  */
 #include <stdint.h>
 #include <string.h>
@@ -23,8 +27,12 @@ static inline float widen_bf16(uint16_t h) {
 void NAME(const float *x, const WTYPE *W, const float *s, float *y, long K, long r0, long r1) {        \
     (void)s;                                                                                          \
     long r = r0;                                                                                      \
+    const char *end = (const char *)(W + r1 * K);                                                     \
     for (; r + 4 <= r1; r += 4) {                                                                     \
         const WTYPE *w0 = W + r * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;                        \
+        const char *next = (const char *)(W + (r + 4) * K);    /* the next four rows, asked for now */ \
+        for (long b = 0; b < 4 * K * (long)sizeof(WTYPE) && next + b < end; b += 64)                  \
+            __builtin_prefetch(next + b);                                                             \
         float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;                                             \
         _Pragma("omp simd reduction(+:a0,a1,a2,a3)")                                                  \
         for (long k = 0; k < K; k++) {                                                                \
