@@ -293,7 +293,7 @@ def test_int8_kernel_equals_dequantized_product():
     w, x, b = torch.randn(203, 77, generator=g), torch.randn(77, generator=g), torch.randn(203, generator=g)
     for fmt in ("fp32", "bf16", "int8"):
         pw = pack(w, fmt, b)
-        for threads in (1, 2):
+        for threads in (1, 2, 3, 8):  # 8: more than 203 rows give at 64 a thread, so three run
             out = matvec(pw, x, torch.empty(203), RowSplit(threads))
             ref = pw.dequantize().double() @ x.double() + b.double()
             assert_close(out, ref.float(), atol=1e-5 * ref.abs().max().item(), what=f"{fmt} x{threads}")

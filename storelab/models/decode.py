@@ -413,10 +413,11 @@ class _FastLayer:
 class Decoder:
     """``step(ids_B1, cache) -> logits [B, N]``: ``model(ids, cache)``'s last logits, by the per-layer steps
     chosen here (module docstring). ``threads``: the threads between which the C kernels of bf16 / int8 weights
-    split their rows (default 1; fp32's ``torch.mv`` uses torch's threads). One by default because a second thread
-    from a Python pool waits for a core that torch's OpenMP threads spin on between products: measured (SmolLM2-135M,
-    ``storelab bench engines``, 2026-12-06) int8 decode at 2 threads with the split 21.9 tokens/s against 26.4 at
-    one thread (docs/bench.md)."""
+    split their rows (default: torch's thread count; fp32's ``torch.mv`` uses torch's threads). The kernels run
+    on torch's own OpenMP threads (``storelab.ops.compiled.OPENMP``): a Python pool's, tried first, waited for the
+    cores torch's threads spin on (int8 at 2 threads 21.9 tokens/s against 26.4 at one, 2026-12-06); on torch's
+    threads the split is faster (SmolLM2-135M, 2 threads, a step at 1,024 tokens, in one process, 2026-12-07:
+    bf16 26.5 against 36.9 ms on one thread, int8 23.5 against 33.8; docs/bench.md)."""
 
     @staticmethod
     def runs(model: Model) -> bool:
@@ -426,7 +427,7 @@ class Decoder:
 
     def __init__(self, model: Model, *, threads: int | None = None):
         self.model = model
-        self.split = RowSplit(threads or 1)
+        self.split = RowSplit(threads or torch.get_num_threads())
         self.angles = _Angles()
         cfg = model.cfg
         residual = isinstance(model.depth_head, ResidualHead) and all(

@@ -42,7 +42,7 @@ ARCH_FLAGS = ("-march=native",)  # dropped (and the build retried) where the com
 # Kernels that split their work between threads with OpenMP. Built with -fopenmp, they name libgomp.so.1, which
 # binds to the copy torch loaded before them (the same runtime, so the threads that run torch's operations run
 # theirs too, and none spins against another); where -fopenmp fails, they build without it and run on one thread.
-OPENMP = ("delta_chunk", "decode_step")
+OPENMP = ("delta_chunk", "decode_step", "matvec")
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}

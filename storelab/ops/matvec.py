@@ -21,7 +21,9 @@ where the point of a narrower weight is to be faster; a dequantize-then-multiply
 every step. For fp32 torch's own product (MKL's) was about 10 % faster than the C kernel, so fp32 weights
 go through ``torch.mv`` (its threads are torch's); the kernel keeps an fp32 form to measure against.
 
-Threads: ``RowSplit(threads)`` cuts the rows between a pool made once (the kernel lets go of the GIL).
+Threads: ``RowSplit(threads)`` cuts the rows between the threads of the OpenMP runtime torch loaded (the kernels
+are built with OpenMP, ``storelab.ops.compiled.OPENMP``); a Python pool's threads had waited for cores that
+torch's OpenMP threads spin on.
 
 Shape legend: N output rows, K input width.
 """
@@ -29,7 +31,6 @@ Shape legend: N output rows, K input width.
 from __future__ import annotations
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,7 @@ INT8_MAX = 127
 
 _P, _L = ctypes.c_void_p, ctypes.c_long
 _SIGNATURES = {f"matvec_{s}": ([_P, _P, _P, _P, _L, _L, _L], None) for s in ("f32", "bf16", "i8")}
+_SIGNATURES.update({f"matvec_threads_{s}": ([_P, _P, _P, _P, _L, _L, ctypes.c_int], None) for s in ("f32", "bf16", "i8")})
 _SUFFIX = {"fp32": "f32", "bf16": "bf16", "int8": "i8"}
 
 
@@ -88,7 +90,7 @@ class PackedWeight:
         lib = _library()
         if lib is None:
             return None
-        return getattr(lib, f"matvec_{_SUFFIX[self.fmt]}")
+        return getattr(lib, f"matvec_threads_{_SUFFIX[self.fmt]}")
 
 
 def pack(weight_NK: Tensor, fmt: str, bias_N: Tensor | None = None) -> PackedWeight:
@@ -111,27 +113,14 @@ def pack(weight_NK: Tensor, fmt: str, bias_N: Tensor | None = None) -> PackedWei
 
 
 class RowSplit:
-    """Runs ``fn(r0, r1)`` over a weight's rows on ``threads`` threads: the calling one and a pool made once."""
+    """How many threads a weight's rows are cut between: the kernels' own (``matvec_threads_*``, on the OpenMP
+    runtime torch loaded), whole groups of four rows each; under 64 rows a thread, one thread."""
 
     def __init__(self, threads: int):
         self.threads = max(1, int(threads))
-        self._pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
 
-    def __call__(self, fn, rows: int) -> None:
-        if self._pool is None or rows < 64 * self.threads:
-            fn(0, rows)
-            return
-        n = self.threads
-        cuts = [rows * i // n // 4 * 4 for i in range(n)] + [rows]  # whole groups of four rows per thread
-        futures = [self._pool.submit(fn, cuts[i], cuts[i + 1]) for i in range(1, n)]
-        fn(cuts[0], cuts[1])
-        for f in futures:
-            f.result()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+    def close(self) -> None:  # nothing is held (kept for callers of the pool this once made)
+        pass
 
 
 _ONE = RowSplit(1)
@@ -150,12 +139,11 @@ def bind(pw: PackedWeight, split: RowSplit = _ONE):
             return out_N if bias is None else out_N.add_(bias)
         return run
     held = (pw.data_NK, pw.scale_N)  # the closure keeps the tensors behind its pointers alive
-    wp, K, N = pw.data_NK.data_ptr(), pw.cols, pw.rows
+    wp, K, N, threads = pw.data_NK.data_ptr(), pw.cols, pw.rows, split.threads
     sp = None if pw.scale_N is None else pw.scale_N.data_ptr()
 
     def run(x_K: Tensor, out_N: Tensor, held=held) -> Tensor:
-        xp, op = x_K.data_ptr(), out_N.data_ptr()
-        split(lambda r0, r1: fn(xp, wp, sp, op, K, r0, r1), N)
+        fn(x_K.data_ptr(), wp, sp, out_N.data_ptr(), K, N, threads)
         return out_N if bias is None else out_N.add_(bias)
     return run
 
