@@ -25,6 +25,7 @@ to rounding (tests/test_ops_recurrent.py runs them all).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -56,6 +57,7 @@ _plans: dict[str, ChunkPlan] = {}
 _loaded_from: Path | None = None
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -66,6 +68,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.lru_cache(maxsize=1)
 def _caches() -> str:
     sizes = []
     for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
@@ -77,6 +80,7 @@ def _caches() -> str:
     return ",".join(sizes)
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_id() -> str:
     """This machine as the tuning file names it: its CPU model, caches and cores, and torch's version."""
     text = f"{_cpu_name()}|{_caches()}|{os.cpu_count()}|{torch.__version__}"
@@ -85,11 +89,14 @@ def cpu_id() -> str:
 
 def tuning_file() -> Path:
     """Where this CPU's choices are kept (module docstring)."""
-    root = os.environ.get("STORELAB_CACHE_DIR")
+    return _tuning_file(os.environ.get("STORELAB_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _tuning_file(root: str | None, xdg: str | None) -> Path:
     if root:
         base = Path(root)
     else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
         base = (Path(xdg) if xdg else Path.home() / ".cache") / "storelab"
     return base / "tuning" / f"{cpu_id()}.json"
 
