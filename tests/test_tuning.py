@@ -105,7 +105,7 @@ def test_the_ops_default_runs_the_plan(fresh, monkeypatch, per_channel, form):
     import storelab.ops.delta as delta
 
     if form == "tensor":  # as where the kernel does not build
-        monkeypatch.setattr(delta, "_kernel_takes", lambda q, g: False)
+        monkeypatch.setattr(delta, "_kernel_takes", lambda q: False)
     plan = tuning.ChunkPlan(16, None if form == "kernel" else 2 * 6 * 16 * 64)
     calls = _counting(monkeypatch, plan)
     q, k, v, gate, beta = _inputs(per_channel=per_channel)

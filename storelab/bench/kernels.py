@@ -58,7 +58,7 @@ def ours_plan(name: str, x: dict[str, torch.Tensor]) -> ChunkPlan:
     from storelab.ops import delta
 
     K, V = x["q"].shape[-1], x["v"].shape[-1]
-    form = "kernel" if delta._kernel_takes(x["q"], x["g"]) else "tensor"
+    form = "kernel" if delta._kernel_takes(x["q"]) else "tensor"
     return chunk_plan(form, K, V, x["q"].dtype, name == "kda")
 
 

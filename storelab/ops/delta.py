@@ -459,7 +459,7 @@ for _suf, _real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
                                                + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
 
 
-def _kernel_takes(q, g) -> bool:
+def _kernel_takes(q) -> bool:
     """Whether the whole chunked form runs in C: float32 / float64 on a CPU, the library built."""
     return (q.dtype in (torch.float32, torch.float64) and q.device.type == "cpu"
             and compiled_library("delta_chunk", _KERNEL_SIGNATURE) is not None)
@@ -468,7 +468,7 @@ def _kernel_takes(q, g) -> bool:
 def _chunked_compiled(q, k, v, g, beta, scale, S0, C):
     """The whole chunked form in C (kernels/delta_chunk.c): (o, S), or None where it does not take the inputs
     (``_kernel_takes``)."""
-    if not _kernel_takes(q, g):
+    if not _kernel_takes(q):
         return None
     lib = compiled_library("delta_chunk", _KERNEL_SIGNATURE)
     B, T, H, K = q.shape
@@ -505,7 +505,7 @@ def _run(name, q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     elif mode == "chunk" and records_grad(q, k, v, g, beta, S0):  # training (``delta_train.train``)
         o, S = train(q, k, v, g, beta, S0, scale=scale, chunk_size=chunk_size or DEFAULT_CHUNK)
     elif mode == "chunk":
-        kernel = T > 0 and _kernel_takes(q, g)
+        kernel = T > 0 and _kernel_takes(q)
         group_floats = None
         if chunk_size is None:  # chosen for this CPU (``storelab.ops.tuning``)
             chunk_size, group_floats = chunk_plan("kernel" if kernel else "tensor", K, V, q.dtype, g_per_channel)
@@ -535,7 +535,8 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None
 
 
 def delta_rule(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor, scale: float | None = None,
-               initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int | None = None,
+               initial_state: Tensor | None = None, output_final_state: bool = False,
+               chunk_size: int | None = None,
                mode: str = "chunk") -> tuple[Tensor, Tensor | None]:
     """DeltaNet: S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T; beta [B,T,HV]."""
     return _run("delta_rule", q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size, mode, False)

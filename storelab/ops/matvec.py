@@ -46,7 +46,8 @@ INT8_MAX = 127
 
 _P, _L = ctypes.c_void_p, ctypes.c_long
 _SIGNATURES = {f"matvec_{s}": ([_P, _P, _P, _P, _L, _L, _L], None) for s in ("f32", "bf16", "i8")}
-_SIGNATURES.update({f"matvec_threads_{s}": ([_P, _P, _P, _P, _L, _L, ctypes.c_int], None) for s in ("f32", "bf16", "i8")})
+_SIGNATURES.update({f"matvec_threads_{s}": ([_P, _P, _P, _P, _L, _L, ctypes.c_int], None)
+                    for s in ("f32", "bf16", "i8")})
 _SUFFIX = {"fp32": "f32", "bf16": "bf16", "int8": "i8"}
 
 
