@@ -210,17 +210,22 @@ static void NAME(chunk_, SUF)(int n, int C, int K, int V, const REAL *q, const R
             for (int d = 0; d < V; d++) w->bV[(long)i * V + d] = bi * vi[d];
         }
         NAME(gemm_, SUF)(n, K, V, -1, w->bK, K, 1, Sh, V, w->bV, V, w->X, V, 0);   /* X = bV - bK S */
-        /* Vn = (I + A_kk)^-1 X by forward substitution, row by row: Vn_i = X_i - sum_{m < i} A_kk[i, m] Vn_m */
-        for (int i = 0; i < n; i++) {
-            REAL *Vi = w->Vn + (long)i * V;
-            const REAL *Ai = w->Akk + (long)i * C;
-            _Pragma("omp simd")
-            for (int j = 0; j < V; j++) Vi[j] = w->X[(long)i * V + j];
-            for (int m = 0; m < i; m++) {
-                const REAL f = -Ai[m];
-                const REAL *Vm = w->Vn + (long)m * V;
-                _Pragma("omp simd")
-                for (int j = 0; j < V; j++) Vi[j] = FMA(f, Vm[j], Vi[j]);
+        /* Vn = (I + A_kk)^-1 X by forward substitution, Vn_i = X_i - sum_{m < i} A_kk[i, m] Vn_m, four rows at a
+         * time: the rows already found enter as one product (registers held over the block), then the four
+         * among themselves */
+        for (int i0 = 0; i0 < n; i0 += 4) {
+            const int rows = n - i0 < 4 ? n - i0 : 4;
+            NAME(gemm_, SUF)(rows, i0, V, -1, w->Akk + (long)i0 * C, C, 1, w->Vn, V, w->X + (long)i0 * V, V,
+                             w->Vn + (long)i0 * V, V, 0);
+            for (int i = i0 + 1; i < i0 + rows; i++) {
+                REAL *Vi = w->Vn + (long)i * V;
+                const REAL *Ai = w->Akk + (long)i * C;
+                for (int m = i0; m < i; m++) {
+                    const REAL f = -Ai[m];
+                    const REAL *Vm = w->Vn + (long)m * V;
+                    _Pragma("omp simd")
+                    for (int j = 0; j < V; j++) Vi[j] = FMA(f, Vm[j], Vi[j]);
+                }
             }
         }
     } else {
