@@ -169,3 +169,14 @@ def test_inputs_out_of_line_are_refused_by_name(name, bad):
     x[name] = bad(x[name].detach())
     with pytest.raises(ValueError, match="S0" if name == "h0" else f"^{name}:"):
         _kernel(x, 1.0)
+
+
+def test_a_kernel_is_built_again_when_a_header_it_includes_changes():
+    """The build's key covers the kernel's own files and the shared headers it includes (simd_exp.h), so an edited
+    header is never served from an old build."""
+    from storelab.ops.compiled import _sources
+
+    names = {k: [p.name for p in _sources(k)] for k in ("decode_step", "delta_chunk", "matvec")}
+    assert names["decode_step"] == ["decode_step.c", "simd_exp.h"]
+    assert names["delta_chunk"] == ["delta_chunk.c", "delta_chunk_body.h", "simd_exp.h"]
+    assert names["matvec"] == ["matvec.c"]

@@ -26,6 +26,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -77,7 +78,10 @@ def _compiler() -> str | None:
 
 
 def _sources(name: str) -> list[Path]:
-    return sorted(p for p in KERNELS.iterdir() if p.stem.startswith(name) and p.suffix in (".c", ".h"))
+    """The files a kernel is built from: ``<name>*.c`` / ``.h`` and the headers of this folder they include."""
+    own = sorted(p for p in KERNELS.iterdir() if p.stem.startswith(name) and p.suffix in (".c", ".h"))
+    included = {m for p in own for m in re.findall(r'#include "([^"/]+)"', p.read_text())}
+    return own + sorted(KERNELS / h for h in included if (KERNELS / h).exists() and KERNELS / h not in own)
 
 
 def _build(name: str) -> ctypes.CDLL:

@@ -22,30 +22,11 @@
 #include <stdint.h>
 #include <string.h>
 
-/* e^x for x <= 0 (a score minus the row's largest), in SIMD lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by
- * Cephes' degree-7 polynomial, times 2^n built in the exponent bits (within 1 ulp of e^x on every float of
- * [-87, 0], checked against double precision, 2026-12-06); below -87.3
- * (e^x under 1e-38) it gives 2^-126 times e^r's few ulp, as good as zero beside the row's largest term, 1. */
+#include "simd_exp.h"
+
+/* The softmax's e^x (x <= 0: a score minus the row's largest) is simd_exp.h's exp_simd, within 1 ulp there. */
 #define AHEAD 4    /* rows prefetched ahead of the scores (keys and values: the values' pass finds them) */
 #define BLOCK 64   /* key rows per block of the running softmax: its scores stay in L1 */
-
-#pragma omp declare simd
-static inline float exp_neg(float x) {
-    x = x < -87.3f ? -87.3f : x;
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   /* round to nearest */
-    float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, 4);
-    return p * two_n;
-}
 
 void rms_norm_f32(const float *x, const float *w, float *y, long D, float eps) {
     float ss = 0.0f;
@@ -95,7 +76,7 @@ static inline __attribute__((always_inline)) void attend_part(
             _Pragma("omp simd reduction(max:bm)")
             for (long j = 0; j < nb; j++) bm = s[j] > bm ? s[j] : bm;
             if (bm > m[h]) {
-                float f = exp_neg(m[h] - bm), *o = out + h * V;
+                float f = exp_simd(m[h] - bm), *o = out + h * V;
                 den[h] *= f;
                 _Pragma("omp simd")
                 for (long c = 0; c < V; c++) o[c] *= f;
@@ -103,7 +84,7 @@ static inline __attribute__((always_inline)) void attend_part(
             }
             float mh = m[h];
             _Pragma("omp simd reduction(+:add)")
-            for (long j = 0; j < nb; j++) { float e = exp_neg(s[j] - mh); s[j] = e; add += e; }
+            for (long j = 0; j < nb; j++) { float e = exp_simd(s[j] - mh); s[j] = e; add += e; }
             den[h] += add;
         }
         for (long h = 0; h < H; h++) {               /* the block's values (in cache since its scores): each head's */
@@ -147,12 +128,12 @@ void attend_finish_f32(const float *works, long n_parts, long stride, const floa
         for (long p = 0; p < n_parts; p++) {
             const float *w = works + p * stride, *acc = w + 2 * H + h * V;
             if (w[H + h] == 0.0f) continue;          /* a part with no rows */
-            float f = exp_neg(w[h] - m);
+            float f = exp_simd(w[h] - m);
             d += w[H + h] * f;
             _Pragma("omp simd")
             for (long c = 0; c < V; c++) o[c] += acc[c] * f;
         }
-        if (sinks) d += exp_neg(sinks[h] - m);     /* a sink adds exp(sink_h) to the denominator only */
+        if (sinks) d += exp_simd(sinks[h] - m);     /* a sink adds exp(sink_h) to the denominator only */
         float inv = 1.0f / d;
         _Pragma("omp simd")
         for (long c = 0; c < V; c++) o[c] *= inv;
@@ -218,11 +199,11 @@ void qk_prepare_f32(float *qk, long n_q, long n_k, long K, const float *qw, cons
 }
 
 /* The gated activation of a feed-forward layer, swiglu: out_i = silu(g_i) u_i = g_i / (1 + e^{-g_i}) u_i,
- * g = gu[0..F-1], u = gu[F..2F-1]; e^{-|g|} by exp_neg, in SIMD lanes. */
+ * g = gu[0..F-1], u = gu[F..2F-1]; e^{-|g|} by exp_simd, in SIMD lanes. */
 void silu_mul_f32(const float *gu, float *out, long F) {
     _Pragma("omp simd")
     for (long i = 0; i < F; i++) {
-        float g = gu[i], e = exp_neg(g < 0.0f ? g : -g);          /* e^{-|g|} */
+        float g = gu[i], e = exp_simd(g < 0.0f ? g : -g);          /* e^{-|g|} */
         float sig = g < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
         out[i] = (g * sig) * gu[F + i];
     }

@@ -31,32 +31,11 @@ static int omp_get_thread_num(void) { return 0; }
 static int omp_get_num_threads(void) { return 1; }
 #endif
 
-/* e^x in SIMD lanes for float, x clamped to [-87.3, 88]: x = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes'
- * degree-7 polynomial, times 2^n built in the exponent bits (as decode_step.c's exp_neg, on both signs; the
- * per-channel decays' factors take exponents in [-60, 60]). Within 2 ulp of e^x there (tests hold the
- * kernel to the per-token rule). */
-#pragma omp declare simd
-static inline float expv_f32(float x)
-{
-    x = x < -87.3f ? -87.3f : x > 88.0f ? 88.0f : x;
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
-    float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, 4);
-    return p * two_n;
-}
+#include "simd_exp.h"  /* exp_simd: e^x in SIMD lanes, within 1 ulp on [-87, 88] */
 
 #define REAL float
 #define SUF f32
-#define EXPV(x) expv_f32(x)
+#define EXPV(x) exp_simd(x)
 #ifdef __FMA__
 #define FMA(a, b, c) __builtin_fmaf(a, b, c)
 #else
