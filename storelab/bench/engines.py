@@ -68,7 +68,6 @@ def _storelab(path: Path, weights: str) -> tuple[Callable, Callable]:
                 with upcoming(n - i - 1):
                     tok = dec.step(tok, cache).argmax(-1, keepdim=True)
                 out.append(int(tok))
-        dec.close()
         return out
     return run_prefill, run_decode
 

@@ -482,6 +482,3 @@ class Decoder:
         z = self.head(self.final_norm(h))
         return m._logits(z.view(1, -1).clone())
 
-    def close(self) -> None:
-        self.split.close()
-

@@ -23,6 +23,7 @@ their callers (``in_threads``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -50,13 +51,22 @@ _loaded: dict[str, ctypes.CDLL | None] = {}
 _why: dict[str, str] = {}
 
 
+def storage_root() -> Path:
+    """storelab's folder for what it builds and measures on this machine: ``$STORELAB_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/storelab``, else ``~/.cache/storelab`` (kernels, ``storelab.ops.tuning``'s plans)."""
+    return _root(os.environ.get("STORELAB_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _root(root: str | None, xdg: str | None) -> Path:
+    if root:
+        return Path(root)
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "storelab"
+
+
 def cache_dir() -> Path:
     """Where built kernels are kept (module docstring)."""
-    root = os.environ.get("STORELAB_CACHE_DIR")
-    if root:
-        return Path(root) / "kernels"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "storelab" / "kernels"
+    return storage_root() / "kernels"
 
 
 def _writable(folder: Path) -> Path:

@@ -18,8 +18,10 @@ the fp32 weight the format stands for: a prefill (many tokens) multiplies by it 
 Why C for bf16 and int8, and not for fp32 (measured, docs/bench.md): torch's bf16 matrix-vector product on
 this CPU ran at about a third of its fp32 rate, and ``aten._weight_int8pack_mm`` at under a tenth of it,
 where the point of a narrower weight is to be faster; a dequantize-then-multiply writes the fp32 weight
-every step. For fp32 torch's own product (MKL's) was about 10 % faster than the C kernel, so fp32 weights
-go through ``torch.mv`` (its threads are torch's); the kernel keeps an fp32 form to measure against.
+every step. For fp32 torch's own product (MKL's) was about 10 % faster than the C kernel, and still 1-3 %
+faster once the kernel prefetched its next rows (a SmolLM2 step, 2026-12-07: 54.2 against 55.0 ms on one
+thread, 29.8 against 30.9 on two), so fp32 weights go through ``torch.mv`` (its threads are torch's); the
+kernel keeps an fp32 form to measure against.
 
 Threads: ``RowSplit(threads)`` cuts the rows between the threads of the OpenMP runtime torch loaded (the kernels
 are built with OpenMP, ``storelab.ops.compiled.OPENMP``); a Python pool's threads had waited for cores that
@@ -119,9 +121,6 @@ class RowSplit:
 
     def __init__(self, threads: int):
         self.threads = max(1, int(threads))
-
-    def close(self) -> None:  # nothing is held (kept for callers of the pool this once made)
-        pass
 
 
 _ONE = RowSplit(1)

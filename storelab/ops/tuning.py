@@ -9,10 +9,9 @@ head shape, times the candidates on inputs of that shape and keeps the fastest:
     ``GROUPS`` (numbers per q-sized tensor of a group, ``delta.GROUP_FLOATS``).
 A calibration is ``ROUNDS`` interleaved rounds over ``CAL_TOKENS`` tokens and 2 x threads heads, the best
 round of each candidate compared (about 0.1 s for heads of 64, under a second for 256). The choices are
-kept for the process and in a file per CPU (``$STORELAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/storelab``,
-else ``~/.cache/storelab``; ``tuning/<cpu>.json``, the CPU named by its model, its caches, its core
-count and torch's version), so a machine calibrates once. Keys: the form, the decay (per head or none,
-or per channel), K, V, dtype and threads.
+kept for the process and in a file per CPU (``tuning/<cpu>.json`` in ``compiled.storage_root()``, the CPU
+named by its model, its caches, its core count and torch's version), so a machine calibrates once. Keys:
+the form, the decay (per head or none, or per channel), K, V, dtype and threads.
 A file that cannot be read or parsed is calibrated again and rewritten (it holds nothing but these
 choices); one that cannot be written leaves the choices in the process only.
 
@@ -37,6 +36,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+
+from storelab.ops.compiled import storage_root
 
 __all__ = ["ChunkPlan", "chunk_plan", "tuning_file", "DEFAULT_CHUNK"]
 
@@ -89,16 +90,12 @@ def cpu_id() -> str:
 
 def tuning_file() -> Path:
     """Where this CPU's choices are kept (module docstring)."""
-    return _tuning_file(os.environ.get("STORELAB_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME"))
+    return _tuning_file(storage_root())
 
 
 @functools.lru_cache(maxsize=8)
-def _tuning_file(root: str | None, xdg: str | None) -> Path:
-    if root:
-        base = Path(root)
-    else:
-        base = (Path(xdg) if xdg else Path.home() / ".cache") / "storelab"
-    return base / "tuning" / f"{cpu_id()}.json"
+def _tuning_file(root: Path) -> Path:
+    return root / "tuning" / f"{cpu_id()}.json"
 
 
 def _load(path: Path) -> dict[str, ChunkPlan]:
