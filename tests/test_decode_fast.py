@@ -373,3 +373,53 @@ def test_gguf_f32_copy_holds_the_dequantized_weights(tmp_path):
     mtime = out.stat().st_mtime_ns
     assert f32_copy(src, tmp_path / "cache") == out and out.stat().st_mtime_ns == mtime
     assert not list((tmp_path / "cache").glob("*.tmp*"))
+
+
+# -- a run of layers in one C call (layer_run_f32) ---------------------------------------------------------------
+def test_runs_of_layers_take_the_whole_step_in_c(hf_folder):
+    """Where the C library is built, every layer of the tiny Llama and Gemma 3 (windows, sandwich norms, q/k norms,
+    geglu_tanh) and three of the hybrid's four (the recurrent one runs in Python between two runs) are computed by
+    ``layer_run_f32``, the head too; ``STORELAB_COMPILED=0``'s torch forms give the same logits."""
+    from storelab.models import decode
+
+    if decode._kernels() is None:
+        pytest.skip("no C compiler here")
+    for model_type in TINY_HF:
+        model = _load(hf_folder(model_type))
+        dec = Decoder(model)
+        assert dec.c_layers() == model.cfg.n_layers and dec.runs.head is not None, model_type
+    assert Decoder(_hybrid()).c_layers() == 3
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_runs_split_between_threads_equal_the_general_path(threads):
+    """The run's phases cut between 1, 2 and 3 threads (heads, rows, the cache's rows in parts once the context
+    holds two blocks per thread: a prompt of 420 tokens), a window ring that has wrapped, GQA with K != V, biases,
+    sinks: the general path's logits and states to fp32 rounding."""
+    from storelab.models import decode
+
+    if decode._kernels() is None:
+        pytest.skip("no C compiler here")
+    model = _hybrid()
+    prompt = torch.randint(0, 64, (1, 420), generator=torch.Generator().manual_seed(8))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert Decoder(model).runs.threads == threads
+        _compare(model, prompt, steps=4, chunk=128, what=f"hybrid x{threads}")
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_runs_take_packed_weights(fmt, hf_folder):
+    """bf16 and int8 weights in the run (their own kernels, scales per row): the general path on the same packed
+    weights, to fp32 rounding."""
+    from storelab.models import decode
+
+    if decode._kernels() is None:
+        pytest.skip("no C compiler here")
+    model = quantize_weights(_load(hf_folder("gemma3_text")), fmt)
+    assert Decoder(model).c_layers() == model.cfg.n_layers
+    prompt = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(9))
+    _compare(model, prompt, steps=5, chunk=4, what=f"gemma3 {fmt}")
