@@ -423,3 +423,21 @@ def test_runs_take_packed_weights(fmt, hf_folder):
     assert Decoder(model).c_layers() == model.cfg.n_layers
     prompt = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(9))
     _compare(model, prompt, steps=5, chunk=4, what=f"gemma3 {fmt}")
+
+
+def test_engines_bytes_a_step_reads(hf_folder):
+    """The engines bench's yardstick: a step reads every weight once (the tied head and embedding once), a packed
+    weight in its own format; the linear layers' prefill FLOPs leave the LM head out."""
+    from storelab.bench.engines import _linear_flops, _step_bytes
+
+    model = _load(hf_folder("llama"))
+    assert model.lm_head.weight is model.embed.weight
+    params = {p.data_ptr(): p.numel() * 4 for p in model.parameters()}
+    assert _step_bytes(model) == sum(params.values()) + sum(b.numel() * b.element_size() for b in model.buffers())
+    D, F, L = 64, 96, 3
+    per_layer = D * 64 + 2 * D * 32 + 64 * D + 3 * D * F   # q, k and v (2 of 4 heads' width), o, gate/up/down
+    assert _linear_flops(model) == 2.0 * L * per_layer
+    q = quantize_weights(_load(hf_folder("llama")), "int8")
+    linear = sum(m.packed.nbytes() for m in q.modules() if isinstance(m, QuantLinear))
+    norms = sum(p.numel() * 4 for n, p in q.named_parameters() if "norm" in n)
+    assert _step_bytes(q) >= linear + norms and _step_bytes(q) < _step_bytes(model) / 2

@@ -13,7 +13,15 @@ Per thread count (default 1 and 2): a prompt of ``prompt`` tokens (fixed ids) pr
 engines run in turn within each round, and each figure is the best of the rounds (``compare``'s reasoning:
 a busy spell falls on all of them alike). storelab also runs with int8 and bf16 weights
 (``storelab.models.quant``, activations fp32); the ratios compare like with like (fp32 with fp32) and the
-quantised rows against transformers' fp32. The machine's fp32 matmul rate is measured in the same run.
+quantised rows against transformers' fp32.
+
+Yardsticks, measured in the same run at each thread count: the machine's fp32 matmul rate and its memory read rate
+(``read_rate``). A decode step reads every weight once and the cache once, so each storelab row and transformers'
+fp32 row (the same fp32 weights and fp32 cache as storelab fp32) also give the bytes a step reads over the step's
+time (``decode_gb_s``) and its share of the read rate (``decode_of_memory``); a decode ratio whose peer would need
+more than the read rate is out of any engine's reach. Prefill rows give the linear layers' FLOPs per second
+(2 per weight per token, the LM head on the last position only) and their share of the matmul rate
+(``prefill_of_matmul``).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from storelab.bench.timing import matmul_rate
+from storelab.bench.timing import matmul_rate, read_rate
 
 __all__ = ["bench_engines", "resolve_gguf"]
 
@@ -53,6 +61,7 @@ def _storelab(path: Path, weights: str) -> tuple[Callable, Callable]:
 
     model = quantize_weights(load(path, dtype="fp32").eval(), weights)
     box: dict[str, Any] = {}
+    step_bytes, linear_flops = _step_bytes(model), _linear_flops(model)
 
     def run_prefill(ids, chunk, new_tokens):
         with torch.inference_mode(), upcoming(new_tokens):
@@ -69,7 +78,42 @@ def _storelab(path: Path, weights: str) -> tuple[Callable, Callable]:
                     tok = dec.step(tok, cache).argmax(-1, keepdim=True)
                 out.append(int(tok))
         return out
+    run_decode.step_bytes = lambda: step_bytes + sum(lay.nbytes() for lay in box["cache"])  # type: ignore[attr-defined]
+    run_prefill.flops_per_token = linear_flops  # type: ignore[attr-defined]
     return run_prefill, run_decode
+
+
+def _step_bytes(model) -> int:
+    """The bytes of weights one decode step reads: every parameter once (a tied LM head and embedding once), the
+    embedding table not at all where it is not also the head (a step reads one of its rows), and every weight
+    packed by ``storelab.models.quant`` in its own format."""
+    from storelab.models.quant import QuantLinear
+
+    seen: set[int] = set()
+    total = 0
+    head = getattr(model.lm_head, "weight", None)
+    for name, p in list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers()]:
+        if p.data_ptr() in seen or (p is model.embed.weight and p is not head):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    for m in model.modules():
+        if isinstance(m, QuantLinear) and m.packed.data_NK.data_ptr() not in seen:
+            seen.add(m.packed.data_NK.data_ptr())
+            total += m.packed.nbytes()
+    return total
+
+
+def _linear_flops(model) -> float:
+    """FLOPs per token of a prefill's products with the weights: 2 per weight of every linear layer but the LM head
+    (a prefill keeps the last position's logits only)."""
+    from torch import nn
+
+    from storelab.models.quant import QuantLinear
+
+    n = sum(m.in_features * m.out_features for m in model.modules()
+            if isinstance(m, (nn.Linear, QuantLinear)) and m is not model.lm_head)
+    return 2.0 * n
 
 
 def _transformers(path: Path) -> tuple[Callable, Callable]:
@@ -162,6 +206,7 @@ def bench_engines(model: str, *, threads: tuple[int, ...] = (1, 2), prompt: int 
         for t in threads:
             torch.set_num_threads(t)
             res.setdefault("matmul_gflops", {})[str(t)] = matmul_rate() / 1e9
+            res.setdefault("read_gb_s", {})[str(t)] = read_rate() / 1e9
             built = {}
             for name, make in engines.items():
                 say(f"loading {name} ({t} threads)")
@@ -178,10 +223,27 @@ def bench_engines(model: str, *, threads: tuple[int, ...] = (1, 2), prompt: int 
                     t2 = time.perf_counter()
                     best[name]["prefill"] = min(best[name]["prefill"], t1 - t0)
                     best[name]["decode"] = min(best[name]["decode"], t2 - t1)
+            fp32_bytes = None
+            for name, (pre, dec) in built.items():
+                if name == "storelab fp32":
+                    fp32_bytes = dec.step_bytes()
             for name, b in best.items():
-                res["rows"].append({"engine": name, "threads": t, "prefill_tok_s": prompt / b["prefill"],
-                                    "decode_tok_s": new_tokens / b["decode"], "prefill_s": b["prefill"],
-                                    "decode_s": b["decode"], "tokens": tokens[name]})
+                row = {"engine": name, "threads": t, "prefill_tok_s": prompt / b["prefill"],
+                       "decode_tok_s": new_tokens / b["decode"], "prefill_s": b["prefill"],
+                       "decode_s": b["decode"], "tokens": tokens[name]}
+                pre, dec = built[name]
+                nbytes = dec.step_bytes() if hasattr(dec, "step_bytes") else \
+                    (fp32_bytes if name == "transformers fp32" else None)
+                if nbytes is not None:   # the same fp32 weights and fp32 cache as storelab fp32
+                    row["decode_gb_s"] = nbytes * row["decode_tok_s"] / 1e9
+                    row["decode_of_memory"] = row["decode_gb_s"] / res["read_gb_s"][str(t)]
+                flops = getattr(pre, "flops_per_token", None) or (
+                    getattr(built["storelab fp32"][0], "flops_per_token", None)
+                    if name == "transformers fp32" and "storelab fp32" in built else None)
+                if flops:
+                    row["prefill_gflops"] = flops * row["prefill_tok_s"] / 1e9
+                    row["prefill_of_matmul"] = row["prefill_gflops"] / res["matmul_gflops"][str(t)]
+                res["rows"].append(row)
             del built
     finally:
         torch.set_num_threads(old_threads)

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Timing", "time_fn", "compare", "matmul_rate", "matmul_fn"]
+__all__ = ["Timing", "time_fn", "compare", "matmul_rate", "matmul_fn", "read_rate"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +83,18 @@ def matmul_rate(n: int = 2048, dtype: torch.dtype = torch.float32, repeats: int 
     """The machine's fp32 matrix-product rate in FLOP/s, measured now (2 n^3 per product)."""
     fn, flops = matmul_fn(n, dtype)
     return flops / time_fn(fn, repeats=repeats, warmup=1)
+
+
+def read_rate(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """The machine's rate of reading memory in bytes/s, measured now on torch's threads: the best of ``repeats``
+    sums of an fp32 buffer of ``nbytes`` (larger than the caches of the machines seen, so read from memory; the
+    best, not the median: a decode step's limit is the fastest the memory gives). A decode step reads every weight
+    once, so its time is bounded below by its bytes over this rate."""
+    x = torch.ones(max(1, nbytes // 4))
+    x.sum()
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best

@@ -242,8 +242,18 @@ def print_engines(r: dict[str, Any]) -> None:
     rows = [[x["engine"], x["peer"], x["threads"], _round(x["prefill"], 2), _round(x["decode"], 2)] for x in r["ratios"]]
     console.print(table("storelab / peer (tokens/s over tokens/s)", ["storelab", "peer", "threads", "prefill",
                                                                        "decode"], rows))
+    rows = [[x["engine"], x["threads"], _round(x["decode_gb_s"], 1), f"{x['decode_of_memory']:.0%}",
+             _round(x["prefill_gflops"], 1) if "prefill_gflops" in x else "-",
+             f"{x['prefill_of_matmul']:.0%}" if "prefill_of_matmul" in x else "-"]
+            for x in r["rows"] if "decode_gb_s" in x]
+    if rows:
+        console.print(table("against the machine: decode's bytes read per second (weights and cache once a step) and "
+                            "its share of the memory read rate; prefill's linear-layer FLOP/s and share of the "
+                            "matmul rate", ["engine", "threads", "decode GB/s", "of read rate", "prefill GFLOP/s",
+                                            "of matmul"], rows))
     mm = ", ".join(f"{_round(v, 1)} GFLOP/s at {k} threads" for k, v in r["matmul_gflops"].items())
-    console.print(f"llama.cpp: {r['llama_cpp']}; machine fp32 matmul {mm}")
+    rd = ", ".join(f"{_round(v, 1)} GB/s at {k} threads" for k, v in r.get("read_gb_s", {}).items())
+    console.print(f"llama.cpp: {r['llama_cpp']}; machine fp32 matmul {mm}; memory read {rd}")
 
 
 def print_tables(res: dict[str, Any]) -> None:
