@@ -441,3 +441,16 @@ def test_engines_bytes_a_step_reads(hf_folder):
     linear = sum(m.packed.nbytes() for m in q.modules() if isinstance(m, QuantLinear))
     norms = sum(p.numel() * 4 for n, p in q.named_parameters() if "norm" in n)
     assert _step_bytes(q) >= linear + norms and _step_bytes(q) < _step_bytes(model) / 2
+
+
+def test_engines_bench_probes_llama_cpp_in_a_child(tmp_path, monkeypatch):
+    """A llama.cpp that dies in native code (SIGILL in its AMX path on one of our machines) or fails is found by a
+    probe in a child process and its rows skipped with the reason, instead of ending the bench."""
+    from storelab.bench import engines
+
+    monkeypatch.setattr(engines, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    assert engines.llama_cpp_runs(tmp_path / "m.gguf") == "llama.cpp died (SIGILL) on a 17-token probe of m.gguf"
+    monkeypatch.setattr(engines, "_PROBE", "raise SystemExit('no such file: m.gguf')")
+    assert "failed on a 17-token probe of m.gguf: no such file" in engines.llama_cpp_runs(tmp_path / "m.gguf")
+    monkeypatch.setattr(engines, "_PROBE", "pass")
+    assert engines.llama_cpp_runs(tmp_path / "m.gguf") is None

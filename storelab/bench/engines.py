@@ -171,6 +171,39 @@ def _llama_cpp(path: Path, threads: int, n_ctx: int, chunk: int, *, f32_cache: b
     return run_prefill, run_decode
 
 
+_PROBE = """
+import sys, llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_batch=16, n_threads=1, n_threads_batch=1, verbose=False)
+llm.eval(list(range(1, 17)))
+llm.eval([5])
+"""
+
+
+def llama_cpp_runs(path: Path, timeout_s: float = 300.0) -> str | None:
+    """None where llama.cpp prefills and decodes a few tokens of ``path`` in a child process, else why not. A crash
+    of llama.cpp's native code (on this machine: SIGILL in its AMX path for quantized files, the CPU listing AMX
+    that the VM does not run) would otherwise end the whole bench."""
+    import signal
+    import subprocess
+    import sys
+
+    try:
+        run = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True, text=True,
+                             timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"llama.cpp did not finish a 17-token probe of {path.name} in {timeout_s:.0f} s"
+    if run.returncode == 0:
+        return None
+    if run.returncode < 0:
+        try:
+            name = signal.Signals(-run.returncode).name
+        except ValueError:
+            name = f"signal {-run.returncode}"
+        return f"llama.cpp died ({name}) on a 17-token probe of {path.name}"
+    tail = (run.stderr.strip().splitlines() or ["no message"])[-1][:200]
+    return f"llama.cpp failed on a 17-token probe of {path.name}: {tail}"
+
+
 def bench_engines(model: str, *, threads: tuple[int, ...] = (1, 2), prompt: int = 1024, chunk: int = 512,
                   new_tokens: int = 32, rounds: int = 3, weights: tuple[str, ...] = ("fp32", "int8", "bf16"),
                   peers: bool = True, progress: Callable[[str], None] | None = None,
@@ -186,12 +219,17 @@ def bench_engines(model: str, *, threads: tuple[int, ...] = (1, 2), prompt: int 
         path = f32_copy(path)
     old_threads = torch.get_num_threads()
     llama_ok = importlib.util.find_spec("llama_cpp") is not None
+    llama_why = "skipped: --no-peer" if not peers else \
+        "skipped: llama_cpp (llama-cpp-python) is not importable here" if not llama_ok else None
+    if llama_why is None:
+        say(f"llama.cpp: a probe of {path.name} in a child process")
+        broke = llama_cpp_runs(path)
+        if broke is not None:
+            llama_ok, llama_why = False, f"skipped: {broke}"
     res: dict[str, Any] = {"bench": "engines", "model": model, "path": str(path), "prompt": prompt,
                            "chunk": chunk, "new_tokens": new_tokens, "rounds": rounds,
                            "statistic": "best of rounds, engines in turn within each round", "rows": [],
-                           "llama_cpp": "measured" if llama_ok and peers else
-                           ("skipped: --no-peer" if not peers else
-                            "skipped: llama_cpp (llama-cpp-python) is not importable here")}
+                           "llama_cpp": llama_why or "measured"}
     ids = torch.randint(100, 1000, (1, prompt), generator=torch.Generator().manual_seed(0))
     engines: dict[str, Callable[[int], tuple[Callable, Callable]]] = {
         f"storelab {w}": (lambda t, w=w: _storelab(path, w)) for w in weights}
