@@ -621,8 +621,9 @@ class _Runs:
 
 class Decoder:
     """``step(ids_B1, cache) -> logits [B, N]``: ``model(ids, cache)``'s last logits, by the per-layer steps
-    chosen here (module docstring). ``threads``: the threads between which the C kernels of bf16 / int8 weights
-    split their rows (default: torch's thread count; fp32's ``torch.mv`` uses torch's threads). The kernels run
+    chosen here (module docstring). ``threads``: the threads between which the C kernels split their work: a run
+    of layers in one call (``layer_run_f32``), and outside runs the products of bf16 / int8 weights (default:
+    torch's thread count; fp32's ``torch.mv`` outside runs uses torch's threads). The kernels run
     on torch's own OpenMP threads (``storelab.ops.compiled.OPENMP``): a Python pool's, tried first, waited for the
     cores torch's threads spin on (int8 at 2 threads 21.9 tokens/s against 26.4 at one, 2026-12-06); on torch's
     threads the split is faster (SmolLM2-135M, 2 threads, a step at 1,024 tokens, in one process, 2026-12-07:

@@ -20,8 +20,10 @@ this CPU ran at about a third of its fp32 rate, and ``aten._weight_int8pack_mm``
 where the point of a narrower weight is to be faster; a dequantize-then-multiply writes the fp32 weight
 every step. For fp32 torch's own product (MKL's) was about 10 % faster than the C kernel, and still 1-3 %
 faster once the kernel prefetched its next rows (a SmolLM2 step, 2026-12-07: 54.2 against 55.0 ms on one
-thread, 29.8 against 30.9 on two), so fp32 weights go through ``torch.mv`` (its threads are torch's); the
-kernel keeps an fp32 form to measure against.
+thread, 29.8 against 30.9 on two), so a product called alone with an fp32 weight goes through ``torch.mv`` (its
+threads are torch's). Inside a run of layers in one C call (``storelab.models.decode``, ``layer_run_f32``) the fp32
+form runs, from ``kernels/matvec_body.h``: there the products share one OpenMP region with the rest of the layer,
+which saved more than MKL's edge (docs/bench.md, 2026-12-07).
 
 Threads: ``RowSplit(threads)`` cuts the rows between the threads of the OpenMP runtime torch loaded (the kernels
 are built with OpenMP, ``storelab.ops.compiled.OPENMP``); a Python pool's threads had waited for cores that
