@@ -62,6 +62,13 @@ static inline __attribute__((always_inline)) void dots4(const float *q, const fl
     out[0] = a0[0]; out[1] = a1[0]; out[2] = a2[0]; out[3] = a3[0];
 }
 
+/* Row l of key/value group g: the cache's (row and head strides) for l < L, else the new entry (``fresh``, groups of
+ * ``width`` channels side by side). */
+static inline const float *row_at(const float *base, const float *fresh, long l, long L, long row, long head, long g,
+                                  long width) {
+    return l < L ? base + l * row + g * head : fresh + g * width;
+}
+
 /* Rows r0..r1-1 of the n = L (+1 with k_new) entries into a part: work = [m (H) | den (H) | acc (H*V) | scores
  * (H*BLOCK)], the running max, denominator and unnormalised output per head (attend_finish_f32 merges the parts). */
 static inline __attribute__((always_inline)) void attend_part(
@@ -89,18 +96,14 @@ static inline __attribute__((always_inline)) void attend_part(
                 float *sh = sc + (g * rep + r) * BLOCK;
                 long j = 0;
                 for (; j + 4 <= nb; j += 4) {
-                    const float *kr[4];
-                    for (int i = 0; i < 4; i++) {
-                        long l = l0 + j + i;
-                        kr[i] = l < L ? k + l * k_row + g * k_head : k_new + g * K;
-                    }
+                    long l = l0 + j;
                     float d[4];
-                    dots4(qh, kr[0], kr[1], kr[2], kr[3], K, d);
+                    dots4(qh, row_at(k, k_new, l, L, k_row, k_head, g, K), row_at(k, k_new, l + 1, L, k_row, k_head, g, K),
+                          row_at(k, k_new, l + 2, L, k_row, k_head, g, K), row_at(k, k_new, l + 3, L, k_row, k_head, g, K), K, d);
                     sh[j] = d[0] * scale; sh[j + 1] = d[1] * scale; sh[j + 2] = d[2] * scale; sh[j + 3] = d[3] * scale;
                 }
                 for (; j < nb; j++) {
-                    long l = l0 + j;
-                    const float *kl = l < L ? k + l * k_row + g * k_head : k_new + g * K;
+                    const float *kl = row_at(k, k_new, l0 + j, L, k_row, k_head, g, K);
                     float a = 0.0f;
                     _Pragma("omp simd reduction(+:a)")
                     for (long c = 0; c < K; c++) a += qh[c] * kl[c];
@@ -130,19 +133,17 @@ static inline __attribute__((always_inline)) void attend_part(
             const float *p = sc + h * BLOCK;
             long j = 0;
             for (; j + 4 <= nb; j += 4) {
-                const float *vr[4];
-                for (int i = 0; i < 4; i++) {
-                    long l = l0 + j + i;
-                    vr[i] = l < L ? v + l * v_row + g * v_head : v_new + g * V;
-                }
-                const float *restrict v0 = vr[0], *restrict v1 = vr[1], *restrict v2 = vr[2], *restrict v3 = vr[3];
+                long l = l0 + j;
+                const float *restrict v0 = row_at(v, v_new, l, L, v_row, v_head, g, V);
+                const float *restrict v1 = row_at(v, v_new, l + 1, L, v_row, v_head, g, V);
+                const float *restrict v2 = row_at(v, v_new, l + 2, L, v_row, v_head, g, V);
+                const float *restrict v3 = row_at(v, v_new, l + 3, L, v_row, v_head, g, V);
                 float p0 = p[j], p1 = p[j + 1], p2 = p[j + 2], p3 = p[j + 3];
                 _Pragma("omp simd")
                 for (long c = 0; c < V; c++) o[c] += ((p0 * v0[c] + p1 * v1[c]) + p2 * v2[c]) + p3 * v3[c];
             }
             for (; j < nb; j++) {
-                long l = l0 + j;
-                const float *restrict vl = l < L ? v + l * v_row + g * v_head : v_new + g * V;
+                const float *restrict vl = row_at(v, v_new, l0 + j, L, v_row, v_head, g, V);
                 float pj = p[j];
                 _Pragma("omp simd")
                 for (long c = 0; c < V; c++) o[c] += pj * vl[c];
