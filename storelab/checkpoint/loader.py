@@ -28,11 +28,12 @@ from torch import Tensor
 
 from storelab.checkpoint.families import FAMILIES, family_for
 from storelab.checkpoint.gguf import GGUFShards, is_gguf
+from storelab.checkpoint.gguf.dequant import INTEGER as _GGUF_INTEGER
 from storelab.checkpoint.quantized import QUANTIZED, SCALES, dequantize_table
 from storelab.checkpoint.shards import FLOAT_DTYPES, INT_DTYPES, TORCH_DTYPES, CheckpointError, Shards, read_config
 from storelab.checkpoint.table import Src, ours_to_load
 
-__all__ = ["load", "plan", "Plan", "resolve_dtype"]
+__all__ = ["load", "plan", "Plan", "resolve_dtype", "own_weight_format"]
 
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
                "fp16": torch.float16, "float16": torch.float16, "fp64": torch.float64, "float64": torch.float64}
@@ -253,3 +254,46 @@ def fill(model: torch.nn.Module, tab: dict[str, Src], shards: Shards) -> None:
 
 def supported() -> list[str]:
     return sorted(t for f in FAMILIES for t in f.model_types)
+
+
+def own_weight_format(path: str | Path) -> tuple[str, str]:
+    """The format (``storelab.models.quant``) a checkpoint's linear weights run in on the CPU by default
+    (``generate --weights auto``), and why, from the stored types of its matrices (headers only, no weight read):
+
+    * ``bf16`` where they are stored in bf16: the packed weights are exactly the checkpoint's numbers;
+    * ``int8`` where a GGUF file holds them quantized (Q8_0, Q4_K, ...): the narrowest format the decode step runs,
+      as llama.cpp runs its quantized files (a weight of 4 or 6 bits re-rounded to 8, per row);
+    * ``fp32`` otherwise: fp32, and fp16 (whose 10 bits of mantissa bf16 cannot hold; fp32 holds them exactly).
+    """
+    from gguf import GGMLQuantizationType as Q
+
+    p = plan(path)
+    shards = p.shards
+    counts: dict[str, int] = {}
+    if isinstance(shards, GGUFShards):
+        for t in shards.header.tensors.values():
+            if len(t.shape) < 2:
+                continue
+            kind = "F32" if t.qtype == Q.F32 else "F16" if t.qtype == Q.F16 else "BF16" if t.qtype == Q.BF16 else \
+                "int" if t.qtype in _GGUF_INTEGER else "quantized"
+            n = 1
+            for d in t.shape:
+                n *= int(d)
+            counts[kind] = counts.get(kind, 0) + n
+        if counts.get("quantized"):
+            names = sorted({t.qtype.name for t in shards.header.tensors.values() if len(t.shape) >= 2
+                            and t.qtype not in (Q.F32, Q.F16, Q.BF16) and t.qtype not in _GGUF_INTEGER})
+            return "int8", f"its matrices are stored quantized ({', '.join(names)})"
+    else:
+        for shape, dt in shards.info.values():
+            if len(shape) < 2:
+                continue
+            n = 1
+            for d in shape:
+                n *= int(d)
+            counts[dt] = counts.get(dt, 0) + n
+    total = sum(counts.values()) or 1
+    if counts.get("BF16", 0) * 2 > total:
+        return "bf16", "its matrices are stored in bf16"
+    main = max(counts, key=counts.get) if counts else "F32"
+    return "fp32", f"its matrices are stored in {main}"

@@ -26,6 +26,27 @@ from storelab.console import console, emit_json, err_console, table
 MAX_TOKENS = 2**24  # prompt and generated tokens each: beyond it the prompt alone needs gigabytes
 
 
+def _weights_choice(weights: str, checkpoint, device: str, dtype: str | None) -> tuple[str, str]:
+    """``--weights``: the format to run and why (empty: as given). ``auto``: a checkpoint's own on the CPU when no
+    other --dtype than fp32 is asked (``storelab.checkpoint.loader.own_weight_format``), else as loaded (fp32)."""
+    from storelab.models.quant import WEIGHT_FORMATS
+
+    if weights != "auto":
+        if weights not in WEIGHT_FORMATS:
+            raise ValueError(f"--weights: must be auto or one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+        return weights, ""
+    if checkpoint is None:
+        return "fp32", "auto: random weights, fp32"
+    if str(device) != "cpu":
+        return "fp32", f"auto: as loaded on {device} (packed weights are for the CPU)"
+    if dtype not in (None, "fp32", "float32"):
+        return "fp32", f"auto: as loaded in --dtype {dtype}"
+    from storelab.checkpoint.loader import own_weight_format
+
+    fmt, why = own_weight_format(checkpoint)
+    return fmt, f"auto: {why}"
+
+
 def run_generation(cfg, *, prompt_len: int, new_tokens: int, chunk: int = 0, temperature: float = 0.0,
                    top_k: int = 0, seed: int = 0, progress=None, model=None, device: str = "cpu",
                    dtype: str | None = None, weights: str = "fp32") -> dict:
@@ -173,8 +194,10 @@ def register(app: typer.Typer) -> None:
                                      "reads weights from the cache alone in any case)."),
         device: str = opt.device(),
         dtype: str = opt.dtype(),
-        weights: str = typer.Option("fp32", "--weights", help="Linear weights for CPU inference: fp32 (as loaded), "
-                                    "bf16 or int8 (weight-only, a scale per output channel; activations fp32)."),
+        weights: str = typer.Option("auto", "--weights", help="Linear weights for CPU inference: fp32 (as loaded), "
+                                    "bf16 or int8 (weight-only, a scale per output channel; activations fp32); auto: "
+                                    "a checkpoint's own on the CPU (bf16 where it stores bf16, int8 where a GGUF "
+                                    "stores quantized weights, else fp32), as loaded otherwise."),
     ) -> None:
         """Generate with random weights (or a checkpoint's); report the cache per store kind, measured
         beside analytic. With --prompt: text in, text out."""
@@ -221,14 +244,17 @@ def register(app: typer.Typer) -> None:
 
                 tok = Tokenizer.load(checkpoint)           # before any weight is read
                 ids = tok.chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
+            weights, weights_why = _weights_choice(weights, checkpoint, device, dtype)
             if checkpoint is not None:
                 from storelab.checkpoint import load
 
                 meta = load(checkpoint, device="meta", dtype=dtype)  # reads no weights
                 check_fits(meta.cfg, what="--checkpoint", bytes_per_param=next(meta.parameters()).element_size(),
                            instead="generate with a smaller checkpoint")
-                # random prompt: fp32 unless --dtype says otherwise; text: --dtype, else its own dtype
-                loaded = load(checkpoint, device=device, dtype=dtype or ("fp32" if prompt is None else None))
+                # random prompt: fp32 unless --dtype says otherwise; text: --dtype, else its own dtype (fp32 under
+                # packed weights, whose activations are fp32)
+                loaded = load(checkpoint, device=device,
+                              dtype=dtype or ("fp32" if prompt is None or weights != "fp32" else None))
                 check_weights(loaded, checkpoint)
                 from storelab.models.quant import quantize_weights
 
@@ -239,10 +265,13 @@ def register(app: typer.Typer) -> None:
                 check_fits(cfg, what="model" if model is not None else "--config",
                            instead="write a smaller model file" if config is not None
                            else f"run its tiny version (storelab generate {model} --tiny)")
+        if weights_why and not json_:
+            err_console.print(f"weights: {weights} ({weights_why})")
         if tok is not None:
             with opt.user_errors():
                 res = generate_text(loaded, tok, ids, new_tokens=new_tokens, stop=eos_ids(checkpoint, tok),
                                     chunk=chunk, temperature=temperature, top_k=top_k, seed=seed)
+            res.update(weights=weights, weights_from=weights_why)
             if json_:
                 emit_json(res)
             else:
@@ -260,6 +289,7 @@ def register(app: typer.Typer) -> None:
                                          temperature=temperature, top_k=top_k, seed=seed, model=loaded,
                                          device=device, dtype=dtype, weights=weights,
                                          progress=lambda n: bar.advance(task, n))
+        res.update(weights=weights, weights_from=weights_why)
         if json_:
             emit_json(res)
             return
