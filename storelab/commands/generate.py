@@ -203,6 +203,10 @@ def register(app: typer.Typer) -> None:
         beside analytic. With --prompt: text in, text out."""
         from rich.progress import Progress
 
+        from storelab.allocator import keep_freed_memory
+
+        keep_freed_memory()   # a prefill's activations reused, not faulted in again each chunk (storelab.allocator)
+
         from storelab.checkpoint.source import Source, checkpoint_weights, model_config, resolve, weights_path
         from storelab.models.config import load_model
 

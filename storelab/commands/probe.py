@@ -85,9 +85,12 @@ def register(app: typer.Typer) -> None:
         """Run a probe on a trained model; print its figures beside the essay's."""
         import torch
 
+        from storelab.allocator import keep_freed_memory
         from storelab.checkpoint.loader import resolve_dtype
         from storelab.models.model import Model
         from storelab.probes import DOCUMENT_PROBES, PROBES
+
+        keep_freed_memory()   # a prefill's activations reused, not faulted in again each chunk (storelab.allocator)
         from storelab.tasks import make_task
         from storelab.train.loop import load_trained
         from storelab.train.models import resolve_model
