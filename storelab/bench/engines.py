@@ -261,23 +261,17 @@ def bench_engines(model: str, *, threads: tuple[int, ...] = (1, 2), prompt: int 
                     t2 = time.perf_counter()
                     best[name]["prefill"] = min(best[name]["prefill"], t1 - t0)
                     best[name]["decode"] = min(best[name]["decode"], t2 - t1)
-            fp32_bytes = None
-            for name, (pre, dec) in built.items():
-                if name == "storelab fp32":
-                    fp32_bytes = dec.step_bytes()
             for name, b in best.items():
                 row = {"engine": name, "threads": t, "prefill_tok_s": prompt / b["prefill"],
                        "decode_tok_s": new_tokens / b["decode"], "prefill_s": b["prefill"],
                        "decode_s": b["decode"], "tokens": tokens[name]}
                 pre, dec = built[name]
-                nbytes = dec.step_bytes() if hasattr(dec, "step_bytes") else \
-                    (fp32_bytes if name == "transformers fp32" else None)
-                if nbytes is not None:   # the same fp32 weights and fp32 cache as storelab fp32
-                    row["decode_gb_s"] = nbytes * row["decode_tok_s"] / 1e9
+                if name == "transformers fp32" and "storelab fp32" in built:
+                    pre, dec = built["storelab fp32"]   # the same fp32 weights and fp32 cache: the same bytes, FLOPs
+                if hasattr(dec, "step_bytes"):
+                    row["decode_gb_s"] = dec.step_bytes() * row["decode_tok_s"] / 1e9
                     row["decode_of_memory"] = row["decode_gb_s"] / res["read_gb_s"][str(t)]
-                flops = getattr(pre, "flops_per_token", None) or (
-                    getattr(built["storelab fp32"][0], "flops_per_token", None)
-                    if name == "transformers fp32" and "storelab fp32" in built else None)
+                flops = getattr(pre, "flops_per_token", None)
                 if flops:
                     row["prefill_gflops"] = flops * row["prefill_tok_s"] / 1e9
                     row["prefill_of_matmul"] = row["prefill_gflops"] / res["matmul_gflops"][str(t)]

@@ -265,35 +265,26 @@ def own_weight_format(path: str | Path) -> tuple[str, str]:
       as llama.cpp runs its quantized files (a weight of 4 or 6 bits re-rounded to 8, per row);
     * ``fp32`` otherwise: fp32, and fp16 (whose 10 bits of mantissa bf16 cannot hold; fp32 holds them exactly).
     """
+    from math import prod
+
     from gguf import GGMLQuantizationType as Q
 
-    p = plan(path)
-    shards = p.shards
-    counts: dict[str, int] = {}
+    shards = plan(path).shards
+    counts: dict[str, int] = {}   # stored type -> elements of the matrices stored so
     if isinstance(shards, GGUFShards):
         for t in shards.header.tensors.values():
-            if len(t.shape) < 2:
-                continue
-            kind = "F32" if t.qtype == Q.F32 else "F16" if t.qtype == Q.F16 else "BF16" if t.qtype == Q.BF16 else \
-                "int" if t.qtype in _GGUF_INTEGER else "quantized"
-            n = 1
-            for d in t.shape:
-                n *= int(d)
-            counts[kind] = counts.get(kind, 0) + n
-        if counts.get("quantized"):
-            names = sorted({t.qtype.name for t in shards.header.tensors.values() if len(t.shape) >= 2
-                            and t.qtype not in (Q.F32, Q.F16, Q.BF16) and t.qtype not in _GGUF_INTEGER})
-            return "int8", f"its matrices are stored quantized ({', '.join(names)})"
+            if len(t.shape) >= 2:
+                kind = t.qtype.name if t.qtype in (Q.F32, Q.F16, Q.BF16) or t.qtype in _GGUF_INTEGER else \
+                    f"quantized {t.qtype.name}"
+                counts[kind] = counts.get(kind, 0) + prod(t.shape)
+        quantized = sorted(k.split()[1] for k in counts if k.startswith("quantized "))
+        if quantized:
+            return "int8", f"its matrices are stored quantized ({', '.join(quantized)})"
     else:
         for shape, dt in shards.info.values():
-            if len(shape) < 2:
-                continue
-            n = 1
-            for d in shape:
-                n *= int(d)
-            counts[dt] = counts.get(dt, 0) + n
-    total = sum(counts.values()) or 1
-    if counts.get("BF16", 0) * 2 > total:
+            if len(shape) >= 2:
+                counts[dt] = counts.get(dt, 0) + prod(shape)
+    if counts.get("BF16", 0) * 2 > sum(counts.values()):
         return "bf16", "its matrices are stored in bf16"
     main = max(counts, key=counts.get) if counts else "F32"
     return "fp32", f"its matrices are stored in {main}"

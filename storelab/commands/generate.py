@@ -204,14 +204,13 @@ def register(app: typer.Typer) -> None:
         from rich.progress import Progress
 
         from storelab.allocator import keep_freed_memory
-
-        keep_freed_memory()   # a prefill's activations reused, not faulted in again each chunk (storelab.allocator)
-
         from storelab.checkpoint.source import Source, checkpoint_weights, model_config, resolve, weights_path
         from storelab.models.config import load_model
 
         from storelab.commands._finite import check_weights
         from storelab.models.config import check_fits
+
+        keep_freed_memory()   # a prefill's activations reused, not faulted in again each chunk (storelab.allocator)
 
         loaded = tok = None
         with opt.user_errors():

@@ -89,14 +89,13 @@ def register(app: typer.Typer) -> None:
         from storelab.checkpoint.loader import resolve_dtype
         from storelab.models.model import Model
         from storelab.probes import DOCUMENT_PROBES, PROBES
-
-        keep_freed_memory()   # a prefill's activations reused, not faulted in again each chunk (storelab.allocator)
         from storelab.tasks import make_task
         from storelab.train.loop import load_trained
         from storelab.train.models import resolve_model
 
         from storelab.models.config import check_fits
 
+        keep_freed_memory()   # a prefill's activations reused, not faulted in again each chunk (storelab.allocator)
         with opt.user_errors():
             if target is not None:
                 if checkpoint is not None or model is not None:

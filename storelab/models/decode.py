@@ -18,13 +18,10 @@ once, at construction, per layer:
   by the layers;
 * an FFN layer runs its gate and up products into one buffer and its declared activation on the halves;
 * the LM head reads the last position only (a step has one), through the same kernel;
-* where the C library is built, a run of consecutive layers of attention (full, or a window's ring) and a gated FFN
-  (swiglu, geglu_tanh), pre-norm or sandwich, with fp32 RMSNorms and fp32 / bf16 / int8 weights, is one call of
-  ``layer_run_f32`` (``kernels/decode_step.c``), with the final norm and the LM head where the run ends the model:
-  one OpenMP region on torch's threads, the threads meeting only where a phase needs another's rows. Between the
-  per-call kernels above the threads had waited and Python had run (a SmolLM2-135M step at 2 threads and 1,024
-  tokens, 2026-12-07: 34.2 -> 30.3 ms in one process; docs/bench.md). A layer the run does not compute (``_CLayer``
-  says which), or whose cache has no room claimed this step, runs as above between two runs.
+* where the C library is built, a run of consecutive layers of attention and a gated FFN with fp32 RMSNorms is one
+  call of ``layer_run_f32`` (``storelab.models.decode_run``: which layers, and what it saved), with the final norm
+  and the LM head where the run ends the model. A layer the run does not compute, or whose cache has no room claimed
+  this step, runs as above between two runs.
 
 Any other layer runs as the general path runs it (``Block.forward``: a recurrent store, MoE, an Engram,
 a layer that reads another's cache); so does every layer of a model whose depth store is not the plain
@@ -50,11 +47,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from storelab.models.model import LayerState, Model
-from storelab.models.quant import QuantLinear
+from storelab.models.decode_run import Runs
+from storelab.models.quant import packed
 from storelab.ops.attention import attend_lse, merge_parts
 from storelab.ops.compiled import compiled_library
 from storelab.ops.norm import RMSNorm
-from storelab.ops.matvec import PackedWeight, RowSplit, bind, pack
+from storelab.ops.matvec import RowSplit, bind
 from storelab.ops.rope import rope_frequencies, rotate
 from storelab.state import EmptyState, KVCache, WindowCache
 from storelab.stores.attention import Attention, WindowAttention
@@ -62,13 +60,6 @@ from storelab.stores.depth import ResidualHead, ResidualMixer, ResidualState
 from storelab.stores.ffn import FFN
 
 __all__ = ["Decoder", "packed"]
-
-
-def packed(linear: nn.Module) -> PackedWeight:
-    """The weight of an ``nn.Linear`` (fp32, not copied) or of a ``QuantLinear`` (its own format)."""
-    if isinstance(linear, QuantLinear):
-        return linear.packed
-    return pack(linear.weight, "fp32", linear.bias)
 
 
 class _Products:
@@ -419,206 +410,6 @@ class _FastLayer:
         return h_D + y
 
 
-# ---- a run of layers in one C call (kernels/decode_step.c, layer_run_f32) ----
-
-class _WeightC(ctypes.Structure):
-    """``weight_t``: a PackedWeight's pointers, rows and format."""
-    _fields_ = [("w", _P), ("scale", _P), ("bias", _P), ("rows", _L), ("fmt", ctypes.c_int)]
-
-
-class _LayerC(ctypes.Structure):
-    """``layer_t``: what a layer of a run keeps between steps."""
-    _fields_ = [("norm1", _P), ("post1", _P), ("norm2", _P), ("post2", _P),
-                ("eps1", _F), ("eps_post1", _F), ("eps2", _F), ("eps_post2", _F),
-                ("q", _WeightC), ("k", _WeightC), ("v", _WeightC), ("o", _WeightC),
-                ("gate", _WeightC), ("up", _WeightC), ("down", _WeightC),
-                ("H", _L), ("G", _L), ("K", _L), ("V", _L), ("R", _L), ("F", _L),
-                ("scale", _F), ("value_scale", _F), ("qk_eps", _F),
-                ("qn", _P), ("kn", _P), ("sinks", _P), ("act", ctypes.c_int)]
-
-
-class _StepC(ctypes.Structure):
-    """``layer_step_t``: what a step gives a layer (angles, the cache's rows, where the new entry goes)."""
-    _fields_ = [("cos", _P), ("sin", _P), ("k", _P), ("v", _P), ("L", _L), ("k_row", _L), ("k_head", _L),
-                ("v_row", _L), ("v_head", _L), ("k_dst", _P), ("v_dst", _P)]
-
-
-_FMT = {"fp32": 0, "bf16": 1, "int8": 2}
-_ACT = {"swiglu": 0, "geglu_tanh": 1}   # the gated activations layer_run_f32 computes
-
-
-def _rms_of(module: nn.Module | None) -> tuple[Tensor, float] | None:
-    """An fp32 RMSNorm's weight (contiguous, the parameter's own storage) and epsilon, else None."""
-    if type(module) is not RMSNorm or module.weight.dtype != torch.float32 or not module.weight.is_contiguous():
-        return None
-    return module.weight.detach(), float(module.eps)
-
-
-def _weight_c(linear: nn.Module, keep: list) -> _WeightC | None:
-    """A linear layer's ``weight_t`` (its packed weight kept alive in ``keep``), or None where it is not one."""
-    if not isinstance(linear, (nn.Linear, QuantLinear)):
-        return None
-    pw = packed(linear)
-    if pw.data_NK.device.type != "cpu" or (pw.bias_N is not None and pw.bias_N.dtype != torch.float32):
-        return None
-    keep.append(pw)
-    return _WeightC(pw.data_NK.data_ptr(), None if pw.scale_N is None else pw.scale_N.data_ptr(),
-                    None if pw.bias_N is None else pw.bias_N.data_ptr(), pw.rows, _FMT[pw.fmt])
-
-
-class _CLayer:
-    """A layer that a run computes in C (``layer_run_f32``): pre-norm or sandwich, attention (full, or a window's
-    ring buffer) with rotate-half rotary angles and optional per-head q/k RMSNorms, then an optional gated FFN
-    (swiglu, geglu_tanh); every norm an fp32 RMSNorm, every product an ``nn.Linear`` or ``QuantLinear``.
-    ``make`` answers None for any other layer (its Python step runs)."""
-
-    @classmethod
-    def make(cls, block: nn.Module, token, channel, slot: _LayerC) -> "_CLayer | None":
-        if not isinstance(token, _AttentionStep) or token.attend_one is None or token.prepare is None:
-            return None
-        store, c = token.store, token.cfg
-        if type(channel) not in (_FFNStep, type(None)):
-            return None
-        if channel is not None and (not channel.cfg.gated or channel.cfg.activation not in _ACT
-                                    or channel.cfg.swiglu_limit is not None):
-            return None
-        sandwich = block.norms == "sandwich"
-        norm1 = _rms_of(block.norm_token)
-        post1 = _rms_of(block.post_norm_token) if sandwich else None
-        norm2 = None if channel is None else _rms_of(block.norm_channel)
-        post_c = getattr(block, "post_norm_channel", None) if sandwich else None
-        post2 = _rms_of(post_c) if post_c is not None else None
-        if norm1 is None or (sandwich and post1 is None) or (channel is not None and norm2 is None) \
-                or (post_c is not None and post2 is None):
-            return None
-        keep: list = [norm1, post1, norm2, post2]
-        ws = {n: _weight_c(getattr(store, f"{n}_proj"), keep) for n in ("q", "k", "v", "o")}
-        if channel is not None:
-            ws.update({n: _weight_c(getattr(channel.store, f"{n}_proj"), keep) for n in ("gate", "up", "down")})
-        if any(w is None for w in ws.values()):
-            return None
-        norms = [m for m in (store.q_norm, store.k_norm) if m is not None]
-        qk = [m.weight.detach().contiguous() for m in norms]
-        keep += qk
-        sinks = None if store.sinks is None else store.sinks.detach().float().contiguous()
-        keep.append(sinks)
-        ptr = lambda t: None if t is None else t.data_ptr()   # noqa: E731
-        slot.norm1, slot.eps1 = ptr(norm1[0]), norm1[1]
-        if post1 is not None:
-            slot.post1, slot.eps_post1 = ptr(post1[0]), post1[1]
-        if norm2 is not None:
-            slot.norm2, slot.eps2 = ptr(norm2[0]), norm2[1]
-        if post2 is not None:
-            slot.post2, slot.eps_post2 = ptr(post2[0]), post2[1]
-        for n, w in ws.items():
-            setattr(slot, n, w)
-        slot.H, slot.G, slot.K, slot.V, slot.R = token.H, token.G, token.K, token.V, c.rotary_dim
-        slot.F = 0 if channel is None else channel.F
-        slot.scale, slot.value_scale = float(c.scale), float(c.value_scale)
-        slot.qk_eps = float(norms[0].eps) if norms else 0.0
-        slot.qn, slot.kn = (qk[0].data_ptr(), qk[1].data_ptr()) if qk else (None, None)
-        slot.sinks = ptr(sinks)
-        slot.act = 0 if channel is None else _ACT[channel.cfg.activation]
-        return cls(token, channel is not None, keep)
-
-    def __init__(self, token: "_AttentionStep", has_ffn: bool, keep: list):
-        self.token, self.has_ffn, self.keep = token, has_ffn, keep
-        self.window = token.cfg.window if isinstance(token, _WindowStep) else None
-        self.seen_at = 0
-
-    def prepare(self, st: LayerState, sc: _StepC) -> bool:
-        """Fill this step's ``layer_step_t``, claiming the cache row the new entry goes to; False (nothing
-        changed) where the cache is not one this layer writes in C (then its Python step runs)."""
-        t, G, K, V = self.token, self.token.G, self.token.K, self.token.V
-        state = st.token
-        if self.window is None:
-            if type(state) is not KVCache:
-                return False
-            slot = state.claim_one(G, K, V, torch.float32)
-            if slot is None:
-                return False
-            buf, n, k_off, v_off = slot
-            e, base = buf.element_size(), buf.data_ptr()
-            row, head = buf.stride(1), buf.stride(2)
-            sc.k, sc.v, sc.L = base + k_off * e, base + v_off * e, n
-            sc.k_row = sc.v_row = row
-            sc.k_head = sc.v_head = head
-            sc.k_dst, sc.v_dst = sc.k + n * row * e, sc.v + n * row * e
-        else:
-            W = self.window
-            if state is None:
-                state = st.token = WindowCache(window=W)
-            if type(state) is not WindowCache or state.window != W:
-                return False
-            if state.k is None:
-                state.k, state.v = torch.zeros(1, W, G, K), torch.zeros(1, W, G, V)
-            if not (state.k.dtype == state.v.dtype == torch.float32 and state.k.is_contiguous()
-                    and state.v.is_contiguous() and state.k.shape == (1, W, G, K) and state.v.shape == (1, W, G, V)):
-                return False
-            kp, vp = state.k.data_ptr(), state.v.data_ptr()
-            sc.k, sc.v, sc.L = kp, vp, state.filled
-            sc.k_row, sc.k_head, sc.v_row, sc.v_head = G * K, K, G * V, V
-            sc.k_dst, sc.v_dst = kp + state.head * G * K * 4, vp + state.head * G * V * 4
-        if t.R:
-            cos, sin = t.angles.pair(t.cfg, state.seen)
-            sc.cos, sc.sin = cos.data_ptr(), sin.data_ptr()
-        return True
-
-    def after(self, st: LayerState) -> None:
-        """The counters the run's step moved: the layer's, its cache's (a window's head and fill), the FFN's."""
-        st.seen += 1
-        state = st.token
-        if self.window is not None:
-            state.head = (state.head + 1) % self.window
-            state.filled = min(self.window, state.filled + 1)
-        state.seen += 1
-        if self.has_ffn:
-            st.channel = EmptyState(seen=(0 if st.channel is None else st.channel.seen) + 1)
-
-
-class _Runs:
-    """The layers computed in C, runs of consecutive ones each in one call of ``layer_run_f32`` (with the final
-    norm and the LM head where the run ends the model); the threads are the decoder's."""
-
-    def __init__(self, decoder: "Decoder", lib: ctypes.CDLL):
-        m = decoder.model
-        n = m.cfg.n_layers
-        self.lib, self.threads = lib, decoder.split.threads
-        self.layers, self.steps = (_LayerC * n)(), (_StepC * n)()
-        self.c: list[_CLayer | None] = []
-        for i, fast in enumerate(decoder.layers):
-            self.c.append(None if fast is None else _CLayer.make(m.blocks[i], fast.token, fast.channel,
-                                                                  self.layers[i]))
-        self.keep: list = []
-        fnorm, head = _rms_of(m.norm), _weight_c(m.lm_head, self.keep)
-        self.head = None if fnorm is None or head is None or m.lm_head.in_features != m.cfg.d_model else head
-        self.fnorm = fnorm
-        self.head_rows = 0 if self.head is None else head.rows
-        self.D = m.cfg.d_model
-        self.work = torch.empty(0)
-
-    def count(self) -> int:
-        return sum(c is not None for c in self.c)
-
-    def run(self, i0: int, i1: int, h_D: Tensor, cache: list[LayerState], *, with_head: bool) -> Tensor | None:
-        """Layers i0..i1-1 (prepared) over h in place; with the head, the logits [N]."""
-        lib, T = self.lib, self.threads
-        size = ctypes.sizeof(_LayerC)
-        ls = ctypes.byref(self.layers, i0 * size)
-        ss = ctypes.byref(self.steps, i0 * ctypes.sizeof(_StepC))
-        need = lib.layer_run_floats(ls, i1 - i0, self.D, T)
-        if self.work.numel() < need:
-            self.work = torch.empty(need)
-        logits = torch.empty(self.head_rows) if with_head else None
-        lib.layer_run_f32(ls, ss, i1 - i0, h_D.data_ptr(), self.D,
-                          self.fnorm[0].data_ptr() if with_head else None, self.fnorm[1] if with_head else 0.0,
-                          ctypes.byref(self.head) if with_head else None,
-                          logits.data_ptr() if with_head else None, self.work.data_ptr(), T)
-        for i in range(i0, i1):
-            self.c[i].after(cache[i])
-        return logits
-
-
 class Decoder:
     """``step(ids_B1, cache) -> logits [B, N]``: ``model(ids, cache)``'s last logits, by the per-layer steps
     chosen here (module docstring). ``threads``: the threads between which the C kernels split their work: a run
@@ -649,7 +440,8 @@ class Decoder:
         self.head = _Products([model.lm_head], self.split) if self.fp32 else None
         self.final_norm = _norm(model.norm, vector=True)
         lib = _kernels() if self.residual else None
-        self.runs = None if lib is None else _Runs(self, lib)
+        self.runs = None if lib is None else Runs(model, lib, self.split.threads, [self._run_candidate(lay)
+                                                                                   for lay in self.layers])
         if self.runs is not None and not self.runs.count():
             self.runs = None
 
@@ -668,6 +460,15 @@ class Decoder:
         if b.channel is not None:
             channel = _FFNStep(b.channel, self.split) if type(b.channel) is FFN else _Generic(b.channel)
         return _FastLayer.of(b, token, channel)
+
+    @staticmethod
+    def _run_candidate(layer: "_FastLayer | None") -> tuple | None:
+        """(attention step, FFN step or None, window or None) where a run may take this layer
+        (``storelab.models.decode_run``): its token step is the C kernels' attention step, its channel an FFN's."""
+        if layer is None or not isinstance(layer.token, _AttentionStep) or layer.token.attend_one is None \
+                or layer.token.prepare is None or type(layer.channel) not in (_FFNStep, type(None)):
+            return None
+        return layer.token, layer.channel, layer.token.cfg.window if isinstance(layer.token, _WindowStep) else None
 
     def fast_layers(self) -> int:
         """How many layers take the fast step (the rest run the general path)."""

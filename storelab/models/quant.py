@@ -31,7 +31,7 @@ from storelab.ops.matvec import FORMATS, PackedWeight, bind, pack
 from storelab.stores.attention import Attention, WindowAttention
 from storelab.stores.ffn import FFN
 
-__all__ = ["QuantLinear", "quantize_weights", "WEIGHT_FORMATS"]
+__all__ = ["QuantLinear", "quantize_weights", "packed", "WEIGHT_FORMATS"]
 
 WEIGHT_FORMATS = FORMATS  # "fp32" leaves the model as it is
 
@@ -68,6 +68,13 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.packed.fmt}"
+
+
+def packed(linear: nn.Module) -> PackedWeight:
+    """The weight of an ``nn.Linear`` (fp32, not copied where contiguous) or of a ``QuantLinear`` (its own format)."""
+    if isinstance(linear, QuantLinear):
+        return linear.packed
+    return pack(linear.weight, "fp32", linear.bias)
 
 
 def quantize_weights(model: nn.Module, fmt: str) -> nn.Module:
